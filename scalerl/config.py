@@ -1,0 +1,379 @@
+"""One typed configuration tree: YAML in, `key.sub=value` overrides, errors that name the key.
+
+Every section forbids unknown keys, so a typo (`algorithm.los_type`) is an error naming the key
+path instead of a silently ignored setting. Errors on values loaded from a YAML file also name the
+file and line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the key path (and file:line when known)."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TinyModelConfig(Section):
+    """Size of the embedded default (a tiny Qwen2 built from this config; nothing is downloaded)."""
+
+    hidden_size: int = Field(128, gt=0)
+    num_layers: int = Field(4, gt=0)
+    num_heads: int = Field(4, gt=0)
+    num_kv_heads: int = Field(2, gt=0)
+    intermediate_size: int = Field(384, gt=0)
+    max_position_embeddings: int = Field(1024, gt=0)
+
+
+class ModelConfig(Section):
+    # None = the embedded default: the tiny model, warm-started by `scalerl sft` on the synthetic task.
+    name_or_path: str | None = None
+    tokenizer: str | None = None
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    # ScaleRL Sec. 3.2: LM head and log-softmax in float32 in trainer *and* generator (A: 0.52 -> 0.61).
+    fp32_lm_head: bool = True
+    gradient_checkpointing: bool = False
+    tiny: TinyModelConfig = TinyModelConfig()
+    init_seed: int = 0
+
+
+class SyntheticDataConfig(Section):
+    task: Literal["math", "code", "math+code"] = "math"
+    num_prompts: int = Field(4096, gt=0)
+    difficulty: tuple[int, int] = (1, 4)
+    seed: int = 1234
+
+
+class DataConfig(Section):
+    # None = the built-in synthetic task (no download).
+    train_path: str | None = None
+    format: Literal["auto", "jsonl", "parquet", "csv", "hf"] = "auto"
+    field_map: dict[str, str] = {}
+    default_task: str = "math"
+    synthetic: SyntheticDataConfig = SyntheticDataConfig()
+    heldout_size: int = Field(64, ge=0)
+    heldout_seed: int = 0
+    shuffle_seed: int = 0
+    think_system_prompt: bool = False
+    system_prompt: str | None = None
+    max_prompt_tokens: int = Field(256, gt=0)
+    on_bad_row: Literal["error", "skip"] = "error"
+
+
+class LengthControlConfig(Section):
+    """How over-long responses are handled (ScaleRL Sec. 3 / A.10)."""
+
+    kind: Literal["none", "interruption", "overlong_penalty", "kimi"] = "interruption"
+    think_budget: tuple[int, int] = (48, 64)
+    answer_budget: int = Field(16, gt=0)
+    phrase: str = "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>"
+    # DAPO overlong penalty: clip((L_max - |y|) / L_cache - 1, -1, 0), L_max = max_new_tokens.
+    overlong_cache: int = Field(16, gt=0)
+    kimi_coef: float = 0.1
+
+    @model_validator(mode="after")
+    def _budget_order(self) -> LengthControlConfig:
+        lo, hi = self.think_budget
+        if not 0 < lo <= hi:
+            raise ValueError(f"think_budget must satisfy 0 < lo <= hi, got [{lo}, {hi}]")
+        return self
+
+
+class GenerationConfig(Section):
+    engine: Literal["embedded", "vllm"] = "embedded"
+    n: int = Field(8, ge=1, description="generations per prompt")
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    max_new_tokens: int = Field(96, gt=0)
+    max_batch_size: int = Field(64, gt=0, description="engine slots (continuous batching)")
+    length_control: LengthControlConfig = LengthControlConfig()
+    seed: int = 0
+
+
+class TisConfig(Section):
+    """Truncated importance sampling against the generator's log-probs (Yao et al. 2025)."""
+
+    enabled: bool = False
+    cap: float = Field(2.0, gt=0.0)
+    level: Literal["token", "sequence"] = "token"
+
+
+class AlgorithmConfig(Section):
+    loss_type: Literal["cispo", "grpo", "gspo"] = "cispo"
+    aggregation: Literal["prompt", "sample", "token", "constant"] = "prompt"
+    adv_norm: Literal["batch", "group", "none"] = "batch"
+    eps_low: float = Field(0.2, ge=0.0)
+    eps_high: float = Field(0.28, ge=0.0)
+    eps_max: float = Field(4.0, gt=0.0, description="CISPO truncation of the IS ratio")
+    dual_clip_c: float | None = Field(None, gt=1.0)
+    tis: TisConfig = TisConfig()
+    recompute_old_logprobs: bool = False
+    kl_coef: float = Field(0.0, ge=0.0)
+    kl_estimator: Literal["k1", "k2", "k3", "unbiased_k3"] = "k3"
+    kl_in_reward: bool = False
+    entropy_coef: float = 0.0
+    zero_variance_filter: bool = True
+    no_positive_resampling: bool = True
+    retire_threshold: float = Field(0.9, gt=0.0, le=1.0)
+    dynamic_sampling: bool = False
+    offpolicy_mask_delta: float | None = Field(None, gt=0.0)
+    keep_sampling_mask: bool = False
+    correct_reward: float = 1.0
+    incorrect_reward: float = 0.0
+
+
+class OptimConfig(Section):
+    """AdamW; defaults follow ScaleRL A.3 (eps 1e-15, weight decay 0.01, linear warm-up)."""
+
+    lr: float = Field(1e-4, gt=0.0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(1e-15, gt=0.0)
+    weight_decay: float = Field(0.01, ge=0.0)
+    warmup_steps: int = Field(5, ge=0)
+    grad_clip: float | None = Field(1.0, gt=0.0)
+    micro_batch_size: int = Field(64, gt=0, description="samples per forward/backward")
+    max_consecutive_bad_steps: int = Field(5, gt=0)
+
+
+class PipelineConfig(Section):
+    off_policy: Literal["sync", "ppo_offpolicy", "pipeline"] = "pipeline"
+    # ppo_offpolicy: k mini-batch updates per generation round; pipeline: max_lag (PipelineRL-k).
+    k: int = Field(8, ge=1)
+    prompts_per_step: int = Field(8, ge=1, description="B: prompts (groups) per optimizer step")
+
+    @property
+    def max_lag(self) -> int:
+        return self.k
+
+
+class EvalConfig(Section):
+    every: int = Field(10, ge=1, description="steps between held-out evaluations")
+    k: int = Field(4, ge=1, description="samples per held-out prompt (mean@k)")
+    temperature: float = Field(1.0, ge=0.0)
+    at_start: bool = True
+    extra_sets: dict[str, str] = {}
+
+
+class CheckpointConfig(Section):
+    every: int = Field(0, ge=0, description="0 = only at the end")
+    keep: int = Field(2, ge=1)
+
+
+class LoggingConfig(Section):
+    tensorboard: bool = False
+    wandb: bool = False
+    wandb_project: str = "scalerl"
+    progress: bool = True
+
+
+class RewardConfig(Section):
+    code_timeout_s: float = Field(10.0, gt=0.0)
+    max_workers: int = Field(4, ge=1)
+    custom: dict[str, str] = Field(
+        default_factory=dict, description="task name -> 'package.module:function' verifier"
+    )
+
+
+class RunConfig(Section):
+    name: str = "run"
+    recipe: str | None = None
+    seed: int = 0
+    output_dir: str = "runs/run"
+    max_steps: int = Field(100, ge=1)
+    max_time_s: float | None = Field(None, gt=0.0)
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    generation: GenerationConfig = GenerationConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    optim: OptimConfig = OptimConfig()
+    pipeline: PipelineConfig = PipelineConfig()
+    eval: EvalConfig = EvalConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    logging: LoggingConfig = LoggingConfig()
+    rewards: RewardConfig = RewardConfig()
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and overrides
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (["a", "b", "c"], value); the value is parsed as YAML (`1e-4`, `[1, 2]`, `null`)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected key.path=value")
+    key, raw = text.split("=", 1)
+    path = [p for p in key.strip().split(".")]
+    if not all(path):
+        raise ConfigError(f"override {text!r}: empty key segment in {key!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override {text!r}: value is not valid YAML: {err}") from None
+    if isinstance(value, str):
+        # YAML 1.1 reads `3e-4` (no dot) as a string; a user typing it means the number.
+        with contextlib.suppress(ValueError):
+            value = float(value) if any(c in value for c in ".eE") else value
+    return path, value
+
+
+def set_path(tree: dict[str, Any], path: Sequence[str], value: Any) -> None:
+    """Set `tree[path[0]]...[path[-1]] = value`, creating intermediate mappings."""
+    node = tree
+    for i, key in enumerate(path[:-1]):
+        child = node.get(key)
+        if child is None:
+            child = node[key] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(path[: i + 1])}: is a value, cannot set {'.'.join(path)}")
+        node = child
+    node[path[-1]] = value
+
+
+def deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge; `top` wins. Lists and scalars are replaced, not merged."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _yaml_marks(text: str) -> dict[tuple[str, ...], int]:
+    """Key path -> 1-based line of each mapping key in a YAML document (for error messages)."""
+    marks: dict[tuple[str, ...], int] = {}
+
+    def walk(node: yaml.Node, prefix: tuple[str, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                path = (*prefix, str(key_node.value))
+                marks[path] = key_node.start_mark.line + 1
+                walk(value_node, path)
+
+    root = yaml.compose(text)
+    if root is not None:
+        walk(root, ())
+    return marks
+
+
+def load_yaml(path: str | Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
+    """Read a YAML mapping; return it and the line of every key."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: config file not found")
+    text = p.read_text()
+    try:
+        data = yaml.safe_load(text)
+        marks = _yaml_marks(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{p}: invalid YAML: {err}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}:1: top level must be a mapping of config sections")
+    return data, marks
+
+
+def _suggest(section: type[BaseModel] | None, key: str) -> str:
+    if section is None:
+        return ""
+    close = difflib.get_close_matches(key, list(section.model_fields), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _section_at(path: Sequence[str]) -> type[BaseModel] | None:
+    model: type[BaseModel] = RunConfig
+    for key in path:
+        field = model.model_fields.get(key)
+        ann = field.annotation if field else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        model = ann
+    return model
+
+
+def _origin_of(loc: tuple[str, ...], origins: Mapping[tuple[str, ...], str]) -> str:
+    """The file:line (or override) that set `loc`, its nearest parent, or a key below it."""
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in origins:
+            return origins[loc[:n]] + ": "
+    below = [k for k in origins if k[: len(loc)] == loc]
+    return origins[below[0]] + ": " if below else ""
+
+
+def format_validation_error(
+    err: ValidationError,
+    origins: Mapping[tuple[str, ...], str] | None = None,
+) -> str:
+    """One line per problem: `file:line: key.path: message`."""
+    lines = []
+    for e in err.errors():
+        loc = tuple(str(p) for p in e["loc"] if not isinstance(p, int))
+        key = ".".join(loc) or "<root>"
+        where = _origin_of(loc, origins or {})
+        if e["type"] == "extra_forbidden":
+            msg = f"unknown key{_suggest(_section_at(loc[:-1]), loc[-1])}"
+        else:
+            msg = f"{e['msg']} (got {e.get('input')!r})"
+        lines.append(f"{where}{key}: {msg}")
+    return "config error:\n  " + "\n  ".join(lines)
+
+
+def build_config(
+    layers: Iterable[tuple[dict[str, Any], Mapping[tuple[str, ...], str]]],
+) -> RunConfig:
+    """Merge config layers (lowest precedence first) and validate.
+
+    Each layer is `(tree, origins)` where `origins` maps key paths to "file:line" or "override".
+    """
+    merged: dict[str, Any] = {}
+    origins: dict[tuple[str, ...], str] = {}
+    for tree, where in layers:
+        merged = deep_merge(merged, tree)
+        origins.update(where)
+    try:
+        return RunConfig.model_validate(merged)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, origins)) from None
+
+
+def yaml_layer(path: str | Path) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
+    data, marks = load_yaml(path)
+    return data, {k: f"{path}:{line}" for k, line in marks.items()}
+
+
+def override_layer(overrides: Sequence[str]) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
+    tree: dict[str, Any] = {}
+    origins: dict[tuple[str, ...], str] = {}
+    for text in overrides:
+        path, value = parse_override(text)
+        set_path(tree, path, value)
+        origins[tuple(path)] = f"override {text!r}"
+    return tree, origins
+
+
+def load_config(
+    *paths: str | Path,
+    overrides: Sequence[str] = (),
+) -> RunConfig:
+    """Load YAML files in order (later wins), then apply `key.sub=value` overrides."""
+    layers = [yaml_layer(p) for p in paths]
+    layers.append(override_layer(overrides))
+    return build_config(layers)
+
+
+def config_to_yaml(config: RunConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

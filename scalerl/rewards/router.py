@@ -1,0 +1,268 @@
+"""Multi-task reward routing: each prompt's `task` picks its verifier; failures are contained.
+
+`RewardRouter(config).score(record, completion)` runs the verifier for `record.task` ("math",
+"code", or a registered/configured custom one) and maps its score to a reward:
+
+* judged (status "ok"): score 1 -> `correct_reward`; below 1 -> `incorrect_reward`, or, with
+  `partial_credit`, `incorrect + score * (correct - incorrect)` (code: fraction of tests passed);
+* no answer (unclosed thinking, no box, no code block): `incorrect_reward`, the model's fault;
+* verifier error, exception, or over `verifier_timeout_s`: `failure_reward` (default 0), never
+  an exception into the trainer. Every outcome is counted per task and status (`stats()`).
+
+The paper's multi-task run scores math and code prompts in one batch with ±1 rewards
+(ScaleRL, arXiv 2510.13786): `RewardConfig(correct_reward=1.0, incorrect_reward=-1.0)`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from scalerl.data.records import PromptRecord
+from scalerl.rewards.code_verifier import CodeVerifier
+from scalerl.rewards.math_verifier import MathVerifier
+from scalerl.rewards.registry import (
+    STATUSES,
+    VERIFIERS,
+    Status,
+    Verifier,
+    VerifierResult,
+    check_verifier,
+    load_callable,
+)
+from scalerl.rewards.sandbox import Sandbox, SandboxConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RewardConfig:
+    """Reward scale, time bounds, parallelism and custom verifiers (`verifiers`: task -> dotted path)."""
+
+    correct_reward: float = 1.0
+    incorrect_reward: float = 0.0
+    failure_reward: float = 0.0
+    partial_credit: bool = False
+    verifier_timeout_s: float = 300.0
+    max_workers: int = 8
+    math_timeout_s: float = 5.0
+    math_workers: int = 2
+    code_timeout_s: float = 10.0
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    verifiers: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sandbox, Mapping):
+            self.sandbox = _from_mapping(SandboxConfig, self.sandbox, "rewards.sandbox")
+        for name in ("verifier_timeout_s", "max_workers", "math_timeout_s", "math_workers", "code_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"rewards.{name}: must be > 0, got {getattr(self, name)}")
+        for name in ("correct_reward", "incorrect_reward", "failure_reward"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"rewards.{name}: must be finite, got {getattr(self, name)}")
+        if self.correct_reward <= self.incorrect_reward:
+            raise ValueError(f"rewards.correct_reward ({self.correct_reward}) must exceed "
+                             f"rewards.incorrect_reward ({self.incorrect_reward})")
+        if not isinstance(self.verifiers, Mapping):
+            raise ValueError(f"rewards.verifiers: expected a mapping task -> 'module:function', "
+                             f"got {type(self.verifiers).__name__}")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "rewards") -> RewardConfig:
+        """Build from a config mapping; unknown keys raise ValueError naming `where.key`."""
+        return _from_mapping(cls, data, where)
+
+
+def _from_mapping(cls: Any, data: Mapping[str, Any], where: str) -> Any:
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    return cls(**data)
+
+
+@dataclass(frozen=True)
+class RewardOutcome:
+    """A scored completion. `correct` is True only for a fully correct, judged answer."""
+
+    reward: float
+    correct: bool
+    status: Status
+    detail: str
+    task: str = ""
+
+
+class RewardRouter:
+    """Scores completions with the verifier of each record's task (see module doc). Thread-safe."""
+
+    def __init__(self, config: RewardConfig | Mapping[str, Any] | None = None) -> None:
+        if config is None:
+            config = RewardConfig()
+        elif isinstance(config, Mapping):
+            config = RewardConfig.from_dict(config)
+        self.config = config
+        self.math = MathVerifier(timeout_s=config.math_timeout_s, workers=config.math_workers)
+        self.sandbox = Sandbox(config.sandbox)
+        self.code = CodeVerifier(self.sandbox, timeout_s=config.code_timeout_s)
+        self._verifiers: dict[str, Verifier] = {"math": self._verify_math, "code": self._verify_code}
+        self._verifiers.update(VERIFIERS.items())
+        for task, path in config.verifiers.items():
+            try:
+                self._verifiers[task] = load_callable(path)
+            except ValueError as exc:
+                raise ValueError(f"rewards.verifiers.{task}: {exc}") from None
+        self._lock = threading.Lock()
+        self._counts: dict[str, dict[str, int]] = {}
+        self._abandoned = 0
+        self._warned_tasks: set[str] = set()
+
+    @property
+    def tasks(self) -> list[str]:
+        return sorted(self._verifiers)
+
+    def register(self, task: str, fn: Verifier) -> None:
+        """Use `fn` for `task` in this router only (overrides built-ins and the global registry)."""
+        self._verifiers[task] = check_verifier(fn, task)
+
+    def check_tasks(self, tasks: Iterable[str]) -> None:
+        """Fail fast before training: ValueError if any task has no verifier; with "code" among
+        them, detect (and log) the sandbox's protections now, raising SandboxUnavailableError if
+        no isolation mode works."""
+        wanted = set(tasks)
+        missing = sorted(wanted - set(self._verifiers))
+        if missing:
+            raise ValueError(f"no verifier for task(s) {missing} (known: {self.tasks})")
+        if "code" in wanted and self._verifiers["code"] == self._verify_code:
+            _ = self.sandbox.protections
+
+    # -- built-in verifiers ----------------------------------------------------------------
+    def _verify_math(self, completion: str, record: PromptRecord) -> VerifierResult:
+        if record.answer is None:
+            return VerifierResult(0.0, "error", f"prompt {record.id!r} ({record.source}) has no answer")
+        result = self.math.check(completion, record.answer)
+        return VerifierResult(1.0 if result.correct else 0.0, result.status, result.detail)
+
+    def _verify_code(self, completion: str, record: PromptRecord) -> VerifierResult:
+        try:
+            result = self.code.check(completion, record.tests)  # type: ignore[arg-type]
+        except ValueError as exc:
+            return VerifierResult(0.0, "error", f"prompt {record.id!r} ({record.source}): {exc}")
+        return VerifierResult(result.fraction, result.status, result.detail)
+
+    # -- scoring ---------------------------------------------------------------------------
+    def score(self, record: PromptRecord, completion_text: str) -> RewardOutcome:
+        """The reward for one completion; never raises for anything a verifier does."""
+        fn = self._verifiers.get(record.task)
+        if fn is None:
+            with self._lock:
+                first = record.task not in self._warned_tasks
+                self._warned_tasks.add(record.task)
+            if first:
+                logger.warning("no verifier for task %r (prompt %r, %s); known: %s",
+                               record.task, record.id, record.source, self.tasks)
+            result = VerifierResult(0.0, "error", f"no verifier for task {record.task!r}")
+        else:
+            result = self._call(fn, completion_text, record)
+        outcome = self._to_outcome(result, record.task)
+        with self._lock:
+            counts = self._counts.setdefault(record.task, dict.fromkeys((*STATUSES, "correct", "total"), 0))
+            counts[outcome.status] += 1
+            counts["correct"] += outcome.correct
+            counts["total"] += 1
+        return outcome
+
+    def _call(self, fn: Verifier, completion: str, record: PromptRecord) -> VerifierResult:
+        """Run `fn` in its own daemon thread so a hang costs a thread, not the trainer."""
+        box: list[Any] = []
+
+        def target() -> None:
+            try:
+                box.append(fn(completion, record))
+            except BaseException as exc:
+                box.append(exc)
+
+        thread = threading.Thread(target=target, name=f"verifier-{record.task}", daemon=True)
+        thread.start()
+        thread.join(self.config.verifier_timeout_s)
+        if thread.is_alive():
+            with self._lock:
+                self._abandoned += 1
+            return VerifierResult(0.0, "timeout", f"verifier exceeded {self.config.verifier_timeout_s}s")
+        value = box[0]
+        if isinstance(value, BaseException):
+            return VerifierResult(0.0, "error", f"verifier raised {type(value).__name__}: {value}"[:500])
+        return _coerce(value)
+
+    def _to_outcome(self, result: VerifierResult, task: str) -> RewardOutcome:
+        cfg = self.config
+        if result.status in ("error", "timeout"):
+            return RewardOutcome(cfg.failure_reward, False, result.status, result.detail, task)
+        if result.status == "no_answer":
+            return RewardOutcome(cfg.incorrect_reward, False, "no_answer", result.detail, task)
+        correct = result.score >= 1.0
+        if correct:
+            reward = cfg.correct_reward
+        elif cfg.partial_credit:
+            reward = cfg.incorrect_reward + result.score * (cfg.correct_reward - cfg.incorrect_reward)
+        else:
+            reward = cfg.incorrect_reward
+        return RewardOutcome(reward, correct, "ok", result.detail, task)
+
+    def score_batch(self, pairs: Iterable[tuple[PromptRecord, str]],
+                    max_workers: int | None = None) -> list[RewardOutcome]:
+        """Score (record, completion) pairs concurrently, results in input order.
+
+        At most `max_workers` (default `config.max_workers`) verifiers run at once; code runs are
+        further bounded by the sandbox's `max_parallel`, math-verify calls by `math_workers`.
+        """
+        items = list(pairs)
+        workers = max_workers or self.config.max_workers
+        if workers < 1:
+            raise ValueError(f"max_workers: must be >= 1, got {workers}")
+        if len(items) <= 1 or workers == 1:
+            return [self.score(r, c) for r, c in items]
+        with ThreadPoolExecutor(max_workers=min(workers, len(items)), thread_name_prefix="reward") as pool:
+            return list(pool.map(lambda pair: self.score(*pair), items))
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Counts per task (each status, "correct", "total") and for the machinery: "_abandoned"
+        (verifier threads left running after a timeout), "_sandbox" (program runs, runs where the
+        sandbox itself failed), "_math" (math-verify workers killed after a timeout or crash)."""
+        with self._lock:
+            out = {task: dict(counts) for task, counts in self._counts.items()}
+            out["_abandoned"] = {"threads": self._abandoned}
+        out["_sandbox"] = {"runs": self.sandbox.runs, "errors": self.sandbox.sandbox_errors}
+        out["_math"] = {"restarts": self.math.restarts}
+        return out
+
+    def reset_stats(self) -> None:
+        with self._lock:
+            self._counts.clear()
+
+    def close(self) -> None:
+        """Stop the math worker processes."""
+        self.math.close()
+
+
+def _coerce(value: Any) -> VerifierResult:
+    """A custom verifier's return value as a VerifierResult; anything odd is an error."""
+    if isinstance(value, VerifierResult):
+        if value.status not in STATUSES:
+            return VerifierResult(0.0, "error", f"verifier returned unknown status {value.status!r}")
+        score = value.score
+    elif isinstance(value, bool):
+        return VerifierResult(1.0 if value else 0.0)
+    elif isinstance(value, (int, float)):
+        score = float(value)
+    else:
+        return VerifierResult(0.0, "error", f"verifier returned {type(value).__name__}, expected float/bool")
+    if not (math.isfinite(score) and 0.0 <= score <= 1.0):
+        return VerifierResult(0.0, "error", f"verifier score {score!r} is outside [0, 1]")
+    if isinstance(value, VerifierResult):
+        return value
+    return VerifierResult(score)

@@ -1,0 +1,471 @@
+"""A sandbox for model-written programs: namespaces, an unprivileged uid, rlimits, bounded output.
+
+Model-written code is hostile. `Sandbox.run_python` runs one program per call, with at most
+`max_parallel` running at once (callers in other threads wait for a slot), and returns its
+captured, size-capped output. The jail itself is built by `sandbox_init.py`, started through
+`unshare`; this module picks the strongest isolation the machine allows, once, and logs it:
+
+* ``namespaces`` (running as root): new network (no interfaces up: no network), PID (fresh
+  `/proc`, the program sees only its own processes), mount (whole filesystem read-only, `/tmp`
+  a private size-limited tmpfs that is the only writable place), IPC and UTS namespaces; the
+  program runs as a dedicated unprivileged uid/gid per parallel slot (`uid_base + slot`), so
+  RLIMIT_NPROC holds and one program's fork bomb cannot starve another's;
+* ``userns`` (not root, unprivileged user namespaces allowed): the same namespaces inside a new
+  user namespace; the program is namespace-root mapped to the invoking user, with every
+  capability dropped, so the host sees it as that user;
+* ``none`` (no namespaces): scratch dir on the host, rlimits, clean environment, process group
+  kill and, as root, the dedicated uid (whose processes are all killed afterwards). No network
+  or filesystem isolation beyond file permissions: logged as a warning.
+
+Always: clean environment (PATH, LANG, HOME=TMPDIR=scratch, single-thread BLAS), rlimits for CPU
+time, address space, processes, file size, open files and core dumps, a wall-clock limit that
+kills every process of the run, no-new-privileges, a cap on captured output (the run is killed
+past it), and a fresh scratch dir removed afterwards. Not bounded: total memory of all the
+processes of one run (at most `nproc * memory_mb`; no cgroup is used) and CPU share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import queue
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+logger = logging.getLogger(__name__)
+
+Mode = Literal["namespaces", "userns", "none"]
+_MODES: tuple[Mode, ...] = ("namespaces", "userns", "none")
+_INIT_SCRIPT = Path(__file__).with_name("sandbox_init.py")
+_SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+_MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Limits and isolation for every run (per-run `wall_s` may override the default).
+
+    `isolation`: "auto" picks the strongest mode that works here; naming a mode forces it (a
+    forced mode that does not work raises). `uid_base`: first of `max_parallel` uids used for
+    programs when running as root; keep that range free of real users.
+    """
+
+    max_parallel: int = 2
+    wall_s: float = 10.0
+    cpu_s: float | None = None  # None: the run's wall limit, rounded up
+    memory_mb: int = 512
+    nproc: int = 16
+    file_size_mb: int = 16
+    open_files: int = 64
+    scratch_mb: int = 64
+    scratch_inodes: int = 1024
+    max_output_bytes: int = 2 * _MiB
+    startup_grace_s: float = 20.0
+    isolation: Literal["auto", "namespaces", "userns", "none"] = "auto"
+    uid_base: int = 1_500_000_000
+    python: str = sys.executable
+    unshare: str | None = field(default_factory=lambda: shutil.which("unshare"))
+
+    def __post_init__(self) -> None:
+        positive = ("max_parallel", "wall_s", "memory_mb", "nproc", "file_size_mb", "open_files",
+                    "scratch_mb", "scratch_inodes", "max_output_bytes")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"sandbox.{name}: must be > 0, got {getattr(self, name)}")
+        if self.cpu_s is not None and self.cpu_s <= 0:
+            raise ValueError(f"sandbox.cpu_s: must be > 0 or None, got {self.cpu_s}")
+        if self.isolation not in ("auto", *_MODES):
+            raise ValueError(f"sandbox.isolation: one of auto/{'/'.join(_MODES)}, got {self.isolation!r}")
+        if not 0 < self.uid_base < 2**31 - self.max_parallel:
+            raise ValueError(f"sandbox.uid_base: out of range: {self.uid_base}")
+
+
+@dataclass(frozen=True)
+class Protections:
+    """What isolation is active, as detected by running a probe program in each mode."""
+
+    mode: Mode
+    network_isolated: bool
+    pid_namespace: bool
+    readonly_filesystem: bool
+    private_tmp: bool
+    dedicated_uid: bool
+    rejected: tuple[str, ...] = ()  # why each stronger mode was not used
+    setup_warnings: tuple[str, ...] = ()  # jail parts the probe run could not build
+
+    def describe(self) -> str:
+        active = ["rlimits (cpu, memory, processes, file size, open files)", "clean environment",
+                  "wall-clock kill of all processes", "output cap", "no-new-privileges"]
+        if self.network_isolated:
+            active.append("no network (empty network namespace)")
+        if self.pid_namespace:
+            active.append("PID namespace with private /proc")
+        if self.readonly_filesystem:
+            active.append("read-only filesystem")
+        if self.private_tmp:
+            active.append("private size-limited /tmp as the only writable dir")
+        if self.dedicated_uid:
+            active.append("dedicated unprivileged uid per slot")
+        missing = []
+        if not self.network_isolated:
+            missing.append("NO network isolation")
+        if not self.readonly_filesystem:
+            missing.append("NO filesystem isolation (host file permissions only)")
+        if not self.pid_namespace:
+            missing.append("NO PID isolation (can see and signal host processes of its uid)")
+        text = f"sandbox mode {self.mode!r}: " + "; ".join(active)
+        if missing:
+            text += ". MISSING: " + "; ".join(missing)
+        if self.rejected:
+            text += ". Stronger modes unavailable: " + " | ".join(self.rejected)
+        if self.setup_warnings:
+            text += ". Setup warnings: " + " | ".join(self.setup_warnings)
+        return text
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """One run. `error` is set when the sandbox itself failed (not the program's fault)."""
+
+    stdout: bytes
+    stderr: bytes
+    exit_code: int | None
+    signal: int | None
+    timed_out: bool
+    output_limited: bool
+    wall_s: float
+    cpu_s: float | None
+    error: str | None = None
+    setup_warnings: tuple[str, ...] = ()  # parts of the jail that could not be built (e.g. a mount)
+
+    @property
+    def ok(self) -> bool:
+        """The program ran to a clean exit 0 within every limit."""
+        return (self.error is None and self.exit_code == 0 and not self.timed_out
+                and not self.output_limited)
+
+    @property
+    def reason(self) -> str:
+        """A one-word account: ok, sandbox_error, timeout (wall or CPU), output_limit, signal, exit_code."""
+        if self.error is not None:
+            return "sandbox_error"
+        if self.timed_out:
+            return "timeout"
+        if self.output_limited:
+            return "output_limit"
+        if self.signal is not None:
+            return "timeout" if self.signal == signal.SIGXCPU else "signal"
+        return "ok" if self.exit_code == 0 else "exit_code"
+
+
+class SandboxUnavailableError(RuntimeError):
+    """No isolation mode works on this machine (or the forced one does not)."""
+
+
+def _rlimits(config: SandboxConfig, wall_s: float) -> dict[str, tuple[int, int]]:
+    cpu = math.ceil(config.cpu_s if config.cpu_s is not None else wall_s)
+    memory = config.memory_mb * _MiB
+    fsize = config.file_size_mb * _MiB
+    return {
+        "RLIMIT_CPU": (cpu, cpu + 1),  # SIGXCPU at the soft limit, SIGKILL one second later
+        "RLIMIT_AS": (memory, memory),
+        "RLIMIT_NPROC": (config.nproc, config.nproc),
+        "RLIMIT_FSIZE": (fsize, fsize),
+        "RLIMIT_NOFILE": (config.open_files, config.open_files),
+        "RLIMIT_CORE": (0, 0),
+        "RLIMIT_MEMLOCK": (0, 0),
+        "RLIMIT_MSGQUEUE": (0, 0),
+    }
+
+
+def _program_env() -> dict[str, str]:
+    """Everything the program's environment holds; nothing is inherited from the host."""
+    return {
+        "PATH": _SAFE_PATH,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "OMP_NUM_THREADS": "1",  # thread pools would spend the process limit
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _interpreter_trees(python: str) -> list[str]:
+    """Directories the program's interpreter reads: its venv and its base install."""
+    trees = {str(Path(python).absolute().parent.parent), str(Path(python).resolve().parent.parent)}
+    if Path(python).absolute() == Path(sys.executable).absolute():
+        trees |= {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    return sorted(trees)
+
+
+def _launch_prefix(mode: Mode, unshare: str | None) -> list[str]:
+    if mode == "none":
+        return []
+    if unshare is None:
+        raise SandboxUnavailableError("`unshare` (util-linux) not found")
+    prefix = [unshare, "--net", "--pid", "--fork", "--mount", "--ipc", "--uts",
+              "--propagation", "private", "--kill-child=SIGKILL"]
+    if mode == "userns":
+        prefix[1:1] = ["--user", "--map-root-user"]
+    return prefix
+
+
+class Sandbox:
+    """Runs Python programs under the strongest isolation available (see module doc)."""
+
+    def __init__(self, config: SandboxConfig | None = None) -> None:
+        self.config = config or SandboxConfig()
+        self._free_slots: queue.Queue[int] = queue.Queue()
+        for slot in range(self.config.max_parallel):
+            self._free_slots.put(slot)
+        self._protections: Protections | None = None
+        self._detect_lock = threading.Lock()
+        self._stats_lock = threading.Lock()
+        self.runs = 0
+        self.sandbox_errors = 0  # runs where the sandbox itself failed
+
+    # -- detection -------------------------------------------------------------------------
+    @property
+    def protections(self) -> Protections:
+        """The active isolation, detected on first use and logged once."""
+        with self._detect_lock:
+            if self._protections is None:
+                self._protections = self._detect()
+                level = logging.INFO if self._protections.mode == "namespaces" else logging.WARNING
+                logger.log(level, "%s", self._protections.describe())
+            return self._protections
+
+    def _candidate_modes(self) -> list[Mode]:
+        if self.config.isolation != "auto":
+            return [self.config.isolation]
+        if os.geteuid() == 0:
+            return ["namespaces", "userns", "none"]
+        return ["userns", "none"]
+
+    def _detect(self) -> Protections:
+        rejected: list[str] = []
+        for mode in self._candidate_modes():
+            if mode == "userns" and os.geteuid() == 0 and self.config.isolation == "auto":
+                continue  # as root, userns adds nothing over "namespaces" (which already failed)
+            dedicated = os.geteuid() == 0 and mode != "userns"
+            probe = Protections(
+                mode=mode, network_isolated=mode != "none", pid_namespace=mode != "none",
+                readonly_filesystem=mode != "none", private_tmp=mode != "none", dedicated_uid=dedicated,
+                rejected=tuple(rejected))
+            try:
+                result = self._run(probe, {"probe.py": b"import os\nprint(6 * 7, os.getuid())\n"},
+                                   "probe.py", b"", wall_s=30.0)
+            except SandboxUnavailableError as exc:
+                rejected.append(f"{mode}: {exc}")
+                continue
+            words = result.stdout.decode(errors="replace").split()
+            uids = range(self.config.uid_base, self.config.uid_base + self.config.max_parallel)
+            uid_ok = not dedicated or (len(words) > 1 and words[1].isdigit() and int(words[1]) in uids)
+            if result.ok and words[:1] == ["42"] and uid_ok:
+                return replace(probe, setup_warnings=result.setup_warnings)
+            why = result.error or result.stderr.decode(errors="replace").strip()[-300:] or result.reason
+            rejected.append(f"{mode}: probe failed ({why})")
+        raise SandboxUnavailableError("no sandbox mode works here: " + " | ".join(rejected))
+
+    # -- running ---------------------------------------------------------------------------
+    def run_python(
+        self,
+        files: dict[str, str | bytes],
+        main: str,
+        stdin: str | bytes = b"",
+        wall_s: float | None = None,
+    ) -> SandboxResult:
+        """Run `python -I -B main` in a fresh scratch dir holding `files` (name -> content).
+
+        Blocks while `max_parallel` runs are in flight. Never raises for anything the program
+        does; raises SandboxUnavailableError when no isolation mode works, ValueError on bad arguments.
+        """
+        if main not in files:
+            raise ValueError(f"main: {main!r} is not one of the files {sorted(files)}")
+        for name in files:
+            if not name or "/" in name or name.startswith("."):
+                raise ValueError(f"files: bad file name {name!r} (plain names only)")
+        if wall_s is not None and wall_s <= 0:
+            raise ValueError(f"wall_s: must be > 0, got {wall_s}")
+        raw = {name: (c.encode() if isinstance(c, str) else c) for name, c in files.items()}
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        result = self._run(self.protections, raw, main, data, wall_s or self.config.wall_s)
+        with self._stats_lock:
+            self.runs += 1
+            self.sandbox_errors += result.error is not None
+        return result
+
+    def _run(self, prot: Protections, files: dict[str, bytes], main: str, stdin: bytes,
+             wall_s: float) -> SandboxResult:
+        prefix = _launch_prefix(prot.mode, self.config.unshare)
+        slot = self._free_slots.get()
+        spec_dir = tempfile.mkdtemp(prefix="scalerl-sbx-")
+        fds: list[int] = []
+        try:
+            os.chmod(spec_dir, 0o711)  # the program's uid may pass through to `work/`, not list it
+            os.mkdir(os.path.join(spec_dir, "files"), 0o700)
+            for name, content in files.items():
+                Path(spec_dir, "files", name).write_bytes(content)
+            status_r, status_w = os.pipe()
+            control_r, control_w = os.pipe()
+            fds += [status_r, status_w, control_r, control_w]
+            uid = self.config.uid_base + slot if prot.dedicated_uid else None
+            spec = {
+                "files": sorted(files),
+                "argv": [self.config.python, "-I", "-B", main],
+                "env": _program_env(),
+                "rlimits": _rlimits(self.config, wall_s),
+                "wall_s": wall_s,
+                "uid": uid,
+                "gid": uid,
+                "uid_dedicated": prot.dedicated_uid,
+                "mount_namespace": prot.mode != "none",
+                "pid_namespace": prot.pid_namespace,
+                "expose": _interpreter_trees(self.config.python),
+                "scratch_bytes": self.config.scratch_mb * _MiB,
+                "scratch_inodes": self.config.scratch_inodes,
+                "status_fd": status_w,
+                "control_fd": control_r,
+            }
+            Path(spec_dir, "spec.json").write_text(json.dumps(spec))
+            cmd = [*prefix, self.config.python, "-I", "-S", "-B", str(_INIT_SCRIPT), spec_dir]
+            try:
+                proc = subprocess.Popen(
+                    cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    pass_fds=(status_w, control_r), env={"PATH": _SAFE_PATH, "LANG": "C.UTF-8"},
+                    cwd="/", start_new_session=True)
+            except OSError as exc:
+                raise SandboxUnavailableError(f"cannot start {cmd[0]}: {exc}") from exc
+            for fd in (status_w, control_r):
+                os.close(fd)
+                fds.remove(fd)
+            return self._pump(proc, stdin, status_r, control_w, wall_s)
+        finally:
+            for fd in fds:
+                os.close(fd)
+            shutil.rmtree(spec_dir, ignore_errors=True)
+            self._free_slots.put(slot)
+
+    def _pump(self, proc: subprocess.Popen[bytes], stdin: bytes, status_fd: int, control_fd: int,
+              wall_s: float) -> SandboxResult:
+        """Feed stdin, collect capped output and the init's status; kill on overflow or hang."""
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        start = time.monotonic()
+        deadline = start + wall_s + self.config.startup_grace_s
+        cap = self.config.max_output_bytes
+        out = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+        status = bytearray()
+        output_limited = backstop = False
+        sel = selectors.DefaultSelector()
+        for fd in (*out, status_fd):
+            sel.register(fd, selectors.EVENT_READ)
+        stdin_fd = proc.stdin.fileno()
+        view = memoryview(stdin)
+        if view:
+            os.set_blocking(stdin_fd, False)
+            sel.register(stdin_fd, selectors.EVENT_WRITE)
+        else:
+            proc.stdin.close()
+        try:
+            readers = (*out, status_fd)
+            while any(fd in sel.get_map() for fd in readers):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    backstop = True
+                    break
+                for key, _ in sel.select(remaining):
+                    fd = key.fd
+                    if fd == stdin_fd:
+                        try:
+                            view = view[os.write(fd, view[:65536]):]
+                        except BlockingIOError:
+                            continue
+                        except BrokenPipeError:
+                            view = view[len(view):]  # the program stopped reading: drop the rest
+                        if not view:
+                            sel.unregister(fd)
+                            proc.stdin.close()
+                        continue
+                    chunk = os.read(fd, 65536)
+                    if not chunk:
+                        sel.unregister(fd)
+                        continue
+                    if fd == status_fd:
+                        status += chunk[: 65536 - len(status)]
+                        continue
+                    if output_limited:
+                        continue  # keep draining so the program never blocks before it is killed
+                    total = sum(len(b) for b in out.values())
+                    out[fd] += chunk[: max(0, cap - total)]
+                    if total + len(chunk) > cap:
+                        output_limited = True
+                        with contextlib.suppress(BrokenPipeError):  # the init may be gone already
+                            os.write(control_fd, b"k")  # the init kills every process of the run
+        finally:
+            sel.close()
+            if not proc.stdin.closed:
+                proc.stdin.close()
+        if backstop:
+            _kill_group(proc.pid)  # the init's group; --kill-child empties the namespace
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+            proc.wait()
+        stdout, stderr = bytes(out[proc.stdout.fileno()]), bytes(out[proc.stderr.fileno()])
+        proc.stdout.close()
+        proc.stderr.close()
+        elapsed = time.monotonic() - start
+        try:
+            info = json.loads(bytes(status).decode().splitlines()[0])
+        except (ValueError, IndexError):
+            why = "hung past the wall limit" if backstop else f"exited with code {proc.returncode}"
+            return SandboxResult(stdout, stderr, None, None, backstop, output_limited, elapsed, None,
+                                 error=f"sandbox init {why}: {stderr[-500:].decode(errors='replace')}")
+        if not info.get("ok"):
+            return SandboxResult(stdout, stderr, None, None, False, output_limited, elapsed, None,
+                                 error=str(info.get("error", "sandbox init failed")))
+        return SandboxResult(
+            stdout=stdout, stderr=stderr, exit_code=info["exit_code"], signal=info["signal"],
+            timed_out=bool(info["timed_out"]), output_limited=output_limited,
+            wall_s=float(info["wall_s"]), cpu_s=info["cpu_s"],
+            setup_warnings=tuple(info.get("setup_warnings", ())))
+
+
+_default: Sandbox | None = None
+_default_lock = threading.Lock()
+
+
+def default_sandbox() -> Sandbox:
+    """The process-wide sandbox used by `code_reward` (created on first use)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Sandbox()
+        return _default
+
+
+def configure_sandbox(config: SandboxConfig | None = None, **overrides: Any) -> Sandbox:
+    """Replace the process-wide sandbox: a full `SandboxConfig` and/or field overrides."""
+    global _default
+    new = Sandbox(replace(config or SandboxConfig(), **overrides))
+    with _default_lock:
+        _default = new
+    return new

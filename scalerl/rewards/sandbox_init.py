@@ -1,0 +1,351 @@
+"""The sandbox's first process: sets up the jail, runs the untrusted program, reaps and reports.
+
+Executed as a script (`python -I -S sandbox_init.py SPEC_DIR`) by `sandbox.Sandbox`, usually as
+PID 1 of fresh PID/mount/network/IPC/UTS namespaces made by `unshare`. Stdlib only, imports no
+scalerl code. Steps:
+
+1. read `SPEC_DIR/spec.json` and the program files (before any mount hides them);
+2. with a mount namespace: everything read-only (every mount re-bound `ro`), a fresh `/proc` of
+   the new PID namespace (`hidepid=2`), a size-limited tmpfs on `/tmp` that becomes the scratch
+   dir (owned by the program's uid, the only writable place), empty read-only tmpfs over the
+   other world-writable dirs (`/var/tmp`, `/dev/shm`, `/run/lock`) so host files there are hidden;
+   without one: a scratch dir `SPEC_DIR/work` on the host;
+3. fork the program: new process group, clean environment, supplementary groups dropped,
+   uid/gid switched (when root), no-new-privileges, capability bounding set emptied, rlimits
+   (CPU, address space, processes, file size, open files, core=0), then exec;
+4. wait, reaping every orphan, until the program exits, the wall-clock limit passes, or the host
+   writes to / closes the control pipe; then SIGKILL everything left (as PID 1: `kill(-1)`, which
+   empties the namespace; otherwise the process group and, when the uid is dedicated, every
+   process of that uid);
+5. write one JSON status line to the status pipe and exit 0 (setup failure: status + exit 125).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import resource
+import select
+import signal
+import sys
+import time
+from typing import Any
+
+MS_RDONLY = 0x1
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_REMOUNT = 0x20
+MS_NOATIME = 0x400
+MS_NODIRATIME = 0x800
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_PRIVATE = 0x40000
+MS_RELATIME = 0x200000
+MS_STRICTATIME = 0x1000000
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+
+# Per-mount options from /proc/self/mountinfo that a read-only bind remount must keep (a user
+# namespace refuses to clear locked flags).
+_MOUNT_OPTION_FLAGS = {
+    "nosuid": MS_NOSUID,
+    "nodev": MS_NODEV,
+    "noexec": MS_NOEXEC,
+    "noatime": MS_NOATIME,
+    "nodiratime": MS_NODIRATIME,
+    "relatime": MS_RELATIME,
+    "strictatime": MS_STRICTATIME,
+}
+_HIDDEN_DIRS = ("/var/tmp", "/dev/shm", "/run/lock")
+_SCRATCH = "/tmp"
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+
+
+def _enc(value: str | None) -> bytes | None:
+    return None if value is None else value.encode()
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    if _libc.mount(_enc(source), _enc(target), _enc(fstype), flags, _enc(data)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {fstype or source} on {target}: {os.strerror(err)}")
+
+
+def prctl(option: int, arg2: int = 0) -> None:
+    if _libc.prctl(option, arg2, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl({option}, {arg2}): {os.strerror(err)}")
+
+
+def _mount_points() -> list[tuple[str, int]]:
+    """(mount point, flags to keep) for every mount visible here, parents before children."""
+    points = []
+    with open("/proc/self/mountinfo", encoding="utf-8") as fh:
+        for line in fh:
+            fields = line.split()
+            point = fields[4].encode().decode("unicode_escape")  # mountinfo octal-escapes spaces
+            keep = 0
+            for option in fields[5].split(","):
+                keep |= _MOUNT_OPTION_FLAGS.get(option, 0)
+            points.append((point, keep))
+    return points
+
+
+def build_jail(spec: dict[str, Any], files: dict[str, bytes]) -> list[str]:
+    """Make the filesystem read-only except a private scratch tmpfs; returns non-fatal problems."""
+    problems = []
+    mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below may propagate back to the host
+    for point, keep in _mount_points():
+        try:
+            mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | keep)
+        except OSError as exc:
+            if point == "/":
+                raise
+            problems.append(str(exc))
+    uid, gid = spec["uid"], spec["gid"]
+    trees = _plan_trees(spec["expose"], unprivileged=uid is not None)  # before anything is covered
+    if spec["pid_namespace"]:
+        try:
+            mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+        except OSError:
+            mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            problems.append("/proc mounted without hidepid")
+    owner = f",uid={uid},gid={gid}" if uid is not None else ""
+    mount("tmpfs", _SCRATCH, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+          f"size={spec['scratch_bytes']},nr_inodes={spec['scratch_inodes']},mode=0700{owner}")
+    sealed = [d for d in _HIDDEN_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+    sealed += sorted({anchor for _, anchor, _ in trees if not _covered(anchor)})
+    for directory in sealed:  # root-owned, emptied; made read-only once the trees are in
+        mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=0755")
+    for tree, _, fd in trees:
+        os.makedirs(tree, mode=0o755, exist_ok=True)
+        mount(f"/proc/self/fd/{fd}", tree, None, MS_BIND | MS_REC)
+        mount(None, tree, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        os.close(fd)
+    for directory in sealed:
+        mount(None, directory, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _write_files(_SCRATCH, files, uid, gid)
+    return problems
+
+
+def _under(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def _covered(path: str) -> bool:
+    """Whether the jail replaces the dir holding `path` with a fresh tmpfs (/tmp, /var/tmp, ...)."""
+    return any(_under(path, d) for d in (_SCRATCH, *_HIDDEN_DIRS))
+
+
+def _hidden_ancestor(path: str) -> str | None:
+    """The topmost directory above or at `path` that others may not traverse (e.g. /root)."""
+    parts = path.strip("/").split("/")
+    for depth in range(1, len(parts) + 1):
+        candidate = "/" + "/".join(parts[:depth])
+        if not os.stat(candidate).st_mode & 0o001:
+            return candidate
+    return None
+
+
+def _plan_trees(paths: list[str], unprivileged: bool) -> list[tuple[str, str, int]]:
+    """(tree, anchor, O_PATH fd) for each interpreter tree the jail would otherwise hide.
+
+    A tree is hidden when it lives under a dir the jail covers with a tmpfs (a checkout and its
+    venv under /tmp) or, for an unprivileged uid, under a private dir (a pyenv Python in /root).
+    Each such tree is bind-mounted back, read-only, at its own path into an otherwise empty
+    tmpfs, so the rest of the private dir (keys, credentials) stays invisible. The O_PATH fd
+    keeps the tree reachable once its anchor is covered. A private dir is never exposed whole.
+    """
+    plan: list[tuple[str, str, int]] = []
+    for tree in sorted({os.path.realpath(p) for p in paths if os.path.isdir(p)}):
+        if any(_under(tree, done) for done, _, _ in plan):
+            continue  # inside a tree already planned
+        anchor = next((d for d in (_SCRATCH, *_HIDDEN_DIRS) if _under(tree, d)), None)
+        if anchor is None and unprivileged:
+            anchor = _hidden_ancestor(tree)
+        if anchor is None or anchor == tree:
+            continue
+        plan.append((tree, anchor, os.open(tree, os.O_PATH | os.O_DIRECTORY)))
+    return plan
+
+
+def _write_files(directory: str, files: dict[str, bytes], uid: int | None, gid: int | None) -> None:
+    for name, content in files.items():
+        path = os.path.join(directory, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(content)
+        if uid is not None:
+            os.chown(path, uid, gid)
+
+
+def _drop_privileges_and_exec(spec: dict[str, Any], scratch: str, err_fd: int) -> None:
+    """In the forked child: never returns (exec or _exit)."""
+    try:
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)  # Python ignores SIGPIPE/SIGXFSZ; exec keeps "ignored"
+        signal.set_wakeup_fd(-1)
+        os.setpgid(0, 0)
+        if os.geteuid() == 0:
+            with open("/proc/sys/kernel/cap_last_cap") as fh:
+                last_cap = int(fh.read())
+            for cap in range(last_cap + 1):
+                prctl(PR_CAPBSET_DROP, cap)  # an exec as (namespace) root then gains nothing
+            prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+        if spec["uid"] is not None:
+            os.setgroups([])
+            os.setresgid(spec["gid"], spec["gid"], spec["gid"])
+            os.setresuid(spec["uid"], spec["uid"], spec["uid"])
+        prctl(PR_SET_NO_NEW_PRIVS, 1)  # setuid binaries (su, mount) cannot raise privileges
+        for name, value in spec["rlimits"].items():
+            resource.setrlimit(getattr(resource, name), (value[0], value[1]))
+        os.chdir(scratch)
+        os.umask(0o077)
+        env = dict(spec["env"])
+        env["HOME"] = env["TMPDIR"] = scratch
+        os.execve(spec["argv"][0], spec["argv"], env)
+    except BaseException as exc:
+        try:
+            os.write(err_fd, f"{type(exc).__name__}: {exc}".encode()[:1000])
+        finally:
+            os._exit(127)
+
+
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every process of `uid` (run as that uid: `kill(-1)` then reaches exactly those)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            if os.getresuid() == (uid, uid, uid):  # never kill(-1) with any other identity
+                os.kill(-1, signal.SIGKILL)
+        except OSError:
+            pass
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def supervise(spec: dict[str, Any], scratch: str) -> dict[str, Any]:
+    """Fork the program, wait for it under the limits, kill its leftovers; the status dict."""
+    status_fd, control_fd = spec["status_fd"], spec["control_fd"]
+    as_init = os.getpid() == 1
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so SIGCHLD wakes select()
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    for fd in (status_fd, control_fd, wake_r, wake_w):
+        os.set_inheritable(fd, False)
+
+    start = time.monotonic()
+    child = os.fork()
+    if child == 0:
+        os.close(err_r)
+        _drop_privileges_and_exec(spec, scratch, err_w)
+    os.close(err_w)
+    exec_error = b""
+    while chunk := os.read(err_r, 1000):
+        exec_error += chunk
+    os.close(err_r)
+
+    deadline = start + spec["wall_s"]
+    child_status: int | None = None
+    rusage: Any = None
+    timed_out = killed_by_host = False
+    while child_status is None:
+        while True:  # reap the program and, as PID 1, every orphan it left
+            try:
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                pid = 0
+            if pid == 0:
+                break
+            if pid == child:
+                child_status, rusage = status, usage
+        if child_status is not None:
+            break
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            timed_out = True
+            break
+        ready, _, _ = select.select([control_fd, wake_r], [], [], remaining)
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+        if control_fd in ready:
+            killed_by_host = True  # output over its cap, or the host gave up / died
+            break
+    wall = time.monotonic() - start
+
+    # Leftovers die whether the program finished or not: no process outlives a run.
+    if as_init:
+        with contextlib.suppress(ProcessLookupError):  # nothing else left in the namespace
+            os.kill(-1, signal.SIGKILL)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child, signal.SIGKILL)
+        if spec["uid"] is not None and spec["uid_dedicated"]:
+            _kill_uid(spec["uid"])
+    if child_status is None:
+        _, child_status, rusage = os.wait4(child, 0)
+    if as_init:
+        while True:
+            try:
+                os.wait4(-1, 0)
+            except ChildProcessError:
+                break
+
+    result: dict[str, Any] = {
+        "ok": not exec_error,
+        "wall_s": round(wall, 4),
+        "cpu_s": round(rusage.ru_utime + rusage.ru_stime, 4) if rusage else None,
+        "max_rss_kb": rusage.ru_maxrss if rusage else None,
+        "timed_out": timed_out,
+        "killed_by_host": killed_by_host,
+        "exit_code": os.WEXITSTATUS(child_status) if os.WIFEXITED(child_status) else None,
+        "signal": os.WTERMSIG(child_status) if os.WIFSIGNALED(child_status) else None,
+    }
+    if exec_error:
+        result["error"] = "program start failed: " + exec_error.decode(errors="replace")
+    return result
+
+
+def main(spec_dir: str) -> int:
+    with open(os.path.join(spec_dir, "spec.json"), encoding="utf-8") as fh:
+        spec = json.load(fh)
+    status_fd = spec["status_fd"]
+    try:
+        files = {}
+        for name in spec["files"]:
+            with open(os.path.join(spec_dir, "files", name), "rb") as fh:
+                files[name] = fh.read()
+        problems: list[str] = []
+        if spec["mount_namespace"]:
+            problems = build_jail(spec, files)
+            scratch = _SCRATCH
+        else:
+            scratch = os.path.join(spec_dir, "work")
+            os.mkdir(scratch, 0o700)
+            if spec["uid"] is not None:
+                os.chown(scratch, spec["uid"], spec["gid"])
+            _write_files(scratch, files, spec["uid"], spec["gid"])
+    except Exception as exc:
+        os.write(status_fd, (json.dumps({"ok": False, "error": f"sandbox setup: {exc}"}) + "\n").encode())
+        return 125
+    result = supervise(spec, scratch)
+    if problems:
+        result["setup_warnings"] = problems
+    os.write(status_fd, (json.dumps(result) + "\n").encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scalerl.config import (
+    ConfigError,
+    RunConfig,
+    config_to_yaml,
+    load_config,
+    parse_override,
+)
+
+
+def test_defaults_are_the_scalerl_recipe() -> None:
+    cfg = RunConfig()
+    assert cfg.algorithm.loss_type == "cispo"
+    assert cfg.algorithm.aggregation == "prompt"
+    assert cfg.algorithm.adv_norm == "batch"
+    assert cfg.pipeline.off_policy == "pipeline" and cfg.pipeline.max_lag == 8
+    assert cfg.model.fp32_lm_head and cfg.algorithm.zero_variance_filter
+    assert cfg.optim.eps == 1e-15 and cfg.optim.weight_decay == 0.01
+
+
+def test_override_values_are_parsed_as_yaml() -> None:
+    assert parse_override("optim.lr=3e-4") == (["optim", "lr"], 3e-4)
+    assert parse_override("generation.length_control.think_budget=[8, 16]") == (
+        ["generation", "length_control", "think_budget"],
+        [8, 16],
+    )
+    assert parse_override("algorithm.dual_clip_c=null") == (["algorithm", "dual_clip_c"], None)
+    with pytest.raises(ConfigError, match=r"expected key\.path=value"):
+        parse_override("optim.lr")
+
+
+def test_yaml_then_overrides_later_wins(tmp_path: Path) -> None:
+    f = tmp_path / "a.yaml"
+    f.write_text("name: a\npipeline:\n  off_policy: sync\n  k: 2\n")
+    cfg = load_config(f, overrides=["pipeline.k=4", "name=b"])
+    assert (cfg.name, cfg.pipeline.off_policy, cfg.pipeline.k) == ("b", "sync", 4)
+
+
+def test_unknown_key_names_path_line_and_suggestion(tmp_path: Path) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text("name: x\nalgorithm:\n  los_type: cispo\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(f)
+    msg = str(info.value)
+    assert f"{f}:3: algorithm.los_type: unknown key" in msg
+    assert "did you mean 'loss_type'" in msg
+
+
+def test_bad_value_names_key_and_origin(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=["optim.lr=-1", "algorithm.loss_type=ppo"])
+    msg = str(info.value)
+    assert "override 'optim.lr=-1': optim.lr: Input should be greater than 0" in msg
+    assert "algorithm.loss_type" in msg and "'ppo'" in msg
+
+
+def test_override_into_scalar_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"'name\.sub=1': name: Input should be a valid string"):
+        load_config(overrides=["name.sub=1"])
+
+
+def test_invalid_think_budget_order() -> None:
+    with pytest.raises(ConfigError, match="think_budget"):
+        load_config(overrides=["generation.length_control.think_budget=[10, 5]"])
+
+
+def test_missing_file_and_non_mapping(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    f = tmp_path / "list.yaml"
+    f.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(f)
+
+
+def test_yaml_round_trip(tmp_path: Path) -> None:
+    cfg = load_config(overrides=["pipeline.off_policy=ppo_offpolicy", "generation.n=4"])
+    f = tmp_path / "dump.yaml"
+    f.write_text(config_to_yaml(cfg))
+    assert load_config(f) == cfg
