@@ -1,0 +1,446 @@
+"""The embedded engine: any Hugging Face causal LM, with torch, on CPU or one GPU.
+
+Continuous batching: `max_batch_size` slots share one `SlotKVCache`; every `step()` admits waiting
+sequences into free slots (their prompt is prefilled in that step) and decodes one token for every
+sequence in flight, so a finished sequence's slot is refilled at the next step and the batch stays
+full. New prompts and forced-interruption phrases (multi-token chunks) run as one forward, the
+one-token decodes as another.
+
+In-flight weight updates (PipelineRL, arXiv 2509.19128): `update_weights(state, version)` may be
+called from another thread while `step()` runs in the generator thread. It waits for the step in
+progress, copies the weights, and the next step runs under them: sequences keep their (stale) KV
+cache and continue; every token sampled afterwards records the new version. Nothing is dropped or
+restarted. A waiting update is served before the next step starts, so a busy generator loop cannot
+starve the trainer.
+
+Log-probs of sampled tokens come from `scalerl.models.lm_head` (the functions the trainer uses),
+with the same `fp32_lm_head` option, and the sampling rules of `scalerl.rollout.sampling`.
+Each sequence samples from its own `torch.Generator` (seeded from `SamplingParams.seed` and its
+sample index, or from the engine's seed), so its draws do not depend on what else is batched.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from scalerl.models.lm_head import (
+    Fp32HeadWeight,
+    cache_kwarg_name,
+    check_head_matches_model,
+    decoder_of,
+    lm_head_logits,
+    output_head,
+    token_logprobs,
+)
+from scalerl.rollout.base import Finished, SteppingEngine
+from scalerl.rollout.interruption import Action, InterruptionState, draw_think_budget
+from scalerl.rollout.protocol import Completion, FinishReason, GenerationRequest
+from scalerl.rollout.sampling import sample_next_tokens, support_ids
+from scalerl.rollout.slot_cache import SlotKVCache, attention_masks
+
+_SUPPORTED_ATTENTION = ("sdpa", "eager")
+_SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
+
+
+def model_eos_ids(model: nn.Module) -> tuple[int, ...]:
+    """The model's end-of-sequence ids (generation config first, then config; int or list)."""
+    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        eos = getattr(source, "eos_token_id", None)
+        if eos is None:
+            continue
+        return tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
+    return ()
+
+
+def sample_seed(base: int, sample_index: int) -> tuple[int, int]:
+    """(torch seed, budget seed) for one sample, mixed from a base seed and the sample index with
+    numpy's `SeedSequence` so that nearby seeds do not give correlated streams."""
+    state = np.random.SeedSequence(entropy=base % 2**64, spawn_key=(sample_index,)).generate_state(
+        2, np.uint64
+    )
+    return int(state[0] & 0x7FFF_FFFF_FFFF_FFFF), int(state[1])
+
+
+@dataclass
+class EngineStats:
+    """Counters since construction (or `reset_stats`)."""
+
+    steps: int = 0
+    slot_steps: int = 0  # sum over steps of the sequences in flight
+    generated_tokens: int = 0  # sampled tokens (forced phrase tokens excluded)
+    prefill_tokens: int = 0
+    max_batch_size: int = 1
+
+    @property
+    def occupancy(self) -> float:
+        """Mean fraction of the slots busy per step."""
+        return self.slot_steps / (self.steps * self.max_batch_size) if self.steps else 0.0
+
+
+@dataclass(eq=False)
+class _Sequence:
+    serial: int
+    request: GenerationRequest
+    sample_index: int
+    generator: torch.Generator | None
+    interruption: InterruptionState | None
+    stop_ids: frozenset[int]
+    temperature: float
+    top_k: int
+    top_p: float
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    loss_mask: list[bool] = field(default_factory=list)
+    support: list[list[int]] | None = None
+    slot: int = -1
+    cache_len: int = 0
+    pending: list[int] = field(default_factory=list)  # tokens the next forward feeds
+    forced_pending: int = 0  # trailing tokens of `pending` that were forced (need their log-probs)
+    start_version: int = 0
+
+
+class EmbeddedEngine(SteppingEngine):
+    """Continuous-batching generation engine for a Hugging Face causal LM (see module docstring).
+
+    Args:
+        model: a causal LM with `get_decoder()` / `get_output_embeddings()` and SDPA or eager
+            attention (full and/or sliding-window layers). The engine puts it in eval mode and owns it.
+        max_batch_size: number of slots decoded together.
+        fp32_lm_head: compute the LM head in float32 (must match the trainer's setting).
+        seed: seeds the per-sample generators of requests without `SamplingParams.seed`.
+        eos_token_ids: stop ids added to every request's `stop_token_ids` (default: the model's eos).
+        initial_version: policy version of the weights the model holds now.
+        pad_token_id: filler for padded chunk columns (never attended); default the config's or 0.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        max_batch_size: int = 8,
+        fp32_lm_head: bool = False,
+        seed: int = 0,
+        eos_token_ids: Sequence[int] | None = None,
+        initial_version: int = 0,
+        pad_token_id: int | None = None,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size: must be >= 1, got {max_batch_size}")
+        super().__init__(initial_version)
+        self.model = model.eval()
+        self.max_batch_size = max_batch_size
+        self.fp32_lm_head = fp32_lm_head
+        self._decoder = decoder_of(model)
+        self._cache_kw = cache_kwarg_name(self._decoder)
+        head = output_head(model)
+        self.device = head.weight.device
+        self.vocab_size = int(head.weight.shape[0])
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        compute_dtype = head.weight.dtype
+        self._additive_mask_dtype, self._sliding_window, self._mask_kinds = self._attention_layout(
+            config, compute_dtype
+        )
+        check_head_matches_model(model)
+        self.eos_token_ids = tuple(eos_token_ids) if eos_token_ids is not None else model_eos_ids(model)
+        pad = pad_token_id if pad_token_id is not None else getattr(config, "pad_token_id", None)
+        self._pad_id = int(pad) if pad is not None and 0 <= int(pad) < self.vocab_size else 0
+
+        self._weight_targets: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
+        self._weight_targets.update(dict(model.named_buffers(remove_duplicate=False)))
+        self._head_cache = Fp32HeadWeight()
+        self._rng = np.random.default_rng(seed)
+        self._cache = SlotKVCache(max_batch_size)
+        self._slots: list[_Sequence | None] = [None] * max_batch_size
+        self._waiting: deque[_Sequence] = deque()
+        self.stats = EngineStats(max_batch_size=max_batch_size)
+
+    # ----------------------------------------------------------------------------- model layout
+    @staticmethod
+    def _attention_layout(
+        config: object, compute_dtype: torch.dtype
+    ) -> tuple[torch.dtype | None, int | None, frozenset[str]]:
+        """(additive-mask dtype or None for bool masks, sliding window, attention kinds present)."""
+        impl = getattr(config, "_attn_implementation", None) or "eager"
+        if impl not in _SUPPORTED_ATTENTION:
+            raise ValueError(
+                f"attention implementation {impl!r} is not supported by the embedded engine (it passes "
+                f"explicit 4-D masks); load the model with attn_implementation in {_SUPPORTED_ATTENTION}"
+            )
+        # Eager attention adds the mask to the scores, so it must be additive in the compute dtype.
+        additive = compute_dtype if impl == "eager" else None
+        layer_types = getattr(config, "layer_types", None)
+        window = getattr(config, "sliding_window", None)
+        if layer_types:
+            kinds = frozenset(layer_types)
+            unknown = kinds - _SUPPORTED_LAYER_TYPES
+            if unknown:
+                raise NotImplementedError(
+                    f"layer types {sorted(unknown)} are not supported by the embedded engine"
+                )
+        elif window is not None and getattr(config, "use_sliding_window", True):
+            kinds = frozenset({"sliding_attention"})
+        else:
+            kinds = frozenset({"full_attention"})
+        if "sliding_attention" in kinds and not window:
+            raise ValueError("config has sliding-attention layers but no sliding_window")
+        return additive, (int(window) if "sliding_attention" in kinds else None), kinds
+
+    def reset_stats(self) -> None:
+        self.stats = EngineStats(max_batch_size=self.max_batch_size)
+
+    # ----------------------------------------------------------------------------- internals
+    @torch.no_grad()
+    def _load_weights_locked(self, state: Mapping[str, torch.Tensor]) -> None:
+        unknown = [name for name in state if name not in self._weight_targets]
+        if unknown:
+            raise KeyError(f"update_weights: unknown parameter names {unknown[:5]} (of {len(unknown)})")
+        for name, src in state.items():
+            if tuple(src.shape) != tuple(self._weight_targets[name].shape):
+                raise ValueError(
+                    f"update_weights: {name} has shape {tuple(src.shape)}, "
+                    f"expected {tuple(self._weight_targets[name].shape)}"
+                )
+        # Validated first so a bad state leaves the weights untouched.
+        for name, src in state.items():
+            self._weight_targets[name].copy_(src)
+        self._head_cache.invalidate()
+
+    def _validate(self, request: GenerationRequest) -> None:
+        ids = request.prompt_ids
+        if not ids:
+            raise ValueError(f"request {request.request_id!r}: empty prompt")
+        params = request.params
+        spec = params.interruption
+        to_check = [*ids, *params.stop_token_ids]
+        if spec is not None:
+            to_check += [*spec.phrase_ids, *spec.think_end_ids]
+        bad = [t for t in to_check if not 0 <= int(t) < self.vocab_size]
+        if bad:
+            raise ValueError(
+                f"request {request.request_id!r}: token ids {bad[:5]} outside [0, {self.vocab_size})"
+            )
+
+    def _num_unfinished_locked(self) -> int:
+        return len(self._waiting) + sum(s is not None for s in self._slots)
+
+    def _submit_locked(self, requests: Sequence[GenerationRequest], serials: list[int]) -> None:
+        for request in requests:
+            self._validate(request)
+        for serial, request in zip(serials, requests, strict=True):
+            params = request.params
+            base = params.seed if params.seed is not None else int(self._rng.integers(2**63))
+            stop_ids = frozenset(params.stop_token_ids) | frozenset(self.eos_token_ids)
+            greedy = params.temperature <= 0
+            for i in range(params.n):
+                torch_seed, budget_seed = sample_seed(base, i)
+                generator = None
+                if not greedy:
+                    generator = torch.Generator(device=self.device)
+                    generator.manual_seed(torch_seed)
+                interruption = None
+                if params.interruption is not None:
+                    budget = draw_think_budget(params.interruption, np.random.default_rng(budget_seed))
+                    interruption = InterruptionState(params.interruption, budget)
+                want_support = params.return_support and params.truncates_support and not greedy
+                self._waiting.append(
+                    _Sequence(
+                        serial=serial,
+                        request=request,
+                        sample_index=i,
+                        generator=generator,
+                        interruption=interruption,
+                        stop_ids=stop_ids,
+                        temperature=params.temperature,
+                        top_k=params.top_k,
+                        top_p=params.top_p,
+                        support=[] if want_support else None,
+                    )
+                )
+
+    def _admit(self, version: int) -> None:
+        for slot in range(self.max_batch_size):
+            if not self._waiting:
+                return
+            if self._slots[slot] is None:
+                seq = self._waiting.popleft()
+                seq.slot, seq.cache_len, seq.start_version = slot, 0, version
+                seq.pending = list(seq.request.prompt_ids)
+                self._slots[slot] = seq
+                self.stats.prefill_tokens += len(seq.pending)
+
+    def _step_locked(self) -> list[Finished]:
+        version = self._version
+        self._admit(version)
+        active = [s for s in self._slots if s is not None]
+        if not active:
+            self._cache.reset()  # idle: release the KV buffers
+            return []
+        with torch.no_grad():
+            chunks = [s for s in active if len(s.pending) > 1]
+            decodes = [s for s in active if len(s.pending) == 1]
+            parts = [self._prefill(chunks, version)] if chunks else []
+            if decodes:
+                parts.append(self._decode(decodes))
+            order = chunks + decodes
+            logits = torch.cat(parts) if len(parts) > 1 else parts[0]
+            device = logits.device
+            sampled = sample_next_tokens(
+                logits,
+                torch.tensor([s.temperature for s in order], device=device),
+                torch.tensor([s.top_k for s in order], device=device),
+                torch.tensor([s.top_p for s in order], device=device),
+                [s.generator for s in order],
+            )
+        tokens = sampled.token_ids.tolist()
+        logprobs = sampled.logprobs.tolist()
+        self.stats.steps += 1
+        self.stats.slot_steps += len(order)
+        self.stats.generated_tokens += len(order)
+        finished: list[Finished] = []
+        for i, seq in enumerate(order):
+            seq.token_ids.append(tokens[i])
+            seq.logprobs.append(logprobs[i])
+            seq.versions.append(version)
+            seq.loss_mask.append(True)
+            if seq.support is not None and sampled.support is not None:
+                seq.support.append(support_ids(sampled.support[i]))
+            reason = self._advance(seq, tokens[i])
+            if reason is not None:
+                self._slots[seq.slot] = None
+                finished.append((seq.serial, seq.sample_index, self._completion(seq, reason)))
+        return finished
+
+    def _run(self, slots: list[int], chunks: list[list[int]], starts: list[int]) -> torch.Tensor:
+        """Feed `chunks[i]` to slot `slots[i]` from column `starts[i]`; return the decoder's final
+        hidden states `[G, q, hidden]` (right-padded chunks; padded positions are junk)."""
+        q = max(len(c) for c in chunks)
+        kv_len = self._cache.plan(slots, starts, q, self.device)
+        input_ids = torch.tensor([c + [self._pad_id] * (q - len(c)) for c in chunks], device=self.device)
+        start_t = torch.tensor(starts, device=self.device)
+        position_ids = start_t.unsqueeze(1) + torch.arange(q, device=self.device).unsqueeze(0)
+        full, sliding = attention_masks(
+            start_t, q, kv_len, sliding_window=self._sliding_window, additive_dtype=self._additive_mask_dtype
+        )
+        if self._mask_kinds == {"full_attention"}:
+            mask: torch.Tensor | dict[str, torch.Tensor] = full
+        elif self._mask_kinds == {"sliding_attention"}:
+            mask = sliding  # type: ignore[assignment]
+        else:
+            mask = {"full_attention": full, "sliding_attention": sliding}  # type: ignore[dict-item]
+        out = self._decoder(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=position_ids,
+            use_cache=True,
+            **{self._cache_kw: self._cache},
+        )
+        return out.last_hidden_state
+
+    def _prefill(self, group: list[_Sequence], version: int) -> torch.Tensor:
+        """Multi-token chunks (new prompts, forced phrases) of `group`: return the logits at each
+        chunk's last position `[G, V]`, score forced tokens, and advance the slots' lengths."""
+        hidden = self._run([s.slot for s in group], [s.pending for s in group], [s.cache_len for s in group])
+        last = torch.tensor([len(s.pending) - 1 for s in group], device=self.device)
+        rows = torch.arange(len(group), device=self.device)
+        logits = lm_head_logits(self.model, hidden[rows, last], self.fp32_lm_head, self._head_cache)
+        for g, seq in enumerate(group):
+            if seq.forced_pending:
+                self._score_forced(seq, hidden[g], version)
+            seq.cache_len += len(seq.pending)
+            seq.pending = []
+        return logits
+
+    def _decode(self, group: list[_Sequence]) -> torch.Tensor:
+        """One token for each sequence of `group` (ordered by slot); return their logits `[G, V]`.
+
+        When most slots decode, the forward runs over every slot: slots with nothing to decode (free,
+        or prefilled this step) take a pad token at their current length, which writes junk exactly
+        where their next real token will go. That wastes those rows' compute but avoids gathering a
+        subset of the KV cache, a copy as large as what the attention reads. When fewer than half
+        the slots decode (draining tail, small jobs), gathering the subset is the cheaper one.
+        """
+        if 2 * len(group) <= self.max_batch_size:
+            slots = [s.slot for s in group]
+            hidden = self._run(slots, [s.pending for s in group], [s.cache_len for s in group])
+            rows = torch.arange(len(group), device=self.device)
+        else:
+            decoding = {s.slot: s.pending for s in group}
+            tokens = [decoding.get(slot, [self._pad_id]) for slot in range(self.max_batch_size)]
+            starts = [seq.cache_len if seq is not None else 0 for seq in self._slots]
+            hidden = self._run(list(range(self.max_batch_size)), tokens, starts)
+            rows = torch.tensor([s.slot for s in group], device=self.device)
+        logits = lm_head_logits(self.model, hidden[rows, 0], self.fp32_lm_head, self._head_cache)
+        for seq in group:
+            seq.cache_len += 1
+            seq.pending = []
+        return logits
+
+    def _score_forced(self, seq: _Sequence, hidden: torch.Tensor, version: int) -> None:
+        """Log-probs (current policy, untruncated, the sequence's temperature) of the forced tokens
+        at the end of `seq.pending`; they are loss-masked, recorded for diagnostics only."""
+        f, n = seq.forced_pending, len(seq.pending)
+        positions = hidden[n - f - 1 : n - 1]
+        logits = lm_head_logits(self.model, positions, self.fp32_lm_head, self._head_cache)
+        targets = torch.tensor(seq.pending[n - f :], device=self.device)
+        values = token_logprobs(logits, targets, seq.temperature).tolist()
+        seq.logprobs[-f:] = values
+        seq.versions[-f:] = [version] * f
+        seq.forced_pending = 0
+
+    def _advance(self, seq: _Sequence, token: int) -> FinishReason | None:
+        """Apply stop / length / interruption rules after `token`; set what the next step feeds."""
+        params = seq.request.params
+        state = seq.interruption
+        if token in seq.stop_ids:
+            return "interrupted" if state is not None and state.interrupted else "stop"
+        if len(seq.token_ids) >= params.max_new_tokens:
+            return "length"
+        seq.pending = [token]
+        if state is None:
+            return None
+        action = state.after_token(seq.token_ids, params.max_new_tokens)
+        if action is Action.FINISH_INTERRUPTED:
+            return "interrupted"
+        if action is Action.FINISH_LENGTH:
+            return "length"
+        if action is Action.INJECT:
+            phrase = list(state.spec.phrase_ids)
+            k = len(phrase)
+            seq.token_ids.extend(phrase)
+            seq.logprobs.extend([0.0] * k)  # replaced by `_score_forced` at the next forward
+            seq.versions.extend([seq.versions[-1]] * k)
+            seq.loss_mask.extend([False] * k)
+            if seq.support is not None:
+                seq.support.extend([t] for t in phrase)  # forced: the only token "drawable"
+            seq.pending = [token, *phrase]
+            seq.forced_pending = k
+        return None
+
+    def _completion(self, seq: _Sequence, reason: FinishReason) -> Completion:
+        request = seq.request
+        metadata = dict(request.metadata)
+        if seq.interruption is not None:
+            metadata["interruption"] = {
+                "think_budget": seq.interruption.budget,
+                "phrase_start": seq.interruption.interrupted_at,
+            }
+        return Completion(
+            request_id=request.request_id,
+            sample_index=seq.sample_index,
+            prompt_ids=list(request.prompt_ids),
+            token_ids=seq.token_ids,
+            logprobs=seq.logprobs,
+            versions=seq.versions,
+            loss_mask=seq.loss_mask,
+            finish_reason=reason,
+            start_version=seq.start_version,
+            support=seq.support,
+            metadata=metadata,
+        )
