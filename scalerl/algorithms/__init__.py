@@ -1,0 +1,79 @@
+"""RL objectives for LLM post-training on verifiable rewards: pure tensor functions.
+
+No model, no engine, no I/O. Shapes: `[N]` per sample, `[N, T]` per response token, `mask [N, T]`
+(bool or 0/1) marks response tokens, `group_ids [N]` (int) names each sample's prompt. Every
+function documents its formula and source; see docs/algorithms.md for the overview.
+
+    from scalerl.algorithms import compute_advantages, policy_loss, kl_penalty
+
+    adv = compute_advantages(rewards, group_ids, adv_norm="group", eps=1e-6)
+    loss, stats = policy_loss(logprobs, old_logprobs, adv, mask, group_ids,
+                              loss_type="cispo", aggregation="prompt", eps_max=4.0)
+    kl = kl_penalty(logprobs, ref_logprobs, estimator="k3", mask=mask)
+"""
+
+from scalerl.algorithms.advantages import ADV_NORMS, compute_advantages
+from scalerl.algorithms.aggregation import AGGREGATIONS, aggregate, token_weights, weighted_token_sum
+from scalerl.algorithms.entropy import entropy_bonus, entropy_from_logits
+from scalerl.algorithms.filters import (
+    PassRateHistory,
+    PromptRecord,
+    ZeroVarianceCounts,
+    is_informative_group,
+    no_positive_resampling,
+    zero_variance_filter,
+    zero_variance_mask,
+)
+from scalerl.algorithms.kl import KL_ESTIMATORS, kl_penalty, kl_shaped_rewards
+from scalerl.algorithms.length import (
+    apply_kimi_length_reward,
+    apply_overlong_penalty,
+    kimi_length_reward,
+    overlong_penalty,
+)
+from scalerl.algorithms.loss import policy_loss
+from scalerl.algorithms.masks import (
+    keep_sampling_logprobs,
+    off_policy_sequence_mask,
+    support_mask_from_indices,
+    top_k_top_p_support,
+)
+from scalerl.algorithms.objectives import LOSS_TYPES, TIS_LEVELS, TokenStats, per_token_policy_loss
+from scalerl.algorithms.stats import STAT_KEYS, merge_policy_stats, reduce_token_stats
+
+__all__ = [
+    "ADV_NORMS",
+    "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "LOSS_TYPES",
+    "STAT_KEYS",
+    "TIS_LEVELS",
+    "PassRateHistory",
+    "PromptRecord",
+    "TokenStats",
+    "ZeroVarianceCounts",
+    "aggregate",
+    "apply_kimi_length_reward",
+    "apply_overlong_penalty",
+    "compute_advantages",
+    "entropy_bonus",
+    "entropy_from_logits",
+    "is_informative_group",
+    "keep_sampling_logprobs",
+    "kimi_length_reward",
+    "kl_penalty",
+    "kl_shaped_rewards",
+    "merge_policy_stats",
+    "no_positive_resampling",
+    "off_policy_sequence_mask",
+    "overlong_penalty",
+    "per_token_policy_loss",
+    "policy_loss",
+    "reduce_token_stats",
+    "support_mask_from_indices",
+    "token_weights",
+    "top_k_top_p_support",
+    "weighted_token_sum",
+    "zero_variance_filter",
+    "zero_variance_mask",
+]

@@ -1,0 +1,1 @@
+"""Tests of `scalerl.algorithms` (a package so its test module names cannot clash with other suites)."""
