@@ -1,0 +1,255 @@
+"""The bundled recipes: each loads, carries the settings its source assigns, and layers correctly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from scalerl.config import ConfigError, RunConfig, load_config
+from scalerl.recipes import (
+    RECIPES_DIR,
+    list_recipes,
+    load_recipe_config,
+    recipe_info,
+    recipe_names,
+    recipe_path,
+)
+
+EXPECTED_NAMES = [
+    "base",
+    "deepseek_grpo",
+    "dr_grpo",
+    "gspo",
+    "magistral",
+    "minimax",
+    "qwen_dapo",
+    "scalerl",
+]
+
+# What each source assigns (ScaleRL Sec. 2 / 4 / App. A.16, Dr. GRPO Sec. 3.1, GSPO Sec. 5.1).
+PAPER_SETTINGS: dict[str, dict[str, Any]] = {
+    "scalerl": {
+        "algorithm.loss_type": "cispo",
+        "algorithm.aggregation": "prompt",
+        "algorithm.adv_norm": "batch",
+        "algorithm.zero_variance_filter": True,
+        "algorithm.dynamic_sampling": False,
+        "algorithm.no_positive_resampling": True,
+        "algorithm.retire_threshold": 0.9,
+        "algorithm.kl_coef": 0.0,
+        "model.fp32_lm_head": True,
+        "pipeline.off_policy": "pipeline",
+        "pipeline.k": 8,
+        "generation.length_control.kind": "interruption",
+    },
+    "base": {
+        "algorithm.loss_type": "grpo",
+        "algorithm.eps_low": 0.2,
+        "algorithm.eps_high": 0.28,
+        "algorithm.aggregation": "sample",
+        "algorithm.adv_norm": "group",
+        "algorithm.kl_coef": 0.0,
+        "algorithm.zero_variance_filter": False,
+        "algorithm.no_positive_resampling": False,
+        "model.fp32_lm_head": False,
+    },
+    "deepseek_grpo": {
+        "algorithm.loss_type": "grpo",
+        "algorithm.eps_low": 0.2,
+        "algorithm.eps_high": 0.2,
+        "algorithm.aggregation": "sample",
+        "algorithm.adv_norm": "group",
+        "algorithm.kl_coef": 0.0,
+        "pipeline.off_policy": "ppo_offpolicy",
+        "pipeline.k": 8,
+        "model.fp32_lm_head": False,
+        "algorithm.zero_variance_filter": False,
+    },
+    "qwen_dapo": {
+        "algorithm.loss_type": "grpo",
+        "algorithm.eps_low": 0.2,
+        "algorithm.eps_high": 0.26,
+        "algorithm.aggregation": "prompt",
+        "pipeline.off_policy": "ppo_offpolicy",
+        "pipeline.k": 8,
+        "algorithm.zero_variance_filter": True,
+        "algorithm.dynamic_sampling": False,
+        "model.fp32_lm_head": False,
+    },
+    "magistral": {
+        "algorithm.loss_type": "grpo",
+        "algorithm.eps_low": 0.2,
+        "algorithm.eps_high": 0.26,
+        "algorithm.aggregation": "prompt",
+        "pipeline.off_policy": "pipeline",
+        "pipeline.k": 8,
+        "algorithm.zero_variance_filter": True,
+    },
+    "minimax": {
+        "algorithm.loss_type": "cispo",
+        "model.fp32_lm_head": True,
+        "pipeline.off_policy": "ppo_offpolicy",
+        "algorithm.aggregation": "prompt",
+        "algorithm.zero_variance_filter": True,
+        "algorithm.no_positive_resampling": False,
+    },
+    "dr_grpo": {
+        "algorithm.loss_type": "grpo",
+        "algorithm.aggregation": "constant",
+        "algorithm.adv_norm": "none",
+        "algorithm.kl_coef": 0.0,
+    },
+    "gspo": {
+        "algorithm.loss_type": "gspo",
+        "algorithm.eps_low": 3e-4,
+        "algorithm.eps_high": 4e-4,
+        "algorithm.aggregation": "sample",
+        "algorithm.adv_norm": "group",
+    },
+}
+
+# Every recipe writes these out, so its meaning never depends on the built-in defaults.
+AXIS_KEYS = (
+    "algorithm.loss_type",
+    "algorithm.aggregation",
+    "algorithm.adv_norm",
+    "algorithm.kl_coef",
+    "algorithm.zero_variance_filter",
+    "algorithm.dynamic_sampling",
+    "algorithm.no_positive_resampling",
+    "model.fp32_lm_head",
+    "pipeline.off_policy",
+    "pipeline.k",
+    "generation.length_control.kind",
+)
+# Algorithmic choices only: nothing that names a model, data, or output location.
+ALLOWED_KEYS = {
+    *AXIS_KEYS,
+    "algorithm.eps_low",
+    "algorithm.eps_high",
+    "algorithm.eps_max",
+    "algorithm.retire_threshold",
+    "pipeline.prompts_per_step",
+}
+
+
+def _get(cfg: RunConfig, key: str) -> Any:
+    node: Any = cfg
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _leaf_keys(tree: dict[str, Any], prefix: str = "") -> set[str]:
+    keys: set[str] = set()
+    for k, v in tree.items():
+        path = f"{prefix}{k}"
+        keys |= _leaf_keys(v, path + ".") if isinstance(v, dict) else {path}
+    return keys
+
+
+def _file_keys(name: str) -> set[str]:
+    return _leaf_keys(yaml.safe_load(recipe_path(name).read_text()))
+
+
+def test_the_named_recipes_are_bundled_and_listed_with_descriptions() -> None:
+    assert recipe_names() == EXPECTED_NAMES
+    listed = list_recipes()
+    assert [name for name, _ in listed] == EXPECTED_NAMES
+    for name, description in listed:
+        assert description, name
+        assert "\n" not in description
+        assert not description.startswith("Source"), name
+
+
+@pytest.mark.parametrize("name", EXPECTED_NAMES)
+def test_every_recipe_names_its_source(name: str) -> None:
+    info = recipe_info(name)
+    assert info.path == RECIPES_DIR / f"{name}.yaml"
+    assert "arXiv" in info.source, info.source
+    # The header is the file's first lines: description first, then the source.
+    lines = info.path.read_text().splitlines()
+    assert lines[0] == f"# {info.description}"
+    assert lines[1] == f"# Source: {info.source}"
+
+
+@pytest.mark.parametrize("name", EXPECTED_NAMES)
+def test_every_recipe_loads_validates_and_records_its_name(name: str) -> None:
+    cfg = load_recipe_config(name)
+    assert isinstance(cfg, RunConfig)
+    assert cfg.recipe == name
+    # The file alone is a valid partial config too (what a user gets by copying it).
+    plain = load_config(recipe_path(name))
+    assert plain.model_dump(exclude={"recipe"}) == cfg.model_dump(exclude={"recipe"})
+
+
+@pytest.mark.parametrize("name", EXPECTED_NAMES)
+def test_each_recipe_has_the_settings_its_source_assigns(name: str) -> None:
+    cfg = load_recipe_config(name)
+    for key, want in PAPER_SETTINGS[name].items():
+        got = _get(cfg, key)
+        assert type(got) is type(want), (key, got)
+        assert got == (pytest.approx(want, rel=1e-12) if isinstance(want, float) else want), (key, got)
+
+
+@pytest.mark.parametrize("name", EXPECTED_NAMES)
+def test_recipes_set_only_algorithmic_keys_and_write_every_axis_out(name: str) -> None:
+    keys = _file_keys(name)
+    assert keys <= ALLOWED_KEYS, sorted(keys - ALLOWED_KEYS)
+    assert set(AXIS_KEYS) <= keys, sorted(set(AXIS_KEYS) - keys)
+    loss = load_recipe_config(name).algorithm.loss_type
+    # Each loss's own clip parameters are written; the other loss's are not (they would be unused).
+    if loss == "cispo":
+        assert "algorithm.eps_max" in keys and not keys & {"algorithm.eps_low", "algorithm.eps_high"}
+    else:
+        assert {"algorithm.eps_low", "algorithm.eps_high"} <= keys and "algorithm.eps_max" not in keys
+
+
+def test_larger_batch_recipes_keep_the_papers_80_to_48_ratio_on_the_default_batch() -> None:
+    default = RunConfig().pipeline.prompts_per_step
+    for name in ("qwen_dapo", "magistral", "minimax"):
+        assert load_recipe_config(name).pipeline.prompts_per_step == round(default * 80 / 48)
+    for name in ("scalerl", "base", "deepseek_grpo", "dr_grpo", "gspo"):
+        assert "pipeline.prompts_per_step" not in _file_keys(name)
+
+
+def test_magistral_is_qwen_dapo_with_pipeline_rl() -> None:
+    dapo = load_recipe_config("qwen_dapo").model_dump(exclude={"recipe"})
+    magistral = load_recipe_config("magistral").model_dump(exclude={"recipe"})
+    assert dapo["pipeline"].pop("off_policy") == "ppo_offpolicy"
+    assert magistral["pipeline"].pop("off_policy") == "pipeline"
+    assert dapo == magistral
+
+
+def test_user_files_then_overrides_win_over_the_recipe(tmp_path: Path) -> None:
+    user = tmp_path / "mine.yaml"
+    user.write_text("model:\n  name_or_path: some/model\npipeline:\n  k: 2\n")
+    cfg = load_recipe_config("scalerl", user, overrides=["pipeline.k=4", "algorithm.loss_type=gspo"])
+    assert cfg.model.name_or_path == "some/model"
+    assert cfg.pipeline.k == 4
+    assert cfg.algorithm.loss_type == "gspo"
+    assert cfg.pipeline.off_policy == "pipeline"  # untouched recipe setting
+    relabelled = tmp_path / "relabel.yaml"
+    relabelled.write_text("recipe: my_scalerl\n")
+    assert load_recipe_config("scalerl", relabelled).recipe == "my_scalerl"
+
+
+def test_errors_in_user_layers_name_the_file_and_line(tmp_path: Path) -> None:
+    user = tmp_path / "typo.yaml"
+    user.write_text("algorithm:\n  los_type: grpo\n")
+    with pytest.raises(ConfigError, match=r"typo\.yaml:2: algorithm\.los_type: unknown key"):
+        load_recipe_config("scalerl", user)
+    with pytest.raises(ConfigError, match=r"override 'pipeline\.k=0'"):
+        load_recipe_config("base", overrides=["pipeline.k=0"])
+
+
+@pytest.mark.parametrize("bad", ["nope", "../config", "scalerl.yaml", "", "SCALERL"])
+def test_unknown_recipe_names_list_the_known_ones(bad: str) -> None:
+    with pytest.raises(ValueError, match=r"known recipes: base, deepseek_grpo, .*scalerl") as err:
+        recipe_path(bad)
+    assert repr(bad) in str(err.value)
+    with pytest.raises(ValueError, match="unknown recipe"):
+        load_recipe_config(bad)
