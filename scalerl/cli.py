@@ -17,6 +17,7 @@ from scalerl import __version__
 COMMAND_MODULES: tuple[str, ...] = (
     "scalerl.scaling.cli",
     "scalerl.recipes.cli",
+    "scalerl.data.cli",
 )
 
 

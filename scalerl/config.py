@@ -51,7 +51,7 @@ class ModelConfig(Section):
 class SyntheticDataConfig(Section):
     task: Literal["math", "code", "math+code"] = "math"
     num_prompts: int = Field(4096, gt=0)
-    difficulty: tuple[int, int] = (1, 4)
+    difficulty: tuple[int, int] = (1, 8)
     seed: int = 1234
 
 

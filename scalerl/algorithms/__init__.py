@@ -17,7 +17,7 @@ from scalerl.algorithms.aggregation import AGGREGATIONS, aggregate, token_weight
 from scalerl.algorithms.entropy import entropy_bonus, entropy_from_logits
 from scalerl.algorithms.filters import (
     PassRateHistory,
-    PromptRecord,
+    PassRateEntry,
     ZeroVarianceCounts,
     is_informative_group,
     no_positive_resampling,
@@ -49,7 +49,7 @@ __all__ = [
     "STAT_KEYS",
     "TIS_LEVELS",
     "PassRateHistory",
-    "PromptRecord",
+    "PassRateEntry",
     "TokenStats",
     "ZeroVarianceCounts",
     "aggregate",

@@ -97,7 +97,7 @@ def is_informative_group(rewards: Tensor | Sequence[float]) -> bool:
 
 
 @dataclass
-class PromptRecord:
+class PassRateEntry:
     """Sampling history of one prompt: cumulative and most-recent-round attempts and successes."""
 
     attempts: int = 0
@@ -137,7 +137,7 @@ class PassRateHistory:
     `json.dumps` / `json.loads` with prompt ids' types preserved.
     """
 
-    records: dict[PromptId, PromptRecord] = field(default_factory=dict)
+    records: dict[PromptId, PassRateEntry] = field(default_factory=dict)
 
     def update(
         self,
@@ -167,7 +167,7 @@ class PassRateHistory:
             round_attempts[pid] = round_attempts.get(pid, 0) + 1
             round_successes[pid] = round_successes.get(pid, 0) + int(ok)
         for pid, n in round_attempts.items():
-            rec = self.records.setdefault(pid, PromptRecord())
+            rec = self.records.setdefault(pid, PassRateEntry())
             rec.attempts += n
             rec.successes += round_successes[pid]
             rec.last_attempts = n
@@ -222,7 +222,7 @@ class PassRateHistory:
             raise ValueError(
                 "state: expected {'version': 1, 'records': [...]} from PassRateHistory.state_dict()"
             )
-        records: dict[PromptId, PromptRecord] = {}
+        records: dict[PromptId, PassRateEntry] = {}
         fields = ("attempts", "successes", "last_attempts", "last_successes")
         for i, item in enumerate(records_in):
             if not isinstance(item, dict) or set(item) != {"prompt_id", *fields}:
@@ -233,7 +233,7 @@ class PassRateHistory:
             counts = [item[k] for k in fields]
             if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
                 raise ValueError(f"state: record {i} counts must be non-negative integers")
-            rec = PromptRecord(*counts)
+            rec = PassRateEntry(*counts)
             if rec.successes > rec.attempts or rec.last_successes > rec.last_attempts:
                 raise ValueError(f"state: record {i} has more successes than attempts")
             if rec.last_attempts > rec.attempts:

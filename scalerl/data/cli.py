@@ -1,0 +1,97 @@
+"""``scalerl data synth`` and ``scalerl data check``: write a synthetic prompt set, vet a real one.
+
+`check` runs exactly the loading and prompt-length checks a training run does, so a bad row is
+found (with its file:line) before any compute is spent. Registered by ``scalerl.cli`` through
+``register(subparsers)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from typing import Any
+
+from scalerl.data.loaders import FORMATS, load_prompts
+from scalerl.data.synthetic import SYNTHETIC_TASKS, write_synthetic_jsonl
+from scalerl.data.tokenize import encode_prompts, resolve_system_prompt
+
+
+def _field_pair(text: str) -> tuple[str, str]:
+    key, sep, column = text.partition("=")
+    if not sep or not key or not column:
+        raise argparse.ArgumentTypeError(f"expected FIELD=COLUMN (e.g. prompt=question), got {text!r}")
+    return key, column
+
+
+def _load_tokenizer(name: str) -> Any:
+    if name == "tiny":
+        from scalerl.models.tiny import build_tiny_tokenizer
+
+        return build_tiny_tokenizer()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name)
+
+
+def _synth(args: argparse.Namespace) -> int:
+    difficulty = None if args.difficulty is None else tuple(args.difficulty)
+    path = write_synthetic_jsonl(args.out, args.task, args.n, args.seed, difficulty)
+    print(f"wrote {args.n} {args.task} prompts (seed {args.seed}) to {path}")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    on_error = "skip" if args.skip else "error"
+    loaded = load_prompts(
+        args.path, field_map=dict(args.field_map), default_task=args.default_task,
+        split=args.split, format=args.format, on_error=on_error,
+    )
+    records = loaded.records
+    print(f"{args.path}: {loaded.rows_read} rows read, {len(records)} records loaded")
+    if loaded.rejects:
+        print(loaded.rejects.summary())
+    tasks = Counter(r.task for r in records)
+    print("tasks: " + ", ".join(f"{task} {n}" for task, n in sorted(tasks.items())))
+    if args.max_prompt_tokens is not None:
+        tokenizer = _load_tokenizer(args.tokenizer)
+        system_prompt = resolve_system_prompt(args.think, args.system_prompt)
+        enc = encode_prompts(records, tokenizer, max_prompt_tokens=args.max_prompt_tokens,
+                             system_prompt=system_prompt, on_error=on_error)
+        lengths = sorted(len(ids) for ids in enc.token_ids.values())
+        print(
+            f"prompt tokens ({args.tokenizer}): min {lengths[0]}, median {lengths[len(lengths) // 2]}, "
+            f"max {lengths[-1]}; {len(enc)} fit max_prompt_tokens={args.max_prompt_tokens}"
+        )
+        if enc.rejects:
+            print(enc.rejects.summary())
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    data = subparsers.add_parser("data", help="write a synthetic prompt set, or check a prompt file")
+    sub = data.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
+
+    synth = sub.add_parser("synth", help="write a built-in synthetic task as JSONL")
+    synth.add_argument("--task", choices=SYNTHETIC_TASKS, default="math")
+    synth.add_argument("--n", type=int, default=1000, help="number of prompts (default 1000)")
+    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--difficulty", type=int, nargs=2, metavar=("LO", "HI"),
+                       help="inclusive range of difficulty levels (default: all)")
+    synth.add_argument("--out", required=True, metavar="FILE.jsonl")
+    synth.set_defaults(func=_synth)
+
+    check = sub.add_parser("check", help="load a prompt file or folder and report bad rows and lengths")
+    check.add_argument("path", metavar="PATH", help="JSONL/JSON/Parquet/CSV/TSV file, or a folder")
+    check.add_argument("--field-map", type=_field_pair, action="append", default=[], metavar="FIELD=COL",
+                       help="read record FIELD from column COL (repeatable), e.g. prompt=question")
+    check.add_argument("--default-task", help="task for rows without a task column (e.g. math)")
+    check.add_argument("--split", help="split of a DatasetDict folder, or file-name prefix in a folder")
+    check.add_argument("--format", choices=FORMATS, default="auto")
+    check.add_argument("--skip", action="store_true", help="skip and count bad rows instead of failing")
+    check.add_argument("--max-prompt-tokens", type=int, metavar="N",
+                       help="also tokenize with the chat template and check prompt lengths")
+    check.add_argument("--tokenizer", default="tiny",
+                       help="'tiny' (embedded default) or a local Hugging Face tokenizer folder")
+    check.add_argument("--think", action="store_true", help="include the <think> system prompt")
+    check.add_argument("--system-prompt", help="a custom system prompt (overrides --think)")
+    check.set_defaults(func=_check)

@@ -1,0 +1,296 @@
+"""Loading prompt sets from JSONL, JSON, Parquet, CSV/TSV, and local Hugging Face `datasets` folders.
+
+Each row becomes a `PromptRecord` whose `source` is "path:N": the 1-based line for JSONL/CSV/TSV
+(the header is line 1 of a CSV), the 0-based row index for Parquet, JSON arrays and `datasets`
+folders. Bad rows are gathered over the whole file and then either raised together (default) or
+skipped and counted (`on_error="skip"`); see `scalerl.data.rejects`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scalerl.data.fields import check_field_map, row_to_record
+from scalerl.data.records import PromptRecord
+from scalerl.data.rejects import DataError, OnError, RejectLog, RowError, check_on_error, settle
+
+FILE_SUFFIXES: tuple[str, ...] = (".jsonl", ".ndjson", ".json", ".parquet", ".csv", ".tsv")
+# `format=` names, and the suffixes each one reads in a folder; "auto" goes by suffix.
+FORMAT_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "jsonl": (".jsonl", ".ndjson"),
+    "json": (".json",),
+    "parquet": (".parquet",),
+    "csv": (".csv",),
+    "tsv": (".tsv",),
+}
+FORMATS: tuple[str, ...] = ("auto", *FORMAT_SUFFIXES, "hf")
+
+Row = Mapping[str, Any] | RowError
+
+
+@dataclass
+class LoadResult:
+    """The records loaded, how many rows were read, and what was rejected (when skipping)."""
+
+    records: list[PromptRecord]
+    rows_read: int
+    rejects: RejectLog = field(default_factory=RejectLog)
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[int, Row]]:
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                yield lineno, RowError("invalid JSON", f"not valid JSON ({err.msg}, column {err.colno})")
+                continue
+            if isinstance(obj, dict):
+                yield lineno, obj
+            else:
+                yield lineno, RowError("invalid JSON", f"expected a JSON object, got {type(obj).__name__}")
+
+
+def _iter_json(path: Path) -> Iterator[tuple[int, Row]]:
+    # `Dataset.to_json` writes JSON lines under a .json name; a JSON array is the other common shape.
+    with path.open(encoding="utf-8") as f:
+        head = f.read(4096).lstrip()
+    if not head.startswith("["):
+        yield from _iter_jsonl(path)
+        return
+    try:
+        items = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+    for index, obj in enumerate(items):
+        if isinstance(obj, dict):
+            yield index, obj
+        else:
+            yield index, RowError("invalid JSON", f"expected a JSON object, got {type(obj).__name__}")
+
+
+def _iter_csv(path: Path, delimiter: str) -> Iterator[tuple[int, Row]]:
+    # Long code tests in one cell exceed csv's default 128 KiB field limit.
+    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+    with path.open(encoding="utf-8", newline="") as f:
+        reader = csv.reader(f, delimiter=delimiter)
+        try:
+            header = next(reader)
+        except StopIteration:
+            return
+        if len(set(header)) != len(header):
+            raise DataError(f"{path}:1: duplicate column names in header {header}")
+        last_line = reader.line_num
+        while True:
+            try:
+                cells = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as err:
+                raise DataError(f"{path}:{reader.line_num}: unreadable CSV ({err})") from None
+            start, last_line = last_line + 1, reader.line_num  # a quoted cell may span several lines
+            if not any(c.strip() for c in cells):
+                continue
+            if len(cells) != len(header):
+                yield start, RowError(
+                    "bad CSV row", f"{len(cells)} cells but the header has {len(header)} columns"
+                )
+                continue
+            yield start, dict(zip(header, cells, strict=True))
+
+
+def _iter_parquet(path: Path) -> Iterator[tuple[int, Row]]:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as err:  # pyarrow raises several types for a corrupt file
+        raise DataError(f"{path}: unreadable Parquet file ({err})") from None
+    index = 0
+    for batch in pf.iter_batches(batch_size=4096):
+        for row in batch.to_pylist():
+            yield index, row
+            index += 1
+
+
+def _iter_hf_dataset(path: Path, split: str | None) -> Iterator[tuple[int, Row]]:
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(
+            f"{path}: a Hugging Face `datasets` folder; reading it needs the optional dependency "
+            "`datasets` (pip install 'scalerl[datasets]')"
+        ) from None
+    loaded = datasets.load_from_disk(str(path))
+    if isinstance(loaded, datasets.DatasetDict):
+        names = sorted(loaded.keys())
+        if split is None and len(names) == 1:
+            split = names[0]
+        if split not in loaded:
+            raise DataError(f"{path}: split {split!r} not in this DatasetDict; its splits are {names}")
+        loaded = loaded[split]
+    yield from enumerate(loaded)
+
+
+def _file_format(path: Path, fmt: str) -> str:
+    if fmt != "auto":
+        return fmt
+    suffix = path.suffix.lower()
+    for name, suffixes in FORMAT_SUFFIXES.items():
+        if suffix in suffixes:
+            return name
+    raise DataError(
+        f"{path}: unsupported file type {suffix!r}; supported: {', '.join(FILE_SUFFIXES)} "
+        "(or name the format with format=...)"
+    )
+
+
+def _iter_file(path: Path, fmt: str) -> Iterator[tuple[int, Row]]:
+    fmt = _file_format(path, fmt)
+    if fmt == "jsonl":
+        return _iter_jsonl(path)
+    if fmt == "json":
+        return _iter_json(path)
+    if fmt == "parquet":
+        return _iter_parquet(path)
+    if fmt in ("csv", "tsv"):
+        return _iter_csv(path, "\t" if fmt == "tsv" else ",")
+    raise DataError(f"{path}: format {fmt!r} reads a folder saved by `datasets`, not a file")
+
+
+def is_hf_dataset_dir(path: Path) -> bool:
+    """A folder written by `Dataset.save_to_disk` or `DatasetDict.save_to_disk`."""
+    return (path / "dataset_dict.json").is_file() or (
+        (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
+    )
+
+
+def _split_matches(rel: Path, split: str) -> bool:
+    # Hub layouts: "train/part-0.parquet", "data/train-00000-of-00001.parquet", "train.jsonl".
+    if split in rel.parts[:-1]:
+        return True
+    name = rel.name
+    return any(name.startswith(split + sep) for sep in ("-", "_", "."))
+
+
+def data_files(root: Path, split: str | None = None, fmt: str = "auto") -> list[Path]:
+    """Data files under a folder (of one format, or any supported), sorted, optionally of one split."""
+    suffixes = FILE_SUFFIXES if fmt == "auto" else FORMAT_SUFFIXES[fmt]
+    found = sorted(
+        p for p in root.rglob("*")
+        if p.is_file() and p.suffix.lower() in suffixes and not any(
+            part.startswith(".") for part in p.relative_to(root).parts
+        )
+    )
+    if split is not None:
+        found = [p for p in found if _split_matches(p.relative_to(root), split)]
+    if not found:
+        which = f" for split {split!r}" if split else ""
+        raise DataError(f"{root}: no {'/'.join(suffixes)} files{which} in this folder")
+    return found
+
+
+def _sources(
+    path: Path, split: str | None, fmt: str
+) -> Iterator[tuple[Path, str, Iterable[tuple[int, Row]]]]:
+    """(file shown in `source`, id prefix for rows without an id, rows) for each file to read."""
+    if path.is_dir():
+        if fmt == "hf" or (fmt == "auto" and is_hf_dataset_dir(path)):
+            if not is_hf_dataset_dir(path):
+                raise DataError(f"{path}: format 'hf' needs a folder written by `save_to_disk`")
+            yield path, path.name, _iter_hf_dataset(path, split)
+            return
+        for file in data_files(path, split, fmt):
+            rel = file.relative_to(path)
+            yield file, str(rel.with_suffix("")), _iter_file(file, fmt)
+        return
+    yield path, path.stem, _iter_file(path, fmt)
+
+
+def load_prompts(
+    path: str | os.PathLike[str],
+    *,
+    field_map: Mapping[str, str] | None = None,
+    default_task: str | None = None,
+    split: str | None = None,
+    format: str = "auto",
+    on_error: OnError = "error",
+) -> LoadResult:
+    """Load prompt records from a file or folder.
+
+    `field_map` maps record fields to column names (`{"prompt": "question", "answer": "solution"}`);
+    unmapped record fields are read from the column of the same name, and other columns go into
+    `metadata`. `default_task` is used when a row has no task column. `split` picks one split of a
+    `DatasetDict` folder or the matching files of a folder of data files. `format` ("auto": by
+    suffix, or one of `FORMATS`) forces the reader of a file, or the file type read in a folder.
+    Rows without an id get "<file stem>:N". With `on_error="error"` any bad row raises a
+    `DataError` listing all of them; with "skip" they are dropped and counted in
+    `LoadResult.rejects`.
+    """
+    on_error = check_on_error(on_error)
+    fmap = check_field_map(field_map)
+    if format not in FORMATS:
+        raise ValueError(f"format: must be one of {FORMATS}, got {format!r}")
+    root = Path(path)
+    if not root.exists():
+        raise FileNotFoundError(f"prompt data not found: {root}")
+
+    records: list[PromptRecord] = []
+    first_seen: dict[str, str] = {}
+    rejects = RejectLog()
+    rows_read = 0
+    for file, id_prefix, rows in _sources(root, split, format):
+        try:
+            for n, row in rows:
+                rows_read += 1
+                where = f"{file}:{n}"
+                try:
+                    if isinstance(row, RowError):
+                        raise row
+                    record = row_to_record(
+                        row, field_map=fmap, default_task=default_task,
+                        fallback_id=f"{id_prefix}:{n}", source=where,
+                    )
+                    if record.id in first_seen:
+                        earlier = first_seen[record.id]
+                        raise RowError("duplicate id", f"id {record.id!r} already used at {earlier}")
+                except RowError as err:
+                    rejects.add(err.reason, where, err.message)
+                    continue
+                except ValueError as err:  # PromptRecord's own checks
+                    rejects.add("bad record", where, str(err))
+                    continue
+                first_seen[record.id] = where
+                records.append(record)
+        except UnicodeDecodeError as err:
+            raise DataError(f"{file}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+
+    settle(rejects, on_error, str(root))
+    if not records:
+        raise DataError(f"{root}: no usable prompt rows ({rows_read} read)\n{rejects.summary()}")
+    return LoadResult(records=records, rows_read=rows_read, rejects=rejects)
+
+
+def write_jsonl(records: Iterable[PromptRecord], path: str | os.PathLike[str]) -> Path:
+    """Write records as JSON lines in the format `load_prompts` reads back without a field map.
+
+    `source` is not written: it is where a record was read from, and is set again on loading.
+    """
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", encoding="utf-8") as f:
+        for record in records:
+            row = {k: v for k, v in record.to_dict().items() if k != "source" and v is not None}
+            if not row.get("metadata"):
+                row.pop("metadata", None)
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return out

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from scalerl.data import DataError, load_prompts
+from scalerl.data.cli import register
+
+
+def _run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="scalerl")
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+def test_synth_then_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "math.jsonl"
+    assert _run(["data", "synth", "--task", "math", "--n", "30", "--seed", "2", "--difficulty", "2", "3",
+                 "--out", str(out)]) == 0
+    records = load_prompts(out).records
+    assert len(records) == 30 and {r.metadata["difficulty"] for r in records} <= {2, 3}
+    assert _run(["data", "check", str(out), "--max-prompt-tokens", "64"]) == 0
+    text = capsys.readouterr().out
+    assert "30 rows read, 30 records loaded" in text and "tasks: math 30" in text
+    assert "30 fit max_prompt_tokens=64" in text
+
+
+def test_check_reports_bad_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"q": "What?", "a": "1"}) + "\n" + json.dumps({"q": "", "a": "2"}) + "\n")
+    argv = ["data", "check", str(path), "--field-map", "prompt=q", "--field-map", "answer=a",
+            "--default-task", "math"]
+    with pytest.raises(DataError, match=f"{path}:2"):
+        _run(argv)
+    assert _run([*argv, "--skip"]) == 0
+    text = capsys.readouterr().out
+    assert "2 rows read, 1 records loaded" in text and "empty prompt: 1" in text
+    with pytest.raises(SystemExit):
+        _run(["data", "check", str(path), "--field-map", "prompt"])
