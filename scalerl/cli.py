@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "scalerl.scaling.cli",
     "scalerl.recipes.cli",
     "scalerl.data.cli",
+    "scalerl.training.cli",
 )
 
 

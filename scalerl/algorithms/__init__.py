@@ -16,8 +16,8 @@ from scalerl.algorithms.advantages import ADV_NORMS, compute_advantages
 from scalerl.algorithms.aggregation import AGGREGATIONS, aggregate, token_weights, weighted_token_sum
 from scalerl.algorithms.entropy import entropy_bonus, entropy_from_logits
 from scalerl.algorithms.filters import (
-    PassRateHistory,
     PassRateEntry,
+    PassRateHistory,
     ZeroVarianceCounts,
     is_informative_group,
     no_positive_resampling,
@@ -48,8 +48,8 @@ __all__ = [
     "LOSS_TYPES",
     "STAT_KEYS",
     "TIS_LEVELS",
-    "PassRateHistory",
     "PassRateEntry",
+    "PassRateHistory",
     "TokenStats",
     "ZeroVarianceCounts",
     "aggregate",

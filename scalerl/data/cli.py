@@ -28,9 +28,9 @@ def _load_tokenizer(name: str) -> Any:
         from scalerl.models.tiny import build_tiny_tokenizer
 
         return build_tiny_tokenizer()
-    from transformers import AutoTokenizer
+    from scalerl.models.loading import load_pretrained_tokenizer
 
-    return AutoTokenizer.from_pretrained(name)
+    return load_pretrained_tokenizer(name)
 
 
 def _synth(args: argparse.Namespace) -> int:

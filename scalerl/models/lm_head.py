@@ -114,7 +114,9 @@ def lm_head_logits(
         else:
             weight = head.weight.float()
             bias = head.bias.float() if getattr(head, "bias", None) is not None else None
-        logits = torch.nn.functional.linear(hidden.float(), weight, bias)
+        # Under bf16 autocast F.linear would silently run in bf16 again; the fix needs it off here.
+        with torch.autocast(device_type=hidden.device.type, enabled=False):
+            logits = torch.nn.functional.linear(hidden.float(), weight, bias)
     else:
         logits = head(hidden)
     return softcap_logits(logits, final_logit_softcap(model))

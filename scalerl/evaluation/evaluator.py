@@ -1,0 +1,145 @@
+"""Held-out validation: mean@k pass rate, the y axis of ScaleRL's compute-scaling fits.
+
+`evaluate` samples `k` completions for every held-out prompt with the policy the engine holds and
+reports `val_pass_rate` = mean over prompts of (correct samples / k) (ScaleRL: 1,000 prompts x 16
+samples every 100 steps), plus reward, length, truncation and interruption rates and pass@k.
+
+Generation goes through a `generate(requests) -> completions` function, so the caller picks how the
+engine is shared: in `sync`/`ppo_offpolicy` the engine is idle between rounds and `engine.generate`
+is used directly; in `pipeline` mode the requests ride along with the training rollouts on the
+generator thread (`Generator.generate_side`) while the trainer waits, so the policy does not change
+during the evaluation and no second engine (and no second copy of the weights) is needed.
+
+Determinism: request `i` of a set samples with seed `seed * 2**32 + i`, and the engines seed one
+generator per sample from it, so the draws do not depend on batching. The same seeds are used at
+every evaluation (common random numbers), so differences between evaluations reflect the policy,
+not the sampling noise.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+
+from scalerl.data.records import PromptRecord
+from scalerl.pipeline.scoring import GroupScorer
+from scalerl.rollout.protocol import Completion, GenerationRequest, SamplingParams
+
+GenerateFn = Callable[[Sequence[GenerationRequest]], list[Completion]]
+_SEED_STRIDE = 1 << 32
+
+
+def evaluate(
+    generate: GenerateFn,
+    records: Sequence[PromptRecord],
+    encode: Callable[[PromptRecord], list[int]],
+    k: int,
+    params: SamplingParams,
+    scorer: GroupScorer,
+    *,
+    seed: int = 0,
+    prefix: str = "val_",
+    request_prefix: str = "eval/",
+) -> dict[str, float]:
+    """mean@k of `records` under the engine's current weights; keys are `prefix + name`.
+
+    `scorer` must not be shared with a running generator (its results are collected here).
+    """
+    if k < 1:
+        raise ValueError(f"k: must be >= 1, got {k}")
+    if not records:
+        raise ValueError("records: no evaluation prompts")
+    start = time.perf_counter()
+    requests = [
+        GenerationRequest(
+            request_id=f"{request_prefix}{i}",
+            prompt_ids=encode(record),
+            params=replace(params, n=k, seed=(seed * _SEED_STRIDE + i) % (1 << 63)),
+            metadata={"prompt_id": record.id},
+        )
+        for i, record in enumerate(records)
+    ]
+    completions = generate(requests)
+    by_request: dict[str, list[Completion]] = {r.request_id: [] for r in requests}
+    for c in completions:
+        if c.request_id not in by_request:
+            raise RuntimeError(f"evaluation got a completion for unknown request {c.request_id!r}")
+        by_request[c.request_id].append(c)
+    for r in requests:
+        got = sorted(c.sample_index for c in by_request[r.request_id])
+        if got != list(range(k)):
+            raise RuntimeError(f"evaluation request {r.request_id!r}: samples {got}, expected 0..{k - 1}")
+    scored = scorer.score_all(
+        [(r.request_id, record, sorted(by_request[r.request_id], key=lambda c: c.sample_index))
+         for r, record in zip(requests, records, strict=True)]
+    )
+
+    per_prompt = [sum(s.correct) / k for s in scored]
+    samples = [c for s in scored for c in s.completions]
+    rewards = [x for s in scored for x in s.rewards]
+    versions = [v for c in samples for v in c.versions] or [c.start_version for c in samples]
+    n = len(samples)
+    metrics = {
+        "pass_rate": sum(per_prompt) / len(per_prompt),
+        "pass_at_k": sum(p > 0 for p in per_prompt) / len(per_prompt),
+        "reward_mean": sum(rewards) / n,
+        "response_length": sum(c.num_tokens for c in samples) / n,
+        "truncation_rate": sum(c.finish_reason == "length" for c in samples) / n,
+        "interruption_rate": sum(c.finish_reason == "interrupted" for c in samples) / n,
+        "verifier_failures": float(sum(s.failures for s in scored)),
+        "num_prompts": float(len(records)),
+        "k": float(k),
+        "version_min": float(min(versions)),
+        "version_max": float(max(versions)),
+        "time_s": time.perf_counter() - start,
+    }
+    return {f"{prefix}{name}": value for name, value in metrics.items()}
+
+
+class Evaluator:
+    """The held-out set (`val_*` keys) and optional extra sets (`val_<name>_*` keys), one call.
+
+    `scorer` and `decode` build a private `GroupScorer` (verifier failures count as incorrect).
+    """
+
+    def __init__(
+        self,
+        heldout: Sequence[PromptRecord],
+        encode: Callable[[PromptRecord], list[int]],
+        scorer: GroupScorer,
+        *,
+        k: int,
+        params: SamplingParams,
+        seed: int = 0,
+        extra_sets: Mapping[str, Sequence[PromptRecord]] | None = None,
+    ) -> None:
+        if not heldout:
+            raise ValueError("heldout: the evaluator needs at least one held-out prompt")
+        for name in extra_sets or {}:
+            if not name.isidentifier():
+                raise ValueError(f"extra_sets: name {name!r} must be an identifier (it becomes a metric key)")
+        self.heldout = list(heldout)
+        self.extra_sets = {name: list(records) for name, records in (extra_sets or {}).items()}
+        self.encode = encode
+        self.scorer = scorer
+        self.k = k
+        self.params = params
+        self.seed = seed
+
+    def run(self, generate: GenerateFn) -> dict[str, float]:
+        out = evaluate(
+            generate, self.heldout, self.encode, self.k, self.params, self.scorer,
+            seed=self.seed, prefix="val_", request_prefix="eval/heldout/",
+        )
+        for name, records in self.extra_sets.items():
+            out.update(
+                evaluate(
+                    generate, records, self.encode, self.k, self.params, self.scorer,
+                    seed=self.seed, prefix=f"val_{name}_", request_prefix=f"eval/{name}/",
+                )
+            )
+        return out
+
+    def close(self) -> None:
+        self.scorer.close()

@@ -1,0 +1,231 @@
+"""Build a ready-to-run training `Driver` from a `RunConfig`: the wiring `scalerl train` needs.
+
+`build_training(config, run_dir)` loads the policy and its trainer, a generation copy of the model
+in the embedded engine, the prompts (file or built-in synthetic task) with the held-out split, the
+curriculum pool, the rewards router, the evaluator, the metrics log and the checkpoint hook.
+`resume=` a checkpoint directory restores the trainer, the pipeline state (curriculum, counters,
+outstanding prompts) and the compute meter, and keeps the original held-out split.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from scalerl.config import RunConfig
+from scalerl.data import (
+    PromptPool,
+    PromptRecord,
+    encode_prompts,
+    load_heldout_ids,
+    load_prompts,
+    make_synthetic,
+    resolve_system_prompt,
+    save_heldout_ids,
+    split_by_ids,
+    split_heldout,
+)
+from scalerl.evaluation.evaluator import Evaluator
+from scalerl.pipeline.driver import Components, Driver, success_threshold
+from scalerl.pipeline.scoring import GroupScorer
+from scalerl.rewards import RewardConfig, RewardRouter
+from scalerl.rollout import EmbeddedEngine, InterruptionSpec, SamplingParams
+from scalerl.telemetry import ComputeMeter, RunTelemetry, flop_params
+from scalerl.training.policy import load_policy
+from scalerl.training.trainer import Trainer
+
+HELDOUT_IDS_FILE = "heldout_ids.json"
+THINK_END = "</think>"
+
+
+def sampling_params(config: RunConfig, tokenizer: Any) -> SamplingParams:
+    """Training sampling parameters: `generation.*`, eos as stop token, forced interruption."""
+    g = config.generation
+    lc = g.length_control
+    interruption = None
+    if lc.kind == "interruption":
+        lo, hi = lc.think_budget
+        interruption = InterruptionSpec(
+            think_budget_lo=lo,
+            think_budget_hi=hi,
+            answer_budget=lc.answer_budget,
+            phrase_ids=tuple(tokenizer.encode(lc.phrase, add_special_tokens=False)),
+            think_end_ids=tuple(tokenizer.encode(THINK_END, add_special_tokens=False)),
+        )
+    params = SamplingParams(
+        n=g.n,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        top_k=g.top_k,
+        max_new_tokens=g.max_new_tokens,
+        stop_token_ids=(int(tokenizer.eos_token_id),),
+        interruption=interruption,
+    )
+    return replace(params, return_support=config.algorithm.keep_sampling_mask and params.truncates_support)
+
+
+def load_records(config: RunConfig) -> list[PromptRecord]:
+    d = config.data
+    on_error = d.on_bad_row
+    if d.train_path is not None:
+        return load_prompts(d.train_path, field_map=d.field_map, default_task=d.default_task,
+                            format=d.format, on_error=on_error).records
+    s = d.synthetic
+    if s.task == "math+code":
+        half = s.num_prompts // 2
+        return [*make_synthetic("math", s.num_prompts - half, s.seed, s.difficulty),
+                *make_synthetic("code", half, s.seed, s.difficulty)]
+    return make_synthetic(s.task, s.num_prompts, s.seed, s.difficulty)
+
+
+@dataclass
+class Training:
+    """A built run: `driver.run()` trains; `close()` stops verifier workers and flushes logs."""
+
+    driver: Driver
+    trainer: Trainer
+    engine: EmbeddedEngine
+    pool: PromptPool
+    router: RewardRouter
+    telemetry: RunTelemetry | None
+    heldout: list[PromptRecord]
+    closers: list[Any] = field(default_factory=list)
+
+    def close(self) -> None:
+        for closer in self.closers:
+            closer()
+
+    def __enter__(self) -> Training:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def build_training(
+    config: RunConfig,
+    run_dir: str | Path | None = None,
+    *,
+    device: str | None = None,
+    resume: str | Path | None = None,
+    log: bool = True,
+    checkpoints: bool = True,
+) -> Training:
+    """Everything `Driver.run()` needs, from `config` (see module docstring)."""
+    run_path = Path(run_dir if run_dir is not None else config.output_dir)
+    policy = load_policy(config.model, device)
+    meter = ComputeMeter(flop_params(policy.model))
+    trainer = Trainer.from_config(config, policy, meter)
+    start_step, resume_state = 0, None
+    if resume is not None:
+        saved = trainer.load(resume)
+        start_step = saved.step
+        resume_state = saved.extra.get("pipeline")
+        if resume_state is None:
+            raise ValueError(f"{resume}: checkpoint has no pipeline state (not written by `scalerl train`?)")
+
+    tokenizer = policy.tokenizer
+    gen_model = copy.deepcopy(policy.model).eval()
+    engine = EmbeddedEngine(
+        gen_model,
+        max_batch_size=config.generation.max_batch_size,
+        fp32_lm_head=config.model.fp32_lm_head,
+        seed=config.generation.seed,
+        eos_token_ids=(int(tokenizer.eos_token_id),),
+        initial_version=trainer.version,
+        pad_token_id=policy.pad_token_id,
+    )
+
+    d = config.data
+    records = load_records(config)
+    ids_file = run_path / HELDOUT_IDS_FILE
+    if resume is not None and ids_file.is_file():
+        split = split_by_ids(records, load_heldout_ids(ids_file))
+    else:
+        split = split_heldout(records, d.heldout_size, d.heldout_seed)
+        run_path.mkdir(parents=True, exist_ok=True)
+        save_heldout_ids(split, ids_file)
+    system = resolve_system_prompt(d.think_system_prompt, d.system_prompt)
+    on_error = d.on_bad_row
+    train = encode_prompts(split.train, tokenizer, max_prompt_tokens=d.max_prompt_tokens,
+                           system_prompt=system, on_error=on_error)
+    token_ids = dict(train.token_ids)
+
+    def encode(record: PromptRecord) -> list[int]:
+        ids = token_ids.get(record.id)
+        if ids is None:
+            enc = encode_prompts([record], tokenizer, max_prompt_tokens=d.max_prompt_tokens,
+                                 system_prompt=system, on_error="error")
+            ids = token_ids[record.id] = enc.token_ids[record.id]
+        return ids
+
+    def decode(ids: list[int]) -> str:
+        return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+    pool = PromptPool(
+        train.records,
+        d.shuffle_seed,
+        retire_threshold=config.algorithm.retire_threshold,
+        no_positive_resampling=config.algorithm.no_positive_resampling,
+        heldout_ids=split.heldout_ids,
+    )
+    router = RewardRouter(
+        RewardConfig(
+            correct_reward=config.algorithm.correct_reward,
+            incorrect_reward=config.algorithm.incorrect_reward,
+            code_timeout_s=config.rewards.code_timeout_s,
+            max_workers=config.rewards.max_workers,
+            verifiers=dict(config.rewards.custom),
+        )
+    )
+    closers: list[Any] = [router.close]
+    extra_sets = {
+        name: load_prompts(path, default_task=d.default_task, on_error=on_error).records
+        for name, path in config.eval.extra_sets.items()
+    }
+    router.check_tasks({r.task for r in records} | {r.task for s in extra_sets.values() for r in s})
+    params = sampling_params(config, tokenizer)
+
+    evaluator = None
+    if split.heldout:
+        eval_scorer = GroupScorer(router, decode, max_workers=config.rewards.max_workers,
+                                  success_threshold=success_threshold(config))
+        closers.append(eval_scorer.close)
+        evaluator = Evaluator(
+            split.heldout, encode, eval_scorer, k=config.eval.k,
+            params=replace(params, temperature=config.eval.temperature), seed=config.seed,
+            extra_sets=extra_sets,
+        )
+
+    telemetry = None
+    if log:
+        telemetry = RunTelemetry(
+            run_path, config.logging, max_steps=config.max_steps, meter=meter,
+            resume_step=start_step if resume is not None else None, run_name=config.name,
+            run_config=config.model_dump(mode="json"),
+        )
+        closers.append(telemetry.close)
+
+    def checkpoint(step: int, state: dict[str, Any]) -> None:
+        trainer.save(run_path, step, extra={"pipeline": state}, keep=config.checkpoint.keep)
+
+    components = Components(
+        engine=engine, trainer=trainer, source=pool, scorer=router, encode=encode, decode=decode,
+        params=params, evaluator=evaluator, metrics=telemetry, checkpoint=checkpoint if checkpoints else None,
+        meter=meter,
+    )
+    driver = Driver(config, components, start_step=start_step, resume_state=resume_state)
+    return Training(driver=driver, trainer=trainer, engine=engine, pool=pool, router=router,
+                    telemetry=telemetry, heldout=list(split.heldout), closers=closers)
+
+
+def train(config: RunConfig, run_dir: str | Path | None = None, **kwargs: Any) -> Any:
+    """Build and run; returns the driver's `RunResult`."""
+    with build_training(config, run_dir, **kwargs) as training:
+        return training.driver.run()
+
+
+__all__: Sequence[str] = ("Training", "build_training", "load_records", "sampling_params", "train")

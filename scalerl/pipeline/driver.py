@@ -1,0 +1,260 @@
+"""The training driver: wires curriculum, engine, scorer, trainer, evaluator, metrics and checkpoints.
+
+`Driver(config, components).run()` trains until `max_steps` optimizer steps (counted as training
+steps, including steps the trainer skipped for lack of signal), `max_time_s`, or the prompts run
+out. Per step it takes B groups from the mode's batch source (`modes.py`), checks their staleness,
+trains, hands the weights back (`pipeline`: in flight, every step; round modes: at the next round),
+logs one `step` row, evaluates every `eval.every` steps (and at the start and the end), and calls
+the checkpoint hook every `checkpoint.every` steps (and at the end).
+
+Checkpoint / resume: `state_dict()` is taken at a step boundary and holds the curriculum state,
+the counters and the prompts that were admitted but not yet trained (in flight, being scored or
+queued; in `pipeline` mode the generator keeps running, and its bookkeeping is read under its
+lock). Resuming (`resume_state=`, with the trainer restored from the same checkpoint) re-issues
+those prompts first, so no prompt is consumed twice or skipped; their rollouts are regenerated
+under the checkpoint's weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from scalerl.config import RunConfig
+from scalerl.data.records import PromptRecord
+from scalerl.pipeline.dynamic_sampling import DynamicSampling
+from scalerl.pipeline.generator import Generator
+from scalerl.pipeline.interfaces import GroupQueue, PromptSource, Scorer, Trainer, WeightChannel
+from scalerl.pipeline.local import EngineWeightChannel, LocalGroupQueue
+from scalerl.pipeline.modes import BatchSource, PipelineBatches, RoundBatches
+from scalerl.pipeline.scoring import GroupScorer
+from scalerl.pipeline.shaping import LengthShaping
+from scalerl.pipeline.staleness import StalenessController
+from scalerl.pipeline.stats import IntervalMeter, batch_metrics
+from scalerl.rollout.protocol import Completion, Engine, GenerationRequest, SamplingParams
+from scalerl.telemetry.compute import ComputeMeter
+
+STATE_VERSION = 1
+GenerateFn = Callable[[Sequence[GenerationRequest]], list[Completion]]
+
+
+class EvaluatorLike(Protocol):
+    """`scalerl.evaluation.Evaluator`: runs its sets through `generate`, returns `val_*` metrics."""
+
+    def run(self, generate: GenerateFn) -> dict[str, float]: ...
+
+
+class MetricsSink(Protocol):
+    """Where rows go (e.g. `scalerl.telemetry.RunTelemetry`)."""
+
+    def log_step(self, step: int, metrics: Mapping[str, Any]) -> Any: ...
+
+    def log_eval(self, step: int, metrics: Mapping[str, Any]) -> Any: ...
+
+
+@dataclass
+class Components:
+    """Everything the driver does not build itself.
+
+    `encode` maps a record to prompt token ids (chat template), `decode` completion ids to text
+    for the verifier. `params` are the training sampling parameters (`n` = `generation.n`).
+    `checkpoint(step, state)` persists the trainer with `state` as its extra state.
+    """
+
+    engine: Engine
+    trainer: Trainer
+    source: PromptSource
+    scorer: Scorer
+    encode: Callable[[PromptRecord], list[int]]
+    decode: Callable[[list[int]], str]
+    params: SamplingParams
+    evaluator: EvaluatorLike | None = None
+    metrics: MetricsSink | None = None
+    checkpoint: Callable[[int, dict[str, Any]], None] | None = None
+    meter: ComputeMeter | None = None
+    channel: WeightChannel | None = None
+    queue: GroupQueue | None = None
+
+
+@dataclass
+class RunResult:
+    steps: int
+    stop_reason: str  # "max_steps", "max_time_s" or "prompts_exhausted"
+    last_step: dict[str, float] = field(default_factory=dict)
+    last_eval: dict[str, float] = field(default_factory=dict)
+    max_version_lag: int = 0
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+def success_threshold(config: RunConfig) -> float:
+    """Reward above which a sample counts as a success for the curriculum: midway between the
+    configured incorrect and correct rewards (0.5 for 0/1, 0 for -1/+1)."""
+    return 0.5 * (config.algorithm.correct_reward + config.algorithm.incorrect_reward)
+
+
+class Driver:
+    def __init__(
+        self,
+        config: RunConfig,
+        components: Components,
+        *,
+        start_step: int = 0,
+        resume_state: Mapping[str, Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        c = components
+        pipe = config.pipeline
+        if c.params.n != config.generation.n:
+            raise ValueError(f"params.n={c.params.n} but generation.n={config.generation.n}")
+        if config.algorithm.dynamic_sampling and config.generation.n < 2:
+            raise ValueError("algorithm.dynamic_sampling needs generation.n >= 2 (one sample: no variance)")
+        self.config = config
+        self.c = components
+        self.clock = clock
+        self.step = int(start_step)
+        self.batch_size = pipe.prompts_per_step
+        self.queue = c.queue if c.queue is not None else LocalGroupQueue()
+        self.channel = c.channel if c.channel is not None else EngineWeightChannel(c.engine)
+        max_lag = pipe.k if pipe.off_policy == "pipeline" else self._updates_per_round() - 1
+        self.controller = StalenessController(max_lag, self.batch_size, train_version=c.trainer.version)
+        threshold = success_threshold(config)
+        shaping = LengthShaping.from_config(config, threshold)
+        self.group_scorer = GroupScorer(
+            c.scorer,
+            c.decode,
+            max_workers=config.rewards.max_workers,
+            success_threshold=threshold,
+        )
+        self.generator = Generator(
+            c.engine,
+            c.source,
+            c.encode,
+            c.params,
+            self.group_scorer,
+            self.controller,
+            self.queue,
+            dynamic_sampling=DynamicSampling(config.algorithm.dynamic_sampling),
+            shaping=shaping.shape if shaping.active else None,
+            seed=config.generation.seed,
+            success_threshold=threshold,
+            busy=(lambda: meter.busy("generator")) if (meter := c.meter) is not None else None,
+        )
+        if resume_state is not None:
+            self.load_state_dict(resume_state)
+        self.batches: BatchSource
+        source_args = (self.generator, self.queue, self.channel, c.trainer, self.batch_size)
+        if pipe.off_policy == "pipeline":
+            self.batches = PipelineBatches(*source_args)
+        else:
+            self.batches = RoundBatches(*source_args, self._updates_per_round())
+
+    def _updates_per_round(self) -> int:
+        pipe = self.config.pipeline
+        return 1 if pipe.off_policy == "sync" else pipe.k
+
+    # ------------------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able pipeline state at a step boundary (see module docstring)."""
+        return {
+            "version": STATE_VERSION,
+            "step": self.step,
+            "mode": self.config.pipeline.off_policy,
+            "generator": self.generator.state_dict(),
+            "meter": self.c.meter.state_dict() if self.c.meter is not None else None,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"pipeline state: expected version {STATE_VERSION}, got {state.get('version')}")
+        self.step = int(state["step"])
+        self.generator.load_state_dict(dict(state["generator"]))
+        if self.c.meter is not None and state.get("meter") is not None:
+            self.c.meter.load_state_dict(state["meter"])
+
+    # ------------------------------------------------------------------------------ evaluation
+    def _evaluate(self) -> dict[str, float]:
+        if self.c.evaluator is None:
+            return {}
+        metrics = self.c.evaluator.run(self.batches.generate_for_eval)
+        metrics["version"] = float(self.c.trainer.version)
+        if self.c.metrics is not None:
+            self.c.metrics.log_eval(self.step, metrics)
+        return metrics
+
+    # ------------------------------------------------------------------------------ the loop
+    def _train_step(self, items: list[Any], interval: IntervalMeter) -> dict[str, float]:
+        trainer = self.c.trainer
+        train_version = trainer.version
+        self.generator.consume(items, train_version)
+        metrics = batch_metrics(items, train_version)
+        metrics.update(interval.lap())
+        trained = trainer.step([it.group for it in items])
+        self.controller.settle(trainer.version)
+        self.batches.after_step()
+        if self.c.meter is not None:
+            self.c.meter.add_generation(
+                int(metrics["gen_tokens"]), int(metrics["gen_samples"]), int(metrics["gen_prompt_tokens"])
+            )
+        # The trainer's own `version_lag_*` is per token; the pipeline's keys (staleness from each
+        # sample's start, the quantity max_lag bounds) take precedence, per-token lag is `token_lag_*`.
+        row = {**trained, **metrics}
+        row["train_version"] = float(train_version)
+        row["queue_groups"] = float(len(self.queue))
+        row["outstanding_groups"] = float(self.controller.outstanding)
+        return row
+
+    def run(self) -> RunResult:
+        cfg = self.config
+        deadline = None if cfg.max_time_s is None else self.clock() + cfg.max_time_s
+        result = RunResult(steps=self.step, stop_reason="max_steps")
+        evaluated_at: int | None = None
+        saved_at: int | None = None
+        # The meter starts before the generator so that every generated token lands in some step's
+        # row (and in the compute totals), including those generated during the first evaluation.
+        interval = IntervalMeter(self.generator)
+        try:
+            self.batches.start()
+            if cfg.eval.at_start and self.step == 0 and self.c.evaluator is not None:
+                result.last_eval, evaluated_at = self._evaluate(), 0
+            while self.step < cfg.max_steps:
+                if deadline is not None and self.clock() >= deadline:
+                    result.stop_reason = "max_time_s"
+                    break
+                # Evaluation and checkpoints stay outside the meter: they are not training compute
+                # (the x axis of the scaling fits).
+                with self.c.meter.running() if self.c.meter is not None else contextlib.nullcontext():
+                    items = self.batches.next_batch()
+                    if items is None:
+                        result.stop_reason = "prompts_exhausted"
+                        break
+                    row = self._train_step(items, interval)
+                self.step += 1
+                if self.c.metrics is not None:
+                    self.c.metrics.log_step(self.step, row)
+                result.last_step = row
+                if self.c.evaluator is not None and self.step % cfg.eval.every == 0:
+                    result.last_eval, evaluated_at = self._evaluate(), self.step
+                every = cfg.checkpoint.every
+                if self.c.checkpoint is not None and every and self.step % every == 0:
+                    self.c.checkpoint(self.step, self.state_dict())
+                    saved_at = self.step
+            # The run's last point on the curve and its last checkpoint, whatever stopped it.
+            if self.c.evaluator is not None and evaluated_at != self.step:
+                result.last_eval = self._evaluate()
+            if self.c.checkpoint is not None and saved_at != self.step and self.step > 0:
+                self.c.checkpoint(self.step, self.state_dict())
+        finally:
+            self.batches.close()
+            self.group_scorer.close()
+        result.steps = self.step
+        result.max_version_lag = self.controller.max_observed_lag
+        result.counters = self.generator.counters.as_dict()
+        return result
+
+
+def run_training(config: RunConfig, components: Components, **kwargs: Any) -> RunResult:
+    """Build a `Driver` and run it."""
+    return Driver(config, components, **kwargs).run()

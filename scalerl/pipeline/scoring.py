@@ -1,0 +1,197 @@
+"""Scoring finished groups off the generator thread, with bounded parallelism.
+
+Verifiers can be slow (math-verify in a worker process, code in a sandbox with a timeout); scoring
+on the generator thread would stall decoding. Each sample is one task on a thread pool of
+`max_workers`; a group is ready when its last sample is scored, and the generator collects ready
+groups at its next iteration (so the curriculum and the queue are only touched by that thread).
+A verifier may return a number or an outcome with `reward`, `correct` and `status` (the rewards
+router's `RewardOutcome`). A verifier that raises gives the sample `failure_reward`; both that and
+an outcome with status "error"/"timeout" are counted as verifier failures, never silently: one
+broken verifier call must not kill a run of thousands of steps, and a broken verifier must show.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from scalerl.data.records import PromptRecord
+from scalerl.pipeline.interfaces import Scorer
+from scalerl.rollout.protocol import Completion
+
+log = logging.getLogger(__name__)
+FAILURE_STATUSES = frozenset({"error", "timeout"})
+
+
+@dataclass
+class ScoredBatch:
+    """One group's verdicts, in sample order."""
+
+    key: Any
+    record: PromptRecord
+    completions: list[Completion]
+    rewards: list[float]
+    correct: list[bool]
+    failures: int
+
+
+class _Pending:
+    def __init__(self, key: Any, record: PromptRecord, completions: list[Completion]) -> None:
+        self.key = key
+        self.record = record
+        self.completions = completions
+        self.rewards: list[float] = [0.0] * len(completions)
+        self.correct: list[bool] = [False] * len(completions)
+        self.failed: list[bool] = [False] * len(completions)
+        self.left = len(completions)
+
+
+class GroupScorer:
+    """Scores groups asynchronously (`max_workers >= 1`) or inline (`max_workers == 0`).
+
+    `on_ready` is called from a worker thread whenever a group becomes ready, so a waiting
+    generator can wake up. A sample is correct when the verifier's outcome says so or, for a plain
+    number, when it is `> success_threshold`.
+    """
+
+    def __init__(
+        self,
+        scorer: Scorer,
+        decode: Callable[[list[int]], str],
+        *,
+        max_workers: int = 4,
+        success_threshold: float = 0.0,
+        failure_reward: float = 0.0,
+        on_ready: Callable[[], None] | None = None,
+    ) -> None:
+        if max_workers < 0:
+            raise ValueError(f"max_workers: must be >= 0, got {max_workers}")
+        self.scorer = scorer
+        self.decode = decode
+        self.success_threshold = float(success_threshold)
+        self.failure_reward = float(failure_reward)
+        self.on_ready = on_ready
+        self._executor = (
+            ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="scalerl-score")
+            if max_workers
+            else None
+        )
+        self._lock = threading.Lock()
+        self._ready: deque[ScoredBatch] = deque()
+        self._ready_cond = threading.Condition(self._lock)
+        self._pending = 0
+        self.failures = 0
+        self.samples_scored = 0
+        self.last_error: str | None = None
+
+    @property
+    def pending(self) -> int:
+        """Groups submitted and not yet collected (being scored or ready)."""
+        with self._lock:
+            return self._pending
+
+    def _note_failure(self, message: str) -> None:
+        with self._lock:
+            first = self.last_error is None
+            self.last_error = message
+        if first:
+            log.warning("verifier failed: %s", message)
+
+    def _score_one(self, record: PromptRecord, completion: Completion) -> tuple[float, bool, bool]:
+        """(reward, correct, failed) of one sample."""
+        try:
+            verdict = self.scorer.score(record, self.decode(completion.token_ids))
+        except Exception as err:  # a verifier bug or crash is counted and scored as a failure
+            self._note_failure(f"{type(err).__name__}: {err} (prompt {record.id!r})")
+            return self.failure_reward, False, True
+        if isinstance(verdict, (int, float)):
+            reward = float(verdict)
+            return reward, reward > self.success_threshold, False
+        reward = float(verdict.reward)
+        failed = getattr(verdict, "status", "ok") in FAILURE_STATUSES
+        if failed:
+            detail = getattr(verdict, "detail", "")
+            self._note_failure(f"status {verdict.status!r}: {detail} (prompt {record.id!r})")
+        return reward, bool(verdict.correct), failed
+
+    def _finish_sample(self, pending: _Pending, index: int, result: tuple[float, bool, bool]) -> None:
+        reward, correct, failed = result
+        with self._lock:
+            pending.rewards[index] = reward
+            pending.correct[index] = correct and not failed
+            pending.failed[index] = failed
+            pending.left -= 1
+            if pending.left:
+                return
+            n_failed = sum(pending.failed)
+            self.failures += n_failed
+            self.samples_scored += len(pending.completions)
+            self._ready.append(
+                ScoredBatch(
+                    key=pending.key,
+                    record=pending.record,
+                    completions=pending.completions,
+                    rewards=pending.rewards,
+                    correct=list(pending.correct),
+                    failures=n_failed,
+                )
+            )
+            self._ready_cond.notify_all()
+        if self.on_ready is not None:
+            self.on_ready()
+
+    def submit(self, key: Any, record: PromptRecord, completions: Sequence[Completion]) -> None:
+        """Schedule a group; `key` comes back with its `ScoredBatch`."""
+        if not completions:
+            raise ValueError(f"completions: empty group for prompt {record.id!r}")
+        pending = _Pending(key, record, list(completions))
+        with self._lock:
+            self._pending += 1
+        for i, completion in enumerate(pending.completions):
+            if self._executor is None:
+                self._finish_sample(pending, i, self._score_one(record, completion))
+            else:
+                future: Future[tuple[float, bool, bool]] = self._executor.submit(
+                    self._score_one, record, completion
+                )
+                future.add_done_callback(lambda f, i=i: self._finish_sample(pending, i, f.result()))
+
+    def collect(self) -> list[ScoredBatch]:
+        """Groups scored since the last call, in the order they became ready."""
+        with self._lock:
+            out = list(self._ready)
+            self._ready.clear()
+            self._pending -= len(out)
+            return out
+
+    def wait(self, timeout: float | None) -> bool:
+        """Block until some group is ready (True) or `timeout` passes (False)."""
+        with self._ready_cond:
+            if not self._ready:
+                self._ready_cond.wait(timeout)
+            return bool(self._ready)
+
+    def score_all(
+        self, groups: Sequence[tuple[Any, PromptRecord, Sequence[Completion]]]
+    ) -> list[ScoredBatch]:
+        """Score several groups and wait for all of them; results in the order given."""
+        keys = [key for key, _, _ in groups]
+        if len(set(map(repr, keys))) != len(keys):
+            raise ValueError("score_all: keys must be distinct")
+        for key, record, completions in groups:
+            self.submit(key, record, completions)
+        got: dict[str, ScoredBatch] = {}
+        while len(got) < len(groups):
+            self.wait(0.05)
+            for batch in self.collect():
+                got[repr(batch.key)] = batch
+        return [got[repr(k)] for k in keys]
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,185 @@
+"""Admission control: the generator starts a prompt only if its group is sure to be trained in time.
+
+Setting. Every optimizer step consumes exactly `B` groups (prompts with all `n` samples), in any
+order, and raises the trainer version by at most one. A group admitted while the engine runs
+weights of version `v` records `start_version >= v` on every sample (the engine stamps the version
+at which a sequence enters a slot, and versions only grow). It is trained by the step that starts at
+trainer version `u`; its lag is `u - start_version <= u - v`. The bound to guarantee is
+`u - v <= k` (`k` = max_lag) for every group, whatever the generation speed of each sequence.
+
+State. `u`: the version the *next* consumed batch will be trained at (after consuming a batch at
+version `w`, `u = w + 1`). `O`: outstanding groups, i.e. admitted and neither consumed nor dropped
+(in the engine, being scored, or queued for the trainer). `v_min`: the smallest admission version
+among them.
+
+Invariant (I):  `u + floor((O - 1) / B) <= v_min + k`  whenever `O > 0`.
+
+(I) states the worst case for the oldest group: if every other outstanding group finishes first,
+the trainer can take `floor((O - 1) / B)` full batches without it, and it is trained at version
+`u + floor((O - 1) / B)` at the latest; later admissions are again checked against (I).
+
+* (I) implies the bound: when a group with admission version `v >= v_min` is consumed at version
+  `w`, then `w <= u` (the trainer advanced at most once per batch) and `O >= 1`, so
+  `w - v <= u - v_min <= k`.
+* A consumption keeps (I): `u -> u + 1` and `O -> O - B` leave `u + floor((O - 1) / B)` unchanged,
+  and `v_min` can only grow when groups leave.
+* A drop (dynamic sampling, a failed group) keeps (I): `O` shrinks and `v_min` can only grow.
+* An admission of `m` groups at engine version `v_e` keeps (I) iff, with `V = min(v_min, v_e)`,
+  `u + floor((O + m - 1) / B) <= V + k`, i.e. `m <= (V + k - u + 1) * B - O`. That is `capacity()`.
+
+The rule is tight: admitting one more group than `capacity()` allows a completion order (the oldest
+group finishes last) that trains it `k + 1` steps late. It does not depend on completion order, so it
+favours no prompt: a slow (long) group is never discarded; instead, while it is outstanding, it
+holds `v_min` down and throttles new admissions. It never deadlocks: admission blocks only when
+`O` is a positive multiple of `B` (the trainer can then take a batch once those groups finish) or
+when the engine's weights lag the trainer by more than `k` versions.
+
+With `k = 0` and weights loaded before each round the same rule admits exactly one batch per round
+(`sync`); with `k - 1` it admits `k` batches per round (`ppo_offpolicy`), so the lag assertion in
+`consume()` checks every mode.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+
+class StalenessError(RuntimeError):
+    """A group was trained more than `max_lag` versions after its admission: a pipeline bug."""
+
+
+class StalenessController:
+    """Thread-safe bookkeeping of outstanding groups and the admission rule (module docstring).
+
+    `on_change` is called (outside the lock) after every consumption or drop, i.e. whenever capacity
+    may have grown, so a waiting generator can wake up.
+    """
+
+    def __init__(
+        self,
+        max_lag: int,
+        batch_size: int,
+        train_version: int = 0,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        if max_lag < 0:
+            raise ValueError(f"max_lag: must be >= 0, got {max_lag}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
+        self.max_lag = int(max_lag)
+        self.batch_size = int(batch_size)
+        self._next_train_version = int(train_version)
+        self._versions: Counter[int] = Counter()
+        self._outstanding = 0
+        self._lock = threading.Lock()
+        self._on_change = on_change
+        self.max_observed_lag = 0
+
+    @property
+    def outstanding(self) -> int:
+        with self._lock:
+            return self._outstanding
+
+    @property
+    def next_train_version(self) -> int:
+        with self._lock:
+            return self._next_train_version
+
+    @property
+    def oldest_version(self) -> int | None:
+        with self._lock:
+            return min(self._versions) if self._versions else None
+
+    def set_on_change(self, callback: Callable[[], None] | None) -> None:
+        self._on_change = callback
+
+    def _capacity_locked(self, engine_version: int) -> int:
+        oldest = min(self._versions) if self._versions else engine_version
+        floor_version = min(oldest, engine_version)
+        slack_batches = floor_version + self.max_lag - self._next_train_version + 1
+        return max(0, slack_batches * self.batch_size - self._outstanding)
+
+    def capacity(self, engine_version: int) -> int:
+        """How many groups may be admitted now at `engine_version` without risking the bound."""
+        with self._lock:
+            return self._capacity_locked(engine_version)
+
+    def admit(self, engine_version: int, count: int = 1) -> None:
+        """Record `count` admissions at `engine_version`; more than `capacity()` is an error."""
+        if count < 0:
+            raise ValueError(f"count: must be >= 0, got {count}")
+        with self._lock:
+            room = self._capacity_locked(engine_version)
+            if count > room:
+                raise StalenessError(
+                    f"admitting {count} group(s) at version {engine_version} exceeds the capacity {room} "
+                    f"(max_lag={self.max_lag}, B={self.batch_size}, outstanding={self._outstanding}, "
+                    f"next train version {self._next_train_version})"
+                )
+            if count:
+                self._versions[engine_version] += count
+                self._outstanding += count
+
+    def _release_locked(self, version: int) -> None:
+        if self._versions[version] <= 0:
+            raise StalenessError(f"released a group of version {version} that is not outstanding")
+        self._versions[version] -= 1
+        if self._versions[version] == 0:
+            del self._versions[version]
+        self._outstanding -= 1
+
+    def drop(self, admit_version: int) -> None:
+        """An outstanding group leaves without being trained (its capacity is freed)."""
+        with self._lock:
+            self._release_locked(admit_version)
+        if self._on_change is not None:
+            self._on_change()
+
+    def consume(self, admit_versions: Sequence[int], train_version: int) -> list[int]:
+        """A batch of `B` groups is taken for the step at `train_version`; returns each group's lag.
+
+        Raises `StalenessError` if a lag exceeds `max_lag`, the batch is not `B` groups, or the
+        trainer advanced more than one version since the previous batch (the proof's premises).
+        """
+        if len(admit_versions) != self.batch_size:
+            got = len(admit_versions)
+            raise StalenessError(f"a step must consume B={self.batch_size} groups, got {got}")
+        with self._lock:
+            if train_version > self._next_train_version:
+                raise StalenessError(
+                    f"trainer is at version {train_version} but at most {self._next_train_version} was "
+                    "expected: more than one version per consumed batch"
+                )
+            lags = [train_version - v for v in admit_versions]
+            worst = max(lags)
+            if worst > self.max_lag:
+                raise StalenessError(
+                    f"group admitted at version {train_version - worst} trained at version {train_version}: "
+                    f"lag {worst} > max_lag {self.max_lag}"
+                )
+            for v in admit_versions:
+                self._release_locked(v)
+            self._next_train_version = train_version + 1
+            self.max_observed_lag = max(self.max_observed_lag, worst)
+        if self._on_change is not None:
+            self._on_change()
+        return lags
+
+    def settle(self, train_version: int) -> None:
+        """After a step: the next batch trains at `train_version` (the trainer's version now).
+
+        `consume()` assumed the step would advance the version by one; a step that did not update
+        (no learning signal, non-finite loss) leaves it unchanged, and lowering `u` back only
+        loosens (I), so admissions are not throttled by steps that never happened.
+        """
+        with self._lock:
+            if train_version > self._next_train_version:
+                raise StalenessError(
+                    f"trainer reached version {train_version}, more than one past the last consumed batch "
+                    f"(expected <= {self._next_train_version})"
+                )
+            self._next_train_version = int(train_version)
+        if self._on_change is not None:
+            self._on_change()

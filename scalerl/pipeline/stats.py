@@ -1,0 +1,82 @@
+"""Per-step pipeline metrics: what the consumed batch looked like and what the generator did meanwhile.
+
+`batch_metrics` describes the groups a step trains on: their staleness (`version_lag_*`: trainer
+version at train time minus each sample's `start_version`, the quantity `max_lag` bounds;
+`token_lag_*`: the same per generated token, smaller under in-flight updates), truncation and
+interruption rates, rewards and lengths. `IntervalMeter` turns the generator's cumulative counters
+and clocks into per-step rates: generated tokens/s, generator idle fraction, prompts drawn,
+groups dropped by dynamic sampling.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from scalerl.pipeline.generator import Generator
+from scalerl.pipeline.interfaces import ReadyGroup
+
+
+def batch_metrics(items: Sequence[ReadyGroup], train_version: int) -> dict[str, float]:
+    """Statistics of the groups trained at `train_version` (all samples, before any trainer filter)."""
+    samples = [c for it in items for c in it.group.completions]
+    if not samples:
+        raise ValueError("batch_metrics: no samples")
+    rewards = [r for it in items for r in it.group.rewards]
+    correct = [ok for it in items for ok in it.group.is_correct]
+    lags = [train_version - c.start_version for c in samples]
+    token_lags = [train_version - v for c in samples for v in c.versions]
+    lengths = [c.num_tokens for c in samples]
+    n = len(samples)
+    return {
+        "version_lag_mean": sum(lags) / n,
+        "version_lag_max": float(max(lags)),
+        "token_lag_mean": sum(token_lags) / len(token_lags) if token_lags else 0.0,
+        "token_lag_max": float(max(token_lags)) if token_lags else 0.0,
+        "truncation_rate": sum(c.finish_reason == "length" for c in samples) / n,
+        "interruption_rate": sum(c.finish_reason == "interrupted" for c in samples) / n,
+        "reward_mean": sum(rewards) / n,
+        "pass_rate": sum(correct) / n,
+        "response_length_mean": sum(lengths) / n,
+        "response_length_max": float(max(lengths)),
+        "batch_groups": float(len(items)),
+        "batch_samples": float(n),
+    }
+
+
+class IntervalMeter:
+    """Rates between consecutive `lap()` calls (one per training step)."""
+
+    def __init__(self, generator: Generator, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.generator = generator
+        self.clock = clock
+        self._last_time = clock()
+        self._last_counters = generator.counters.as_dict()
+        self._last_busy, self._last_idle = generator.timing()
+
+    def lap(self) -> dict[str, float]:
+        now = self.clock()
+        counters = self.generator.counters.as_dict()
+        busy, idle = self.generator.timing()
+        wall = max(now - self._last_time, 1e-9)
+        delta = {k: counters[k] - self._last_counters.get(k, 0) for k in counters}
+        out = {
+            "step_wall_s": wall,
+            "gen_tokens_per_s": delta["tokens_generated"] / wall,
+            "gen_samples_per_s": delta["samples_generated"] / wall,
+            "gen_idle_frac": min(1.0, max(0.0, (idle - self._last_idle) / wall)),
+            "gen_busy_frac": min(1.0, max(0.0, (busy - self._last_busy) / wall)),
+            "prompts_drawn": float(delta["prompts_drawn"]),
+            "refill_prompts": float(delta["refill_prompts"]),
+            "groups_dropped": float(delta["groups_dropped"]),
+            "verifier_failures": float(delta["verifier_failures"]),
+            "prompts_drawn_total": float(counters["prompts_drawn"]),
+            "groups_dropped_total": float(counters["groups_dropped"]),
+            "verifier_failures_total": float(counters["verifier_failures"]),
+            "gen_tokens": float(delta["tokens_generated"]),
+            "gen_samples": float(delta["samples_generated"]),
+            "gen_prompt_tokens": float(delta["prompt_tokens"]),
+        }
+        self._last_time, self._last_counters = now, counters
+        self._last_busy, self._last_idle = busy, idle
+        return out

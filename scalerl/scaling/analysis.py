@@ -1,0 +1,165 @@
+"""One run, fitted and assessed end to end: the unit that ``scalerl fit`` and ``scalerl compare`` report.
+
+``analyze_curve`` ties the pieces together for a curve read from disk: fit window (compute, step,
+epoch), optional record-breaking downsampling, sigmoid fit, bootstrap, profile interval for A,
+held-out error of the extrapolation, predictions, and optionally the A.4 power law.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from scalerl.scaling.downsample import record_breaking
+from scalerl.scaling.io import Curve, window_mask
+from scalerl.scaling.power_law import PowerLawFit, fit_power_law
+from scalerl.scaling.sigmoid import Method, SigmoidFit, fit_sigmoid
+from scalerl.scaling.uncertainty import Bootstrap, ProfileInterval, bootstrap, profile_A
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """Everything that shapes a fit, as the CLI exposes it."""
+
+    min_x: float | None = None
+    max_x: float | None = None
+    min_step: float | None = None
+    max_step: float | None = None
+    min_epoch: float | None = None
+    max_epoch: float | None = None
+    r0: float | None = None
+    method: Method = "fast"
+    a_max: float | None = None
+    n_boot: int = 1000
+    block: int = 1
+    seed: int = 0
+    level: float = 0.95
+    downsample_bins: int | None = None
+    predict_at: tuple[float, ...] = ()
+    power_law: bool = False
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted reward at one compute, with confidence (curve) and observation bands."""
+
+    compute: float
+    reward: float
+    lo: float | None = None
+    hi: float | None = None
+    obs_lo: float | None = None
+    obs_hi: float | None = None
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """Error of the fitted curve on the points after the fit window (the extrapolation test)."""
+
+    n: int
+    mae: float
+    max_abs: float
+    coverage: float | None  # fraction inside the observation band
+
+
+@dataclass(frozen=True, eq=False)
+class RunAnalysis:
+    curve: Curve
+    fit: SigmoidFit
+    boot: Bootstrap | None
+    profile: ProfileInterval | None
+    predictions: tuple[Prediction, ...]
+    held_out: HeldOut | None
+    power_law: PowerLawFit | None
+
+
+def include_mask(curve: Curve, opts: FitOptions) -> np.ndarray | None:
+    """Step/epoch windows and downsampling as one boolean mask (None when nothing restricts)."""
+    mask = np.ones(curve.x.size, dtype=bool)
+    restricted = False
+    for column, lo, hi in (("step", opts.min_step, opts.max_step), ("epoch", opts.min_epoch, opts.max_epoch)):
+        if lo is not None or hi is not None:
+            mask &= window_mask(curve, column, lo, hi)
+            restricted = True
+    if opts.downsample_bins:
+        keep = np.zeros_like(mask)
+        keep[record_breaking(curve.x, curve.y, n_bins=opts.downsample_bins)] = True
+        mask &= keep
+        restricted = True
+    return mask if restricted else None
+
+
+def _predict(fit: SigmoidFit, boot: Bootstrap | None, at: Sequence[float]) -> tuple[Prediction, ...]:
+    if not at:
+        return ()
+    c = np.asarray(at, dtype=np.float64)
+    if np.any(~np.isfinite(c)) or np.any(c < 0):
+        raise ValueError("--predict-at values must be finite and >= 0")
+    pred = fit.predict(c)
+    if boot is None:
+        return tuple(Prediction(float(x), float(p)) for x, p in zip(c, pred, strict=True))
+    lo, hi = boot.band(c)
+    olo, ohi = boot.band(c, observation=True)
+    return tuple(
+        Prediction(float(c[i]), float(pred[i]), float(lo[i]), float(hi[i]), float(olo[i]), float(ohi[i]))
+        for i in range(c.size)
+    )
+
+
+def _held_out(fit: SigmoidFit, boot: Bootstrap | None) -> HeldOut | None:
+    """Points beyond the window's end: what an extrapolation would have had to predict."""
+    after = ~fit.in_fit & (fit.compute > fit.fit_compute.max())
+    if not after.any():
+        return None
+    c, r = fit.compute[after], fit.reward[after]
+    err = np.abs(fit.predict(c) - r)
+    coverage = None
+    if boot is not None:
+        lo, hi = boot.band(c, observation=True)
+        coverage = float(np.mean((r >= lo) & (r <= hi)))
+    return HeldOut(n=int(after.sum()), mae=float(err.mean()), max_abs=float(err.max()), coverage=coverage)
+
+
+def analyze_curve(curve: Curve, opts: FitOptions) -> RunAnalysis:
+    """Fit and assess one curve; a ``ValueError`` is re-raised with the run's label and source."""
+    try:
+        fit = fit_sigmoid(
+            curve.x,
+            curve.y,
+            r0=opts.r0,
+            min_compute=opts.min_x,
+            max_compute=opts.max_x,
+            method=opts.method,
+            include=include_mask(curve, opts),
+            a_max=opts.a_max,
+        )
+        boot = (
+            bootstrap(fit, n_boot=opts.n_boot, seed=opts.seed, block=opts.block, level=opts.level)
+            if opts.n_boot > 0
+            else None
+        )
+        profile = profile_A(fit, level=opts.level) if opts.n_boot > 0 else None
+        power = None
+        if opts.power_law:
+            # Same cap on A as the sigmoid got (1 for pass rates unless --a-max says otherwise).
+            power = fit_power_law(
+                curve.x,
+                curve.y,
+                a_max=fit.bounds[0][1],
+                min_compute=opts.min_x,
+                max_compute=opts.max_x,
+                include=include_mask(curve, opts),
+            )
+        predictions = _predict(fit, boot, opts.predict_at)
+    except ValueError as err:
+        raise ValueError(f"{curve.label} ({curve.source}): {err}") from None
+    return RunAnalysis(
+        curve=curve,
+        fit=fit,
+        boot=boot,
+        profile=profile,
+        predictions=predictions,
+        held_out=_held_out(fit, boot),
+        power_law=power,
+    )

@@ -1,0 +1,255 @@
+"""``scalerl fit`` and ``scalerl compare``: predict where runs end and compare recipes.
+
+Registered by ``scalerl.cli`` through ``register(subparsers)``. Each command reads every input,
+computes everything, and only then prints (and writes the plot atomically), so an error never
+leaves half an output behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from scalerl.scaling.analysis import FitOptions, RunAnalysis, analyze_curve
+from scalerl.scaling.compare import compare
+from scalerl.scaling.io import DEFAULT_X, DEFAULT_Y, read_many
+from scalerl.scaling.report import comparison_to_dict, jsonable, render_comparison, render_fit, run_to_dict
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
+    return value
+
+
+def _level(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a level in (0, 1), e.g. 0.95; got {text}")
+    return value
+
+
+def _add_data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="run directory (metrics.jsonl), .csv, .jsonl, or W&B chart export CSV",
+    )
+    g = p.add_argument_group("data")
+    g.add_argument("--x", metavar="COL", help=f"compute column (default {DEFAULT_X}, or a known alternative)")
+    g.add_argument("--y", metavar="COL", help=f"reward column (default {DEFAULT_Y}, or a known alternative)")
+    g.add_argument(
+        "--min-x", type=float, metavar="X", help="fit only points with x >= X (the paper skips ~1 epoch)"
+    )
+    g.add_argument(
+        "--max-x", type=float, metavar="X", help="fit only points with x <= X (later points are held out)"
+    )
+    g.add_argument("--min-step", type=float, metavar="S", help="fit only points with step >= S")
+    g.add_argument("--max-step", type=float, metavar="S", help="fit only points with step <= S")
+    g.add_argument("--min-epoch", type=float, metavar="E", help="fit only points with epoch >= E")
+    g.add_argument("--max-epoch", type=float, metavar="E", help="fit only points with epoch <= E")
+    g.add_argument(
+        "--downsample",
+        type=_positive_int,
+        metavar="BINS",
+        help="fit only record-breaking points: where the reward first enters one of BINS levels",
+    )
+    m = p.add_argument_group("model")
+    m.add_argument(
+        "--r0",
+        type=float,
+        metavar="V",
+        help="reward at zero compute (default: the first evaluation of each run)",
+    )
+    m.add_argument(
+        "--method",
+        choices=("fast", "paper"),
+        default="fast",
+        help="fast: vectorized grid + continuous refinement (default); paper: literal A.5 grid",
+    )
+    m.add_argument(
+        "--a-max",
+        type=float,
+        metavar="V",
+        help="upper bound on A (default 1 when rewards are <= 1, else none; 'inf' for none)",
+    )
+    u = p.add_argument_group("uncertainty")
+    u.add_argument(
+        "--bootstrap",
+        type=_positive_int,
+        default=1000,
+        metavar="N",
+        help="bootstrap resamples for intervals and bands (default 1000; 0 = none)",
+    )
+    u.add_argument(
+        "--block",
+        type=int,
+        default=1,
+        metavar="L",
+        help="resample residuals in blocks of L consecutive points (correlated errors)",
+    )
+    u.add_argument("--seed", type=int, default=0, help="random seed of the bootstrap (default 0)")
+    u.add_argument("--level", type=_level, default=0.95, help="interval level (default 0.95)")
+    o = p.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    o.add_argument("--plot", metavar="OUT.png", help="write a figure (png, pdf or svg)")
+
+
+def _options(
+    args: argparse.Namespace, predict_at: tuple[float, ...] = (), power_law: bool = False
+) -> FitOptions:
+    return FitOptions(
+        min_x=args.min_x,
+        max_x=args.max_x,
+        min_step=args.min_step,
+        max_step=args.max_step,
+        min_epoch=args.min_epoch,
+        max_epoch=args.max_epoch,
+        r0=args.r0,
+        method=args.method,
+        a_max=args.a_max,
+        n_boot=args.bootstrap,
+        block=args.block,
+        seed=args.seed,
+        level=args.level,
+        downsample_bins=args.downsample,
+        predict_at=predict_at,
+        power_law=power_law,
+    )
+
+
+def _analyze(args: argparse.Namespace, opts: FitOptions) -> list[RunAnalysis]:
+    if args.block < 1:
+        raise ValueError(f"--block must be >= 1, got {args.block}")
+    curves = read_many(args.paths, x=args.x, y=args.y)
+    return [analyze_curve(c, opts) for c in curves]
+
+
+def _axis_labels(analyses: list[RunAnalysis]) -> tuple[str, str]:
+    xs = sorted({a.curve.x_name for a in analyses})
+    ys = sorted({a.curve.y_name for a in analyses})
+    return " / ".join(xs), " / ".join(ys)
+
+
+def run_fit(args: argparse.Namespace) -> int:
+    """``scalerl fit``: fit each run, print the table (or JSON), optionally plot."""
+    opts = _options(args, tuple(args.predict_at or ()), args.power_law)
+    analyses = _analyze(args, opts)
+    if args.json:
+        text = json.dumps(
+            jsonable(
+                {
+                    "model": "R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)",
+                    "runs": [run_to_dict(a) for a in analyses],
+                }
+            ),
+            indent=2,
+            allow_nan=False,
+        )
+    else:
+        text = render_fit(analyses, args.level, args.bootstrap, args.seed)
+    if args.plot:
+        from scalerl.scaling.plot import FitPlotItem, plot_fits
+
+        x_label, y_label = _axis_labels(analyses)
+        extend = max([*(args.predict_at or ()), *(1.5 * float(a.fit.compute.max()) for a in analyses)])
+        plot_fits(
+            [FitPlotItem(a.curve.label, a.fit, a.boot) for a in analyses],
+            args.plot,
+            x_label=x_label,
+            y_label=y_label,
+            extend_to=extend,
+            level=args.level,
+        )
+        if not args.json:
+            text += f"\n\nplot written to {args.plot}"
+    sys.stdout.write(text + "\n")
+    return 0
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    """``scalerl compare``: fit every run, group seeds into recipes, compare them."""
+    opts = _options(args)
+    analyses = _analyze(args, opts)
+    fits = {a.curve.label: a.fit for a in analyses}
+    boots = {a.curve.label: a.boot for a in analyses if a.boot is not None}
+    cmp = compare(
+        fits,
+        boots,
+        at=tuple(args.at or ()),
+        margin_A=args.margin_a,
+        margin_B=args.margin_b,
+        group_seeds=not args.no_seed_groups,
+        recipes={a.curve.label: a.curve.recipe for a in analyses if a.curve.recipe},
+        fixed_A=args.fixed_a,
+        seed=args.seed,
+    )
+    if args.json:
+        text = json.dumps(comparison_to_dict(cmp, analyses), indent=2, allow_nan=False)
+    else:
+        fits_text = render_fit(analyses, args.level, args.bootstrap, args.seed, details=False)
+        text = fits_text + "\n\n" + render_comparison(cmp, args.level)
+    if args.plot:
+        from scalerl.scaling.plot import FitPlotItem, plot_comparison
+
+        x_label, y_label = _axis_labels(analyses)
+        items = {a.curve.label: FitPlotItem(a.curve.label, a.fit, a.boot) for a in analyses}
+        plot_comparison(cmp, items, args.plot, x_label=x_label, y_label=y_label, level=args.level)
+        if not args.json:
+            text += f"\n\nplot written to {args.plot}"
+    sys.stdout.write(text + "\n")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``fit`` and ``compare`` subcommands to the ``scalerl`` parser."""
+    fit = subparsers.add_parser(
+        "fit",
+        help="fit the ScaleRL sigmoid to runs and predict where they end",
+        description="Fit R(C) = R0 + (A - R0) / (1 + (C_mid/C)^B) (ScaleRL eq. 1) to each run's "
+        "held-out reward curve, with bootstrap intervals, a profile interval for A, "
+        "held-out extrapolation error, and diagnostics.",
+    )
+    _add_data_args(fit)
+    fit.add_argument(
+        "--predict-at",
+        type=float,
+        action="append",
+        metavar="X",
+        help="predict the reward at compute X (repeatable)",
+    )
+    fit.add_argument(
+        "--power-law", action="store_true", help="also fit the bounded power law A - D/C^B (A.4)"
+    )
+    fit.set_defaults(func=run_fit)
+
+    cmp = subparsers.add_parser(
+        "compare",
+        help="compare recipes: asymptote, efficiency, crossover, fixed-A refit",
+        description="Fit every run, group seeds of one recipe (config.yaml 'recipe', else labels "
+        "ending in -seedN / _sN), and "
+        "compare recipes the ScaleRL way: A and B with margins, who is ahead at a compute, "
+        "crossovers, and a refit with A fixed to the mean A.",
+    )
+    _add_data_args(cmp)
+    cmp.add_argument(
+        "--at",
+        type=float,
+        action="append",
+        metavar="X",
+        help="report who is ahead at compute X (repeatable; default: the largest compute seen)",
+    )
+    cmp.add_argument(
+        "--margin-a",
+        type=float,
+        default=0.0,
+        metavar="M",
+        help="floor of the margin on A (e.g. the paper's 0.02); default 0",
+    )
+    cmp.add_argument("--margin-b", type=float, default=0.0, metavar="M", help="floor of the margin on B")
+    cmp.add_argument("--fixed-a", type=float, metavar="A", help="A for the fixed-A refit (default: mean A)")
+    cmp.add_argument("--no-seed-groups", action="store_true", help="treat every run as its own recipe")
+    cmp.set_defaults(func=run_compare)

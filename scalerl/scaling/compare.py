@@ -1,0 +1,395 @@
+"""Compare recipes the way the ScaleRL paper does.
+
+* A recipe is one or more runs that differ only by seed. Its curve uses the mean A and B and the
+  geometric-mean C_mid of its seeds; its margin on A (and B) is the largest of: the seed-to-seed
+  margin (paper A.5: about +-0.02 on A from 3 seeds), the half-width of its bootstrap interval,
+  and a floor the user may set. Two recipes differ in A when ``|A1 - A2| > sqrt(m1^2 + m2^2)``
+  (the margins combined as independent errors); likewise for B.
+* Who is ahead at compute X: predicted reward with a band, and the probability that the leader
+  is really ahead of the runner-up (pairing bootstrap replicates of the two at random).
+* Crossover (paper Fig. 13b): the compute at which a slower recipe with a higher asymptote
+  overtakes a faster one, with a bootstrap interval.
+* Fixed-A refit (paper Sec. 4 / Fig. 7): refit every run with A fixed to the mean A of all runs,
+  so the remaining difference sits in B; ``efficiency_transform`` linearises a curve for that
+  plot: ``F(R) = C_mid^B / ((A - R0) / (R - R0) - 1)`` equals ``C^B`` on the sigmoid, so
+  ``ln F`` against ``ln C`` is a line of slope B.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy.optimize import brentq
+from scipy.special import expit
+
+from scalerl.scaling.forms import log_compute
+from scalerl.scaling.sigmoid import SigmoidFit, fit_sigmoid
+from scalerl.scaling.uncertainty import Bootstrap, SeedSpread, seed_spread
+
+_SEED_SUFFIX = re.compile(r"[-_.](?:seed|s)[-_=]?\d+$", re.IGNORECASE)
+
+
+def recipe_name(label: str) -> str:
+    """Recipe key of a run label: the label without a trailing seed tag.
+
+    ``"scalerl-bs512-seed2" -> "scalerl-bs512"``, ``"cispo_s3" -> "cispo"``; other labels are
+    their own recipe.
+    """
+    stripped = _SEED_SUFFIX.sub("", label)
+    return stripped or label
+
+
+@dataclass(frozen=True, eq=False)
+class Recipe:
+    """One recipe: its seeds' fits (and bootstraps), representative curve and margins."""
+
+    name: str
+    labels: tuple[str, ...]
+    fits: tuple[SigmoidFit, ...]
+    boots: tuple[Bootstrap, ...]
+    spread: SeedSpread
+    A_margin: float
+    B_margin: float
+
+    @property
+    def A(self) -> float:
+        return self.spread.A_mean
+
+    @property
+    def B(self) -> float:
+        return self.spread.B_mean
+
+    @property
+    def C_mid(self) -> float:
+        return self.spread.C_mid_mean
+
+    @property
+    def R0(self) -> float:
+        return float(np.mean([f.R0 for f in self.fits]))
+
+    def predict(self, compute: ArrayLike) -> NDArray[np.float64]:
+        """Representative curve: the sigmoid at the mean parameters of the seeds."""
+        z = log_compute(compute) - math.log(self.C_mid)
+        return self.R0 + (self.A - self.R0) * expit(self.B * z)
+
+    def replicate_curves(self, compute: ArrayLike) -> NDArray[np.float64] | None:
+        """Bootstrap curves pooled over seeds (seed-to-seed and fit uncertainty together), or None."""
+        if not self.boots:
+            return None
+        return np.concatenate([b.curves(compute) for b in self.boots], axis=0)
+
+    def interval(self, name: str) -> tuple[float, float] | None:
+        """Percentile interval of a parameter pooled over the seeds' bootstraps (None without any)."""
+        if not self.boots:
+            return None
+        col = ("A", "B", "C_mid").index(name)
+        pooled = np.concatenate([b.samples[:, col] for b in self.boots])
+        level = self.boots[0].level
+        lo, hi = np.quantile(pooled, [(1 - level) / 2, (1 + level) / 2])
+        return float(lo), float(hi)
+
+
+def _half_width(boots: Sequence[Bootstrap], name: str) -> float:
+    widths = [0.5 * (b.interval(name)[1] - b.interval(name)[0]) for b in boots]
+    return float(max(widths)) if widths else 0.0
+
+
+def make_recipe(
+    name: str,
+    fits: Mapping[str, SigmoidFit],
+    boots: Sequence[Bootstrap] = (),
+    margin_A: float = 0.0,
+    margin_B: float = 0.0,
+) -> Recipe:
+    """Group seeds (labels -> fits) into a recipe; margins as in the module docstring."""
+    if not fits:
+        raise ValueError(f"recipe {name!r} has no runs")
+    spread = seed_spread(list(fits.values()))
+
+    def margin(seed_margin: float, boot_half: float, floor: float) -> float:
+        parts = [p for p in (seed_margin, boot_half, floor) if math.isfinite(p)]
+        return max(parts) if parts else 0.0
+
+    return Recipe(
+        name=name,
+        labels=tuple(fits),
+        fits=tuple(fits.values()),
+        boots=tuple(boots),
+        spread=spread,
+        A_margin=margin(spread.A_margin, _half_width(boots, "A"), margin_A),
+        B_margin=margin(spread.B_margin, _half_width(boots, "B"), margin_B),
+    )
+
+
+def crossovers(
+    f: Recipe | SigmoidFit, g: Recipe | SigmoidFit, lo: float, hi: float, n: int = 2000
+) -> list[float]:
+    """Computes in ``[lo, hi]`` where the two curves cross, ascending (sign changes of
+    ``R_f - R_g`` on a log grid of ``n`` points, each refined by Brent's method)."""
+    if not 0 < lo < hi:
+        raise ValueError(f"need 0 < lo < hi, got {lo}, {hi}")
+    grid = np.geomspace(lo, hi, n)
+    diff = f.predict(grid) - g.predict(grid)
+    roots: list[float] = []
+    for i in np.flatnonzero(np.sign(diff[:-1]) * np.sign(diff[1:]) < 0):
+
+        def h(u: float) -> float:
+            c = np.array([math.exp(u)])
+            return float(f.predict(c)[0] - g.predict(c)[0])
+
+        roots.append(math.exp(brentq(h, math.log(grid[i]), math.log(grid[i + 1]), xtol=1e-12)))
+    return roots
+
+
+def _replicate_crossovers(
+    cf: NDArray[np.float64], cg: NDArray[np.float64], grid: NDArray[np.float64], seed: int
+) -> NDArray[np.float64]:
+    """First crossing of randomly paired replicate curves (NaN where a pair never crosses)."""
+    rng = np.random.default_rng(seed)
+    k = max(cf.shape[0], cg.shape[0])
+    diff = cf[rng.integers(0, cf.shape[0], k)] - cg[rng.integers(0, cg.shape[0], k)]
+    change = np.sign(diff[:, :-1]) * np.sign(diff[:, 1:]) < 0
+    has = change.any(axis=1)
+    i = np.argmax(change, axis=1)
+    rows = np.arange(k)
+    d0, d1 = diff[rows, i], diff[rows, i + 1]
+    lg = np.log(grid)
+    t = np.where(d1 != d0, d0 / np.where(d1 != d0, d0 - d1, 1.0), 0.5)
+    out = np.exp(lg[i] + t * (lg[i + 1] - lg[i]))
+    return np.where(has, out, np.nan)
+
+
+@dataclass(frozen=True)
+class PairVerdict:
+    """How recipe ``a`` compares with recipe ``b`` (differences are a - b)."""
+
+    a: str
+    b: str
+    A_diff: float
+    A_margin: float
+    A_differs: bool
+    B_diff: float
+    B_margin: float
+    B_differs: bool
+    crossovers: tuple[float, ...]
+    crossover_interval: tuple[float, float] | None
+    crossover_fraction: float | None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "a": self.a,
+            "b": self.b,
+            "A_diff": self.A_diff,
+            "A_margin": self.A_margin,
+            "A_differs": self.A_differs,
+            "B_diff": self.B_diff,
+            "B_margin": self.B_margin,
+            "B_differs": self.B_differs,
+            "crossovers": list(self.crossovers),
+            "crossover_interval": None if self.crossover_interval is None else list(self.crossover_interval),
+            "crossover_fraction": self.crossover_fraction,
+        }
+
+
+def compare_pair(a: Recipe, b: Recipe, lo: float, hi: float, seed: int = 0) -> PairVerdict:
+    """A/B differences against the combined margins, and crossovers in ``[lo, hi]``."""
+    dA, dB = a.A - b.A, a.B - b.B
+    mA = math.hypot(a.A_margin, b.A_margin)
+    mB = math.hypot(a.B_margin, b.B_margin)
+    roots = crossovers(a, b, lo, hi)
+    interval: tuple[float, float] | None = None
+    fraction: float | None = None
+    grid = np.geomspace(lo, hi, 400)
+    ca, cb = a.replicate_curves(grid), b.replicate_curves(grid)
+    if ca is not None and cb is not None:
+        reps = _replicate_crossovers(ca, cb, grid, seed)
+        crossed = reps[np.isfinite(reps)]
+        fraction = float(crossed.size / reps.size)
+        if crossed.size >= 10:
+            q = a.boots[0].level
+            lo_q, hi_q = np.quantile(crossed, [(1 - q) / 2, (1 + q) / 2])
+            interval = (float(lo_q), float(hi_q))
+    return PairVerdict(
+        a=a.name,
+        b=b.name,
+        A_diff=dA,
+        A_margin=mA,
+        A_differs=abs(dA) > mA,
+        B_diff=dB,
+        B_margin=mB,
+        B_differs=abs(dB) > mB,
+        crossovers=tuple(roots),
+        crossover_interval=interval,
+        crossover_fraction=fraction,
+    )
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Predicted rewards at one compute, best first; ``p_ahead`` = P(leader > runner-up)."""
+
+    compute: float
+    ranking: tuple[tuple[str, float, float | None, float | None], ...]
+    p_ahead: float | None
+
+    @property
+    def leader(self) -> str:
+        return self.ranking[0][0]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "compute": self.compute,
+            "leader": self.leader,
+            "p_ahead": self.p_ahead,
+            "ranking": [{"recipe": n, "reward": r, "lo": lo, "hi": hi} for n, r, lo, hi in self.ranking],
+        }
+
+
+def standing_at(recipes: Sequence[Recipe], compute: float, level: float = 0.95, seed: int = 0) -> Standing:
+    """Which recipe is ahead at ``compute`` (predicted reward, band, probability of the lead)."""
+    rows = []
+    curves = {}
+    for r in recipes:
+        pred = float(r.predict(np.array([compute]))[0])
+        reps = r.replicate_curves(np.array([compute]))
+        lo = hi = None
+        if reps is not None:
+            curves[r.name] = reps[:, 0]
+            lo, hi = (float(v) for v in np.quantile(reps[:, 0], [(1 - level) / 2, (1 + level) / 2]))
+        rows.append((r.name, pred, lo, hi))
+    rows.sort(key=lambda row: -row[1])
+    p_ahead = None
+    if len(rows) >= 2 and rows[0][0] in curves and rows[1][0] in curves:
+        rng = np.random.default_rng(seed)
+        x, y = curves[rows[0][0]], curves[rows[1][0]]
+        k = max(x.size, y.size)
+        p_ahead = float(np.mean(x[rng.integers(0, x.size, k)] > y[rng.integers(0, y.size, k)]))
+    return Standing(compute=float(compute), ranking=tuple(rows), p_ahead=p_ahead)
+
+
+@dataclass(frozen=True, eq=False)
+class FixedARefit:
+    """Every run refitted with A = ``A`` (the mean A of all runs unless given); B carries the difference."""
+
+    A: float
+    fits: Mapping[str, SigmoidFit]
+
+    def recipe_B(self, recipes: Sequence[Recipe]) -> dict[str, float]:
+        """Mean refitted B per recipe (over its seeds), keyed by recipe name."""
+        return {r.name: float(np.mean([self.fits[label].B for label in r.labels])) for r in recipes}
+
+
+def fixed_A_refit(fits: Mapping[str, SigmoidFit], A: float | None = None) -> FixedARefit:
+    """Paper Sec. 4: refit each run (same window, same R0) with A fixed to the mean fitted A."""
+    if not fits:
+        raise ValueError("no fits to refit")
+    common = float(np.mean([f.A for f in fits.values()])) if A is None else float(A)
+    refits = {}
+    for label, f in fits.items():
+        if common <= f.R0:
+            raise ValueError(f"{label}: the common A = {common:.4g} is not above its R0 = {f.R0:.4g}")
+        refits[label] = fit_sigmoid(
+            f.compute, f.reward, r0=f.R0, include=f.in_fit, fixed_A=common, method="fast"
+        )
+    return FixedARefit(A=common, fits=refits)
+
+
+def efficiency_transform(
+    reward: ArrayLike, A: float, B: float, C_mid: float, R0: float
+) -> NDArray[np.float64]:
+    """``F(R) = C_mid^B / ((A - R0) / (R - R0) - 1)`` (paper Sec. 4); NaN unless R0 < R < A.
+
+    On the sigmoid ``(A - R0) / (R - R0) - 1 = (C_mid / C)^B``, so ``F = C^B``: plotted against C
+    on log-log axes every run becomes a line of slope B. Computed as
+    ``exp(B ln C_mid - ln((A - R) / (R - R0)))`` to stay finite for FLOP-scale compute.
+    """
+    r = np.asarray(reward, dtype=np.float64)
+    sign = 1.0 if A > R0 else -1.0
+    valid = (sign * (r - R0) > 0) & (sign * (A - r) > 0)
+    ratio = np.where(valid, (A - r) / np.where(valid, r - R0, 1.0), np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(valid, np.exp(B * math.log(C_mid) - np.log(ratio)), np.nan)
+
+
+def efficiency_slope(fit: SigmoidFit) -> float:
+    """Least-squares slope of ``ln F(R)`` on ``ln C`` over the fitted points (an estimate of B that
+    uses only A, R0 and the data: C_mid cancels in the slope). NaN with fewer than 2 valid points."""
+    F = efficiency_transform(fit.fit_reward, fit.A, fit.B, fit.C_mid, fit.R0)
+    ok = np.isfinite(F) & (F > 0)
+    if ok.sum() < 2:
+        return math.nan
+    x, y = np.log(fit.fit_compute[ok]), np.log(F[ok])
+    return float(np.polyfit(x, y, 1)[0])
+
+
+@dataclass(frozen=True, eq=False)
+class Comparison:
+    """Everything ``scalerl compare`` reports."""
+
+    recipes: tuple[Recipe, ...]
+    pairs: tuple[PairVerdict, ...]
+    standings: tuple[Standing, ...]
+    A_fixed_refit: FixedARefit | None
+    B_at_fixed_A: Mapping[str, float]
+
+
+def compare(
+    fits: Mapping[str, SigmoidFit],
+    boots: Mapping[str, Bootstrap] | None = None,
+    at: Sequence[float] = (),
+    margin_A: float = 0.0,
+    margin_B: float = 0.0,
+    group_seeds: bool = True,
+    recipes: Mapping[str, str] | None = None,
+    fixed_A: float | None = None,
+    refit_fixed_A: bool = True,
+    seed: int = 0,
+) -> Comparison:
+    """Compare runs (labels -> fits): group seeds into recipes, then pairs, standings, fixed-A refit.
+
+    ``at`` defaults to the largest compute any run reached. Crossovers are searched from the
+    smallest fitted compute to 100x the largest. A run's recipe is ``recipes[label]`` when given
+    (e.g. from config.yaml), else its label without a seed tag (``recipe_name``); with
+    ``group_seeds=False`` every run is its own recipe.
+    """
+    if len(fits) < 1:
+        raise ValueError("nothing to compare")
+    boots = boots or {}
+    groups: dict[str, list[str]] = {}
+    named = recipes or {}
+    for label in fits:
+        key = (named.get(label) or recipe_name(label)) if group_seeds else label
+        groups.setdefault(key, []).append(label)
+    grouped = tuple(
+        make_recipe(
+            name,
+            {lb: fits[lb] for lb in labels},
+            [boots[lb] for lb in labels if lb in boots],
+            margin_A,
+            margin_B,
+        )
+        for name, labels in groups.items()
+    )
+    lo = min(float(f.fit_compute.min()) for f in fits.values())
+    hi = max(float(f.compute.max()) for f in fits.values())
+    pairs = tuple(
+        compare_pair(grouped[i], grouped[j], lo, 100.0 * hi, seed=seed)
+        for i in range(len(grouped))
+        for j in range(i + 1, len(recipes))
+    )
+    points = tuple(at) if at else (hi,)
+    level = next(iter(boots.values())).level if boots else 0.95
+    standings = tuple(standing_at(grouped, c, level=level, seed=seed) for c in points)
+    refit = fixed_A_refit(fits, fixed_A) if refit_fixed_A and len(fits) >= 2 else None
+    return Comparison(
+        recipes=grouped,
+        pairs=pairs,
+        standings=standings,
+        A_fixed_refit=refit,
+        B_at_fixed_A=refit.recipe_B(grouped) if refit is not None else {},
+    )

@@ -1,0 +1,366 @@
+"""Read learning curves from scalerl run directories, CSV, JSONL and W&B chart exports.
+
+Every reader returns ``Curve`` objects: one run's x (compute) and y (reward) columns with the
+source line of every point, so a bad value is reported as ``file:line``. Rules shared by all
+formats:
+
+* a row without the y column (or with an empty / null y) is not an evaluation: it is skipped;
+* a row with y but without a usable x, a non-numeric or non-finite value, or an x that does not
+  increase is an error naming ``file:line`` and the column;
+* a missing column is an error listing the columns that exist.
+
+Formats:
+
+* ``RUN_DIR/`` -- a scalerl run: ``metrics.jsonl`` (rows with ``"kind": "eval"`` carry
+  ``compute_device_hours`` and ``val_pass_rate``); ``config.yaml`` names the run (``name``) and
+  may say which recipe it is a seed of (``recipe``).
+* ``*.jsonl`` / ``*.ndjson`` -- one JSON object per line, same rules.
+* ``*.csv`` -- a header row (``#`` comment lines before it are skipped); if it has a ``run``
+  column the file holds several runs, split by it.
+* W&B chart "Export CSV" -- columns ``<x>``, ``<run> - <y>``, ``<run> - <y>__MIN``,
+  ``<run> - <y>__MAX`` (one set per run); detected from the `` - `` headers.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from itertools import pairwise
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+#: Default columns, matching the scalerl trainer's eval rows.
+DEFAULT_X = "compute_device_hours"
+DEFAULT_Y = "val_pass_rate"
+#: Tried in order when the default column is absent and the user named none.
+X_FALLBACKS: tuple[str, ...] = (DEFAULT_X, "compute_gpu_hours", "gpu_hours", "compute", "flops")
+Y_FALLBACKS: tuple[str, ...] = (DEFAULT_Y, "pass_rate", "val_reward", "reward")
+#: Numeric columns kept alongside x and y when present (for step/epoch fit windows).
+EXTRA_COLUMNS: tuple[str, ...] = ("step", "epoch", "compute_device_hours", "flops", "samples", "tokens")
+WANDB_SEP = " - "
+
+
+@dataclass(frozen=True, eq=False)
+class Curve:
+    """One run's learning curve as read from disk."""
+
+    label: str
+    source: str
+    x_name: str
+    y_name: str
+    x: NDArray[np.float64]
+    y: NDArray[np.float64]
+    lines: NDArray[np.int64]
+    extra: dict[str, NDArray[np.float64]] = field(default_factory=dict)
+    recipe: str | None = None  # ``recipe`` from a run's config.yaml: groups seeds in comparisons
+
+    def where(self, i: int) -> str:
+        """``file:line`` of point ``i``."""
+        return f"{self.source}:{int(self.lines[i])}"
+
+    def column(self, name: str) -> NDArray[np.float64]:
+        """An extra numeric column aligned with the points (NaN where a row lacked it)."""
+        if name == self.x_name:
+            return self.x
+        if name == self.y_name:
+            return self.y
+        if name not in self.extra:
+            have = ", ".join(sorted({self.x_name, self.y_name, *self.extra})) or "none"
+            raise ValueError(f"{self.source}: no column {name!r} in the evaluation rows (have: {have})")
+        return self.extra[name]
+
+
+def _number(value: object, where: str, column: str) -> float:
+    """Parse one cell as a finite float or raise ``ValueError`` naming ``file:line`` and column."""
+    if isinstance(value, bool):
+        raise ValueError(f"{where}: {column} is a boolean ({value!r}), expected a number")
+    if isinstance(value, (int, float)):
+        out = float(value)
+    elif isinstance(value, str):
+        try:
+            out = float(value.strip())
+        except ValueError:
+            raise ValueError(f"{where}: {column} = {value!r} is not a number") from None
+    else:
+        raise ValueError(f"{where}: {column} = {value!r} is not a number")
+    if not math.isfinite(out):
+        raise ValueError(f"{where}: {column} = {value!r} is not finite")
+    return out
+
+
+def _missing(value: object) -> bool:
+    return value is None or (isinstance(value, str) and value.strip() == "")
+
+
+def pick_column(
+    available: Iterable[str], requested: str | None, fallbacks: Sequence[str], what: str, source: str
+) -> str:
+    """The column to use: ``requested`` if given (must exist), else the first fallback present."""
+    have = list(dict.fromkeys(available))
+    if requested is not None:
+        if requested not in have:
+            raise ValueError(f"{source}: no {what} column {requested!r} (have: {', '.join(have) or 'none'})")
+        return requested
+    for name in fallbacks:
+        if name in have:
+            return name
+    raise ValueError(
+        f"{source}: none of the default {what} columns ({', '.join(fallbacks)}) is present; "
+        f"name one with --{what} (have: {', '.join(have) or 'none'})"
+    )
+
+
+def _build(
+    label: str, source: str, x_name: str, y_name: str, rows: list[tuple[int, float, float, dict[str, float]]]
+) -> Curve:
+    """Check x strictly increases (else ``file:line``) and pack the rows into a ``Curve``."""
+    if not rows:
+        raise ValueError(f"{source}: no rows with a {y_name!r} value")
+    for (line0, x0, _, _), (line1, x1, _, _) in pairwise(rows):
+        if x1 <= x0:
+            raise ValueError(
+                f"{source}:{line1}: {x_name} = {x1:g} does not increase (line {line0} has {x0:g}); "
+                "a resumed run that re-logged evaluations? keep one row per evaluation"
+            )
+    names = sorted({k for *_, ex in rows for k in ex})
+    extra = {k: np.array([ex.get(k, math.nan) for *_, ex in rows]) for k in names}
+    return Curve(
+        label=label,
+        source=source,
+        x_name=x_name,
+        y_name=y_name,
+        x=np.array([r[1] for r in rows]),
+        y=np.array([r[2] for r in rows]),
+        lines=np.array([r[0] for r in rows], dtype=np.int64),
+        extra=extra,
+    )
+
+
+def _extras(row: dict[str, object], x_name: str, y_name: str) -> dict[str, float]:
+    out = {}
+    for key in EXTRA_COLUMNS:
+        if key in (x_name, y_name) or _missing(row.get(key)):
+            continue
+        try:
+            out[key] = float(row[key])  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue  # extras are optional metadata; a window on a broken one errors later
+    return out
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
+    with path.open(encoding="utf-8") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            text = raw.strip()
+            if not text:
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise ValueError(
+                    f"{path}:{lineno}: malformed JSON ({err.msg} at column {err.colno})"
+                ) from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+            yield lineno, obj
+
+
+def read_jsonl(
+    path: str | Path, x: str | None = None, y: str | None = None, label: str | None = None
+) -> Curve:
+    """Curve from a JSONL log: rows having the y key are evaluations (see module docstring)."""
+    p = Path(path)
+    rows_raw = [(n, obj) for n, obj in _iter_jsonl(p)]
+    keys = [k for _, obj in rows_raw for k in obj]
+    y_name = pick_column(keys, y, Y_FALLBACKS, "y", str(p))
+    evals = [(n, obj) for n, obj in rows_raw if not _missing(obj.get(y_name))]
+    x_name = pick_column([k for _, obj in evals for k in obj], x, X_FALLBACKS, "x", str(p))
+    rows = []
+    for n, obj in evals:
+        where = f"{p}:{n}"
+        if _missing(obj.get(x_name)):
+            raise ValueError(f"{where}: row has {y_name} but no {x_name}")
+        rows.append(
+            (
+                n,
+                _number(obj[x_name], where, x_name),
+                _number(obj[y_name], where, y_name),
+                _extras(obj, x_name, y_name),
+            )
+        )
+    return _build(label or p.stem, str(p), x_name, y_name, rows)
+
+
+def _run_identity(run_dir: Path) -> tuple[str, str | None]:
+    """``(name, recipe)`` from ``config.yaml``: ``name`` (else the directory name) labels the run,
+    ``recipe`` (if any) groups it with its other seeds."""
+    data = None
+    cfg = run_dir / "config.yaml"
+    if cfg.is_file():
+        try:
+            import yaml
+
+            data = yaml.safe_load(cfg.read_text(encoding="utf-8"))
+        except Exception:  # a label is not worth failing a fit over: fall back to the dir name
+            data = None
+    if not isinstance(data, dict):
+        data = {}
+
+    def text(key: str) -> str | None:
+        value = data.get(key)
+        return value.strip() if isinstance(value, str) and value.strip() else None
+
+    return text("name") or run_dir.resolve().name, text("recipe")
+
+
+def read_run_dir(path: str | Path, x: str | None = None, y: str | None = None) -> Curve:
+    """Curve from a scalerl run directory (``metrics.jsonl`` + optional ``config.yaml``)."""
+    d = Path(path)
+    log = d / "metrics.jsonl"
+    if not log.is_file():
+        raise FileNotFoundError(f"{d}: not a scalerl run directory (no metrics.jsonl)")
+    name, recipe = _run_identity(d)
+    return replace(read_jsonl(log, x, y, label=name), recipe=recipe)
+
+
+def _csv_rows(path: Path) -> tuple[list[str], list[tuple[int, list[str]]]]:
+    """Header and ``(line, cells)`` rows of a CSV, skipping ``#`` comment lines before the header."""
+    with path.open(encoding="utf-8-sig", newline="") as fh:
+        lines = list(fh)
+    start = 0
+    while start < len(lines) and (lines[start].lstrip().startswith("#") or not lines[start].strip()):
+        start += 1
+    if start == len(lines):
+        raise ValueError(f"{path}: no header row")
+    reader = csv.reader(lines[start:])
+    header = [h.strip() for h in next(reader)]
+    rows = []
+    for cells in reader:
+        lineno = start + reader.line_num
+        if not cells or all(not c.strip() for c in cells):
+            continue
+        if len(cells) > len(header):
+            raise ValueError(f"{path}:{lineno}: {len(cells)} cells but the header has {len(header)} columns")
+        rows.append((lineno, cells + [""] * (len(header) - len(cells))))
+    return header, rows
+
+
+def is_wandb_export(header: Sequence[str]) -> bool:
+    """W&B chart exports name their series ``<run> - <metric>`` with ``__MIN``/``__MAX`` companions."""
+    series = [h for h in header if WANDB_SEP in h]
+    return bool(series) and any(h.endswith(("__MIN", "__MAX")) for h in series)
+
+
+def read_csv(path: str | Path, x: str | None = None, y: str | None = None) -> list[Curve]:
+    """Curves from a CSV (plain, plain with a ``run`` column, or a W&B chart export)."""
+    p = Path(path)
+    header, rows = _csv_rows(p)
+    if is_wandb_export(header):
+        return _read_wandb(p, header, rows, x, y)
+    y_name = pick_column(header, y, Y_FALLBACKS, "y", str(p))
+    x_name = pick_column(header, x, X_FALLBACKS, "x", str(p))
+    runs: dict[str, list[tuple[int, float, float, dict[str, float]]]] = {}
+    run_col = header.index("run") if "run" in header else None
+    for lineno, cells in rows:
+        rec = dict(zip(header, cells, strict=True))
+        if _missing(rec[y_name]):
+            continue
+        where = f"{p}:{lineno}"
+        if _missing(rec[x_name]):
+            raise ValueError(f"{where}: row has {y_name} but no {x_name}")
+        key = cells[run_col].strip() if run_col is not None else p.stem
+        runs.setdefault(key, []).append(
+            (
+                lineno,
+                _number(rec[x_name], where, x_name),
+                _number(rec[y_name], where, y_name),
+                _extras(rec, x_name, y_name),
+            )  # type: ignore[arg-type]
+        )
+    if not runs:
+        raise ValueError(f"{p}: no rows with a {y_name!r} value")
+    return [_build(label, str(p), x_name, y_name, r) for label, r in runs.items()]
+
+
+def _read_wandb(
+    p: Path, header: list[str], rows: list[tuple[int, list[str]]], x: str | None, y: str | None
+) -> list[Curve]:
+    """One curve per ``<run> - <y>`` column; x is ``<run> - <x>`` if exported, else the first column."""
+    metrics = {
+        h.split(WANDB_SEP, 1)[1] for h in header if WANDB_SEP in h and not h.endswith(("__MIN", "__MAX"))
+    }
+    y_name = pick_column(sorted(metrics), y, Y_FALLBACKS, "y", str(p))
+    series = [h for h in header if h.endswith(WANDB_SEP + y_name)]
+    curves = []
+    for col in series:
+        run = col[: -len(WANDB_SEP + y_name)]
+        if x is None:
+            x_col = f"{run}{WANDB_SEP}{DEFAULT_X}" if f"{run}{WANDB_SEP}{DEFAULT_X}" in header else header[0]
+        else:
+            x_col = f"{run}{WANDB_SEP}{x}" if f"{run}{WANDB_SEP}{x}" in header else x
+            if x_col not in header:
+                raise ValueError(f"{p}: no x column {x!r} (have: {', '.join(header)})")
+        xi, yi = header.index(x_col), header.index(col)
+        pts = []
+        for lineno, cells in rows:
+            if _missing(cells[yi]):
+                continue
+            where = f"{p}:{lineno}"
+            if _missing(cells[xi]):
+                raise ValueError(f"{where}: row has {col} but no {x_col}")
+            pts.append((lineno, _number(cells[xi], where, x_col), _number(cells[yi], where, col), {}))
+        x_label = x_col.split(WANDB_SEP, 1)[1] if WANDB_SEP in x_col else x_col
+        curves.append(_build(run, str(p), x_label, y_name, pts))
+    return curves
+
+
+def read_curves(path: str | Path, x: str | None = None, y: str | None = None) -> list[Curve]:
+    """Read every curve in ``path`` (run directory, .csv, .jsonl/.ndjson/.json)."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{p}: no such file or directory")
+    if p.is_dir():
+        return [read_run_dir(p, x, y)]
+    suffix = p.suffix.lower()
+    if suffix in (".jsonl", ".ndjson", ".json"):
+        return [read_jsonl(p, x, y)]
+    if suffix in (".csv", ".tsv", ".txt"):
+        return read_csv(p, x, y)
+    raise ValueError(f"{p}: unknown format {suffix!r} (expected a run directory, .csv or .jsonl)")
+
+
+def read_many(paths: Sequence[str | Path], x: str | None = None, y: str | None = None) -> list[Curve]:
+    """Read several sources; labels are made unique by appending ``#2``, ``#3`` ... to repeats."""
+    curves = [c for p in paths for c in read_curves(p, x, y)]
+    seen: dict[str, int] = {}
+    out = []
+    for c in curves:
+        seen[c.label] = seen.get(c.label, 0) + 1
+        if seen[c.label] > 1:
+            c = replace(c, label=f"{c.label}#{seen[c.label]}")
+        out.append(c)
+    return out
+
+
+def window_mask(curve: Curve, column: str, lo: float | None, hi: float | None) -> NDArray[np.bool_]:
+    """Points with ``lo <= column <= hi`` (e.g. a step or epoch window); rows lacking it are excluded."""
+    values = curve.column(column)
+    mask = np.isfinite(values)
+    if lo is not None:
+        mask &= values >= lo
+    if hi is not None:
+        mask &= values <= hi
+    return mask
+
+
+def reference_csv(name: str = "scalerl_8b_dense_fig1a") -> Path:
+    """Path of a digitized reference curve shipped with the package (see the file's header)."""
+    p = Path(__file__).parent / "data" / f"{name}.csv"
+    if not p.is_file():
+        raise FileNotFoundError(f"no reference curve {name!r} in {p.parent}")
+    return p

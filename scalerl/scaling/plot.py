@@ -1,0 +1,271 @@
+"""Figures for fits and comparisons (matplotlib, imported lazily, drawn with the Agg canvas).
+
+A fit figure shows, per run: the points used by the fit (filled circles) and the held-out points
+(crosses), the fitted curve (solid) and its extrapolation (dashed) with the bootstrap band, the
+asymptote A (dotted), and the fit window shaded, on a log-compute axis -- the layout of the
+paper's Fig. 1. The comparison figure adds the paper's Fig. 7 view: the efficiency transform of
+a fixed-A refit, where each run is a line of slope B on log-log axes.
+
+No pyplot: figures are built on ``matplotlib.figure.Figure`` with an Agg canvas, so plotting
+never changes the caller's backend or global state, and files are written atomically.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from scalerl.scaling.compare import Comparison, efficiency_transform
+from scalerl.scaling.sigmoid import SigmoidFit
+from scalerl.scaling.uncertainty import Bootstrap
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+COLORS: tuple[str, ...] = (
+    "#1f77b4",
+    "#d62728",
+    "#2ca02c",
+    "#9467bd",
+    "#ff7f0e",
+    "#17becf",
+    "#8c564b",
+    "#e377c2",
+)
+
+
+@dataclass(frozen=True, eq=False)
+class FitPlotItem:
+    """One run to draw: its fit and (optionally) its bootstrap for the band."""
+
+    label: str
+    fit: SigmoidFit
+    boot: Bootstrap | None = None
+
+
+def _figure(width: float, height: float, ncols: int = 1) -> tuple[Figure, list[Axes]]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
+    for ax in axes:
+        ax.spines[["top", "right"]].set_visible(False)
+        ax.grid(True, which="major", alpha=0.3, linewidth=0.6)
+        ax.grid(True, which="minor", alpha=0.12, linewidth=0.4)
+        ax.tick_params(labelsize=9)
+    return fig, axes
+
+
+def compact_number(x: float, _pos: object = None) -> str:
+    """Tick label: ``500``, ``2k``, ``50k``, ``1.5M``, and scientific from 1e9 (FLOP-scale compute)."""
+    if x <= 0:
+        return "0"
+    if x < 1e9:
+        for scale, unit in ((1e6, "M"), (1e3, "k")):
+            if x >= scale:
+                return f"{x / scale:g}{unit}"
+        return f"{x:g}"
+    mantissa, exponent = f"{x:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def log_compute_axis(ax: Axes) -> None:
+    """Log x axis with ticks at 1, 2, 5 per decade when the data spans at most ~4 decades."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_xscale("log")
+    lo, hi = ax.get_xlim()
+    if hi / lo <= 1e4:
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.xaxis.set_major_formatter(FuncFormatter(compact_number))
+
+
+def save_figure(fig: Figure, path: str | Path, dpi: int = 200) -> Path:
+    """Write ``fig`` to ``path`` atomically (temp file in the same directory, then rename)."""
+    out = Path(path)
+    if out.parent and not out.parent.exists():
+        raise FileNotFoundError(f"{out.parent}: directory does not exist")
+    suffix = out.suffix.lower() or ".png"
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=suffix, dir=out.parent or ".")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=dpi, format=suffix.lstrip("."))
+        # mkstemp creates the file 0600; give the figure the mode a plain open() would have.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out
+
+
+MARKERS: tuple[str, ...] = ("o", "s", "^", "D", "v", "P")
+
+
+def _has_held_out(fit: SigmoidFit) -> bool:
+    """Held-out points that a log axis can show (zero-compute points cannot)."""
+    return bool((~fit.in_fit & (fit.compute > 0)).any())
+
+
+def _draw_fit(
+    ax: Axes, item: FitPlotItem, color: str, x_hi: float, level: float, shade: bool, marker: str = "o"
+) -> None:
+    f = item.fit
+    pos = f.compute > 0  # zero-compute points (R0) have no place on a log axis
+    used, held = f.in_fit & pos, ~f.in_fit & pos
+    lo_fit, hi_fit = float(f.fit_compute.min()), float(f.fit_compute.max())
+    x_lo = float(f.compute[pos].min())
+    if shade:
+        ax.axvspan(lo_fit, hi_fit, color="0.5", alpha=0.08, linewidth=0)
+    grid = np.geomspace(min(x_lo, lo_fit) / 1.05, x_hi, 400)
+    if item.boot is not None:
+        lo, hi = item.boot.band(grid, level=level)
+        ax.fill_between(grid, lo, hi, color=color, alpha=0.18, linewidth=0)
+    inside = (grid >= lo_fit) & (grid <= hi_fit)
+    pred = f.predict(grid)
+    warn = "" if f.diagnostics.reliable else " (!)"
+    name = f"{item.label}: A={f.A:.3f}, B={f.B:.2f}, $C_{{mid}}$={f.C_mid:.3g}{warn}"
+    ax.plot(grid[inside], pred[inside], color=color, linewidth=1.8, label=name)
+    for part in (grid < lo_fit, grid > hi_fit):
+        if part.any():
+            ax.plot(grid[part], pred[part], color=color, linewidth=1.6, linestyle="--")
+    ax.axhline(f.A, color=color, linewidth=0.8, linestyle=":", alpha=0.8)
+    ax.scatter(
+        f.compute[used],
+        f.reward[used],
+        s=22,
+        color=color,
+        marker=marker,
+        edgecolors="white",
+        linewidths=0.5,
+        zorder=3,
+    )
+    if held.any():
+        ax.scatter(f.compute[held], f.reward[held], s=30, color=color, marker="x", linewidths=1.3, zorder=3)
+
+
+def _legend_markers(
+    ax: Axes, any_held: bool, any_band: bool, level: float, shaded: bool, outside: bool
+) -> None:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles, labels = ax.get_legend_handles_labels()
+    extra = [
+        (Line2D([], [], color="0.3", marker="o", linestyle="", markersize=5), "fitted points"),
+        (Line2D([], [], color="0.3", linestyle="--"), "extrapolation"),
+        (Line2D([], [], color="0.3", linestyle=":"), "asymptote A"),
+    ]
+    if any_held:
+        extra.insert(
+            1, (Line2D([], [], color="0.3", marker="x", linestyle="", markersize=6), "held-out points")
+        )
+    if any_band:
+        extra.append((Patch(color="0.3", alpha=0.25), f"{level:.0%} band (bootstrap)"))
+    if shaded:
+        extra.append((Patch(color="0.5", alpha=0.15), "fit window"))
+    where = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)} if outside else {"loc": "lower right"}
+    ax.legend(
+        handles + [h for h, _ in extra], labels + [t for _, t in extra], fontsize=8, frameon=False, **where
+    )
+
+
+def plot_fits(
+    items: Sequence[FitPlotItem],
+    path: str | Path,
+    *,
+    x_label: str = "compute",
+    y_label: str = "reward",
+    title: str | None = None,
+    extend_to: float | None = None,
+    level: float = 0.95,
+) -> Path:
+    """Draw fitted curves with points, extrapolation, band and fit window; save to ``path``.
+
+    One run keeps the legend inside (lower right, below a rising curve); several put it outside.
+    """
+    if not items:
+        raise ValueError("nothing to plot")
+    outside = len(items) > 1
+    fig, (ax,) = _figure(9.5 if outside else 7.0, 4.6)
+    x_hi = extend_to or 1.5 * max(float(i.fit.compute.max()) for i in items)
+    for k, item in enumerate(items):
+        _draw_fit(ax, item, COLORS[k % len(COLORS)], x_hi, level, shade=True)
+    log_compute_axis(ax)
+    ax.set_xlabel(x_label, fontsize=10)
+    ax.set_ylabel(y_label, fontsize=10)
+    if title:
+        ax.set_title(title, fontsize=11)
+    _legend_markers(
+        ax,
+        any(_has_held_out(i.fit) for i in items),
+        any(i.boot is not None for i in items),
+        level,
+        shaded=True,
+        outside=outside,
+    )
+    return save_figure(fig, path)
+
+
+def plot_comparison(
+    comparison: Comparison,
+    items: Mapping[str, FitPlotItem],
+    path: str | Path,
+    *,
+    x_label: str = "compute",
+    y_label: str = "reward",
+    level: float = 0.95,
+) -> Path:
+    """Left: every run's fit, one colour per recipe and one marker per seed. Right: the fixed-A
+    efficiency transform, one line of slope B per run (paper Fig. 7); omitted without a refit."""
+    refit = comparison.A_fixed_refit
+    fig, axes = _figure(14.0 if refit else 9.5, 4.8, ncols=2 if refit else 1)
+    ax = axes[0]
+    x_hi = 1.5 * max(float(i.fit.compute.max()) for i in items.values())
+    style: dict[str, tuple[str, str]] = {}
+    for k, recipe in enumerate(comparison.recipes):
+        for j, label in enumerate(recipe.labels):
+            style[label] = (COLORS[k % len(COLORS)], MARKERS[j % len(MARKERS)])
+    for label, item in items.items():
+        color, marker = style.get(label, ("0.3", "o"))
+        _draw_fit(ax, item, color, x_hi, level, shade=False, marker=marker)
+    log_compute_axis(ax)
+    ax.set_xlabel(x_label, fontsize=10)
+    ax.set_ylabel(y_label, fontsize=10)
+    ax.set_title("fits and extrapolation", fontsize=11)
+    _legend_markers(
+        ax,
+        any(_has_held_out(i.fit) for i in items.values()),
+        any(i.boot is not None for i in items.values()),
+        level,
+        shaded=False,
+        outside=True,
+    )
+    if refit is not None:
+        ax2 = axes[1]
+        for label, f in refit.fits.items():
+            color, marker = style.get(label, ("0.3", "o"))
+            F = efficiency_transform(f.fit_reward, f.A, f.B, f.C_mid, f.R0)
+            ok = np.isfinite(F) & (F > 0)
+            ax2.scatter(f.fit_compute[ok], F[ok], s=16, color=color, marker=marker, alpha=0.8)
+            g = np.geomspace(f.fit_compute.min(), f.fit_compute.max(), 50)
+            ax2.plot(g, np.exp(f.B * np.log(g)), color=color, linewidth=1.6, label=f"{label}: B={f.B:.2f}")
+        log_compute_axis(ax2)
+        ax2.set_yscale("log")
+        ax2.set_xlabel(x_label, fontsize=10)
+        ax2.set_ylabel(r"$F(R) = C_{mid}^B / ((A-R_0)/(R-R_0) - 1)$", fontsize=10)
+        ax2.set_title(f"fixed-A refit (A = {refit.A:.3f}): slope = B", fontsize=11)
+        ax2.legend(fontsize=8, frameon=False, loc="upper left")
+    return save_figure(fig, path)

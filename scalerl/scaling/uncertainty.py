@@ -1,0 +1,360 @@
+"""Uncertainty of a sigmoid fit: bootstrap intervals and bands, a profile interval for A, and the
+seed-to-seed margin.
+
+* Bootstrap (Efron & Tibshirani 1993, ch. 9): refit the curve to resampled data, here all
+  replicates at once with the batched Levenberg-Marquardt of ``refine.py`` (1000 refits in well
+  under a second). ``kind="residual"`` resamples the fit's residuals (centred, inflated by
+  ``sqrt(n / (n - p))`` for the degrees of freedom the fit used up) onto the fitted curve;
+  ``block > 1`` resamples runs of consecutive residuals (moving-block bootstrap, Kunsch 1989),
+  for curves whose errors are correlated from one evaluation to the next. ``kind="pairs"``
+  resamples the points themselves. Percentile intervals; seeded, so reruns reproduce.
+* Profile interval for A (Bates & Watts 1988, sec. 6.1): for each fixed A minimize SSE over
+  (B, C_mid); A is inside the ``level`` interval while ``SSE(A) <= SSE_min (1 + F(level; 1, n-p) /
+  (n-p))``. If the profile never crosses that line before A's bound, the interval is open on that
+  side -- the honest answer for a curve that stops before saturating.
+* Seed spread (paper A.5 / Fig. 8a): the spread of A and B over runs that differ only by seed;
+  the paper reports an A margin of about +-0.02 from three seeds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy.special import expit
+from scipy.stats import f as f_dist
+
+from scalerl.scaling.forms import log_compute
+from scalerl.scaling.grids import adaptive_grids, best_cell_per_A
+from scalerl.scaling.refine import levenberg_marquardt
+from scalerl.scaling.sigmoid import SigmoidFit, theta_bounds
+
+BootstrapKind = Literal["residual", "pairs"]
+PARAMS: tuple[str, ...] = ("A", "B", "C_mid")
+
+
+@dataclass(frozen=True, eq=False)
+class Bootstrap:
+    """Bootstrap replicates of a sigmoid fit.
+
+    ``samples`` is (K, 3) with rows ``(A, B, C_mid)`` of the finite replicates (``n_unconverged``
+    of them were still moving along a flat valley when the iteration cap was hit);
+    ``noise`` holds the (inflated) residuals used to widen a band into an observation band.
+    """
+
+    fit: SigmoidFit
+    samples: NDArray[np.float64]
+    n_requested: int
+    n_failed: int
+    n_unconverged: int
+    kind: str
+    block: int
+    seed: int
+    level: float
+    noise: NDArray[np.float64]
+
+    def interval(self, name: str, level: float | None = None) -> tuple[float, float]:
+        """Percentile interval of parameter ``name`` (``"A"``, ``"B"`` or ``"C_mid"``)."""
+        col = self.samples[:, PARAMS.index(name)]
+        q = self.level if level is None else level
+        lo, hi = np.quantile(col, [(1 - q) / 2, (1 + q) / 2])
+        return float(lo), float(hi)
+
+    def curves(self, compute: ArrayLike) -> NDArray[np.float64]:
+        """Replicate curves at ``compute``: shape (K, len(compute))."""
+        z = log_compute(np.atleast_1d(compute))[None, :] - np.log(self.samples[:, 2:3])
+        A, B = self.samples[:, 0:1], self.samples[:, 1:2]
+        return self.fit.R0 + (A - self.fit.R0) * expit(B * z)
+
+    def band(
+        self, compute: ArrayLike, level: float | None = None, observation: bool = False
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Pointwise percentile band of the curve at ``compute``.
+
+        ``observation=False``: where the true curve lies (confidence band). ``True``: where a new
+        evaluation would land (prediction band: each replicate curve plus a resampled residual).
+        """
+        q = self.level if level is None else level
+        cur = self.curves(compute)
+        if observation:
+            rng = np.random.default_rng([self.seed, 1])
+            cur = cur + rng.choice(self.noise, size=cur.shape, replace=True)
+        lo, hi = np.quantile(cur, [(1 - q) / 2, (1 + q) / 2], axis=0)
+        return lo, hi
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "kind": self.kind,
+            "block": self.block,
+            "seed": self.seed,
+            "level": self.level,
+            "n_requested": self.n_requested,
+            "n_failed": self.n_failed,
+            "n_unconverged": self.n_unconverged,
+            **{name: list(self.interval(name)) for name in PARAMS if not (name == "A" and self.fit.A_fixed)},
+        }
+
+
+def _block_indices(rng: np.random.Generator, n: int, k: int, block: int) -> NDArray[np.intp]:
+    """(k, n) indices of a moving-block resample: random runs of ``block`` consecutive positions."""
+    if block <= 1:
+        return rng.integers(0, n, size=(k, n))
+    n_blocks = -(-n // block)
+    starts = rng.integers(0, n - block + 1, size=(k, n_blocks))
+    idx = (starts[:, :, None] + np.arange(block)[None, None, :]).reshape(k, -1)
+    return idx[:, :n]
+
+
+def bootstrap(
+    fit: SigmoidFit,
+    n_boot: int = 1000,
+    seed: int = 0,
+    kind: BootstrapKind = "residual",
+    block: int = 1,
+    level: float = 0.95,
+) -> Bootstrap:
+    """Refit ``fit`` to ``n_boot`` resampled curves (R0 and the fit window kept fixed).
+
+    Each replicate starts at the point estimate and is refined within the fit's bounds, so the
+    replicates of an unidentifiable fit pile up at the bounds, and the intervals show it.
+    """
+    if n_boot < 10:
+        raise ValueError(f"n_boot = {n_boot} is too small for percentile intervals (use >= 10)")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    if kind not in ("residual", "pairs"):
+        raise ValueError(f"unknown bootstrap kind {kind!r}; choose 'residual' or 'pairs'")
+    x = np.log(fit.fit_compute)
+    y = fit.fit_reward
+    n = y.size
+    yhat = fit.predict(fit.fit_compute)
+    p = fit.diagnostics.n_free_params
+    res = fit.residuals
+    noise = (res - res.mean()) * math.sqrt(n / max(n - p, 1))
+    rng = np.random.default_rng(seed)
+    block = max(1, min(int(block), n))
+    if kind == "residual":
+        targets = yhat[None, :] + noise[_block_indices(rng, n, n_boot, block)]
+        weights = None
+    else:
+        idx = _block_indices(rng, n, n_boot, block)
+        weights = np.zeros((n_boot, n))
+        np.add.at(weights, (np.repeat(np.arange(n_boot), idx.shape[1]), idx.ravel()), 1.0)
+        targets = np.broadcast_to(y, (n_boot, n))
+    lower, upper = theta_bounds(fit.bounds)
+    theta0 = np.array([fit.A, math.log(fit.B), math.log(fit.C_mid)])
+    # Looser tolerances than the point fit: a replicate's parameters matter to ~1e-6, not 1e-10.
+    out = levenberg_marquardt(
+        x,
+        targets,
+        fit.R0,
+        theta0[None, :],
+        lower,
+        upper,
+        weights=weights,
+        free=(not fit.A_fixed, True, True),
+        max_iter=300,
+        ftol=1e-10,
+        xtol=1e-8,
+    )
+    # Replicates still creeping along a flat valley at max_iter are kept: every point of such a
+    # valley fits the resampled data equally well, and dropping them would shrink the interval
+    # exactly where the data says least. Only non-finite results are discarded.
+    ok = np.all(np.isfinite(out.theta), axis=1) & np.isfinite(out.sse)
+    th = out.theta[ok]
+    samples = np.column_stack([th[:, 0], np.exp(th[:, 1]), np.exp(th[:, 2])])
+    if samples.shape[0] < 10:
+        raise ValueError("fewer than 10 bootstrap refits converged; the fit is too ill-posed for intervals")
+    return Bootstrap(
+        fit=fit,
+        samples=samples,
+        n_requested=n_boot,
+        n_failed=int((~ok).sum()),
+        n_unconverged=int((ok & ~out.converged).sum()),
+        kind=kind,
+        block=block,
+        seed=seed,
+        level=level,
+        noise=noise,
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class ProfileInterval:
+    """Likelihood-ratio (F) interval for A; ``lo_open``/``hi_open`` mean the profile never rose above
+    ``threshold`` before A's search bound on that side, so the data cannot exclude it."""
+
+    lo: float
+    hi: float
+    lo_open: bool
+    hi_open: bool
+    level: float
+    threshold: float
+    A_values: NDArray[np.float64]
+    sse: NDArray[np.float64]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "lo": self.lo,
+            "hi": self.hi,
+            "lo_open": self.lo_open,
+            "hi_open": self.hi_open,
+            "level": self.level,
+        }
+
+
+def _profile_sse(fit: SigmoidFit, A_values: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Minimum SSE over (B, C_mid) for each fixed A (two starts each: coarse grid and the optimum)."""
+    x = np.log(fit.fit_compute)
+    y = fit.fit_reward
+    # Starting points only (the refinement below is exact), so a coarser C_mid grid will do.
+    _, m_grid = adaptive_grids(fit.fit_compute, y, fit.R0, math.inf, n_C_mid=40)
+    starts = best_cell_per_A(x, y, fit.R0, A_values, m_grid)
+    lower, upper = theta_bounds(fit.bounds)
+    lower = lower.copy()
+    upper = upper.copy()
+    lower[0], upper[0] = -math.inf, math.inf  # A is fixed per row; its bounds were applied upstream
+    k = A_values.size
+    theta0 = np.empty((2 * k, 3))
+    theta0[:, 0] = np.concatenate([A_values, A_values])
+    theta0[:k, 1:] = starts
+    theta0[k:, 1] = math.log(fit.B)
+    theta0[k:, 2] = math.log(fit.C_mid)
+    # SSE to ~1e-10 relative is ample for locating where the profile crosses its threshold.
+    out = levenberg_marquardt(
+        x, y, fit.R0, theta0, lower, upper, free=(False, True, True), max_iter=150, ftol=1e-10, xtol=1e-8
+    )
+    return np.minimum(out.sse[:k], out.sse[k:])
+
+
+def _crossing(a0: float, s0: float, a1: float, s1: float, level: float) -> float:
+    """A at which the segment (a0, s0)-(a1, s1) crosses SSE = level (linear interpolation)."""
+    if s1 == s0:
+        return 0.5 * (a0 + a1)
+    return a0 + (level - s0) * (a1 - a0) / (s1 - s0)
+
+
+def profile_A(fit: SigmoidFit, level: float = 0.95, n_grid: int = 48) -> ProfileInterval:
+    """Profile-likelihood interval for the asymptote A (see module docstring).
+
+    The search runs from R0 to A's upper bound (or, when A is unbounded, to ``A + 20 (A - R0)``);
+    each side's crossing is located on a coarse grid, then on a fine grid inside the bracket.
+    """
+    if fit.A_fixed:
+        raise ValueError("A was fixed in this fit; it has no interval")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    n, p = fit.diagnostics.n_points, fit.diagnostics.n_free_params
+    dof = n - p
+    sse_min = float(fit.residuals @ fit.residuals)
+    a_lo, a_hi = fit.bounds[0]
+    if not math.isfinite(a_hi):
+        a_hi = fit.A + 20.0 * max(fit.A - fit.R0, 1e-12)
+    if dof < 1:
+        return ProfileInterval(
+            a_lo, a_hi, True, True, level, math.inf, np.array([fit.A]), np.array([sse_min])
+        )
+    span = a_hi - a_lo
+    coarse = np.unique(np.concatenate([np.linspace(a_lo + 1e-6 * span, a_hi, n_grid), [fit.A]]))
+    sse = _profile_sse(fit, coarse)
+    i_fit = int(np.argmin(np.abs(coarse - fit.A)))
+    sse[i_fit] = min(sse[i_fit], sse_min)
+    # The profile may undercut the point fit (e.g. a paper-grid cell, or a refinement that stopped
+    # in a shallower basin): measure the threshold from the lowest SSE seen.
+    i_best = int(np.argmin(sse))
+    threshold = float(sse[i_best]) * (1.0 + f_dist.ppf(level, 1, dof) / dof)
+    grids = [coarse]
+    sses = [sse]
+    ends: list[tuple[float, bool]] = []
+    for side in (-1, 1):
+        j = i_best
+        while 0 <= j + side < coarse.size and sse[j + side] <= threshold:
+            j += side
+        if not 0 <= j + side < coarse.size:
+            ends.append((float(coarse[j]), True))
+            continue
+        fine = np.linspace(coarse[j], coarse[j + side], 24)
+        fine_sse = _profile_sse(fit, fine)
+        grids.append(fine)
+        sses.append(fine_sse)
+        k = 0
+        while k + 1 < fine.size and fine_sse[k + 1] <= threshold:
+            k += 1
+        if k + 1 >= fine.size:
+            ends.append((float(fine[-1]), False))
+        else:
+            ends.append((_crossing(fine[k], fine_sse[k], fine[k + 1], fine_sse[k + 1], threshold), False))
+    (lo, lo_open), (hi, hi_open) = ends
+    all_a = np.concatenate(grids)
+    order = np.argsort(all_a)
+    return ProfileInterval(
+        lo=min(lo, fit.A, float(coarse[i_best])),
+        hi=max(hi, fit.A, float(coarse[i_best])),
+        lo_open=lo_open,
+        hi_open=hi_open,
+        level=level,
+        threshold=threshold,
+        A_values=all_a[order],
+        sse=np.concatenate(sses)[order],
+    )
+
+
+@dataclass(frozen=True)
+class SeedSpread:
+    """Spread of A, B and C_mid over runs of one recipe that differ only by seed.
+
+    ``*_margin`` is the largest deviation of a seed from the mean (the paper's "+-0.02 on A");
+    ``*_std`` the sample standard deviation. Both are NaN with a single seed.
+    """
+
+    n_seeds: int
+    A_mean: float
+    A_std: float
+    A_margin: float
+    B_mean: float
+    B_std: float
+    B_margin: float
+    C_mid_mean: float
+    C_mid_margin: float
+
+    def to_dict(self) -> dict[str, object]:
+        from dataclasses import asdict
+
+        return {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()
+        }
+
+
+def _spread(values: NDArray[np.float64]) -> tuple[float, float, float]:
+    mean = float(values.mean())
+    if values.size < 2:
+        return mean, math.nan, math.nan
+    return mean, float(values.std(ddof=1)), float(np.max(np.abs(values - mean)))
+
+
+def seed_spread(fits: Sequence[SigmoidFit]) -> SeedSpread:
+    """Seed-to-seed spread of the fitted parameters (C_mid on a log scale: geometric mean, and
+    the margin as the largest factor away from it)."""
+    if not fits:
+        raise ValueError("seed_spread needs at least one fit")
+    A = np.array([f.A for f in fits])
+    B = np.array([f.B for f in fits])
+    logm = np.log([f.C_mid for f in fits])
+    a_mean, a_std, a_margin = _spread(A)
+    b_mean, b_std, b_margin = _spread(B)
+    m_mean, _, m_margin = _spread(logm)
+    return SeedSpread(
+        n_seeds=len(fits),
+        A_mean=a_mean,
+        A_std=a_std,
+        A_margin=a_margin,
+        B_mean=b_mean,
+        B_std=b_std,
+        B_margin=b_margin,
+        C_mid_mean=math.exp(m_mean),
+        C_mid_margin=math.exp(m_margin) if math.isfinite(m_margin) else math.nan,
+    )

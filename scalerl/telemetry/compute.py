@@ -1,0 +1,202 @@
+"""The compute meter: device-hours, FLOPs, tokens and samples, cumulative over a run (and resumes).
+
+Device-hours (the x axis of ScaleRL's compute-scaling fits) are *allocation* hours: the devices the
+run holds times the wall-clock time the meter is running, idle time included, because an
+off-policy scheme that keeps devices idle (PPO-off-policy waiting on generation) must pay for it.
+Callers bracket the training loop with `running()` and leave evaluation outside it. Per-role
+*busy* hours (`busy("generator")`, `busy("trainer")`) are kept alongside to report utilisation.
+
+FLOPs follow the usual dense-transformer estimate (Kaplan et al. 2020): 2N per token for a forward
+pass (generation, prefill, log-prob passes) and 6N per token for a training forward + backward.
+N counts the parameters that take part in a matmul per token: every parameter except the
+input-embedding table (a lookup, no FLOPs), with the LM head counted whether or not it is tied to
+that table (the d x V projection is real work, and for small models with large vocabularies a
+large share of it). The attention context term (2 n_layer n_ctx d per token) is left out, as in 6N.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+FORWARD_FLOPS_PER_PARAM = 2
+TRAIN_FLOPS_PER_PARAM = 6
+
+
+def flop_params(model: torch.nn.Module) -> int:
+    """N for the FLOPs estimate: parameters used in a per-token matmul (see module docstring)."""
+    get_in = getattr(model, "get_input_embeddings", None)
+    get_out = getattr(model, "get_output_embeddings", None)
+    embed = get_in() if callable(get_in) else None
+    head = get_out() if callable(get_out) else None
+    excluded = {id(embed.weight)} if embed is not None else set()
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        # `parameters()` already yields a tied tensor once; `seen` guards odd custom modules.
+        if id(p) in seen or id(p) in excluded:
+            continue
+        seen.add(id(p))
+        total += p.numel()
+    if head is not None and id(head.weight) in excluded:
+        total += head.weight.numel()
+    return total
+
+
+class ComputeMeter:
+    """Cumulative compute of one run; `state_dict()`/`load_state_dict()` carry it across a resume.
+
+    `num_devices` is every device the run holds (generator and trainer together; on a single shared
+    device, 1). `role_devices` gives the devices each role uses, for its busy device-hours.
+    """
+
+    def __init__(
+        self,
+        n_params: int,
+        num_devices: int = 1,
+        role_devices: Mapping[str, int] | None = None,
+        clock: Any = time.monotonic,
+    ) -> None:
+        if n_params <= 0:
+            raise ValueError(f"n_params: expected a positive parameter count, got {n_params}")
+        if num_devices <= 0:
+            raise ValueError(f"num_devices: expected >= 1, got {num_devices}")
+        self.n_params = int(n_params)
+        self.num_devices = int(num_devices)
+        self.role_devices = dict(role_devices or {"generator": num_devices, "trainer": num_devices})
+        self._clock = clock
+        self.wall_seconds = 0.0
+        self.busy_seconds: dict[str, float] = {role: 0.0 for role in self.role_devices}
+        self.flops = 0.0
+        self.generated_tokens = 0
+        self.prompt_tokens = 0
+        self.samples = 0
+        self.trained_tokens = 0
+        self.trained_samples = 0
+        self.logprob_tokens = 0
+        self._running_since: float | None = None
+        self._running_depth = 0
+        # The generator and trainer threads of a pipelined run report to one meter.
+        self._lock = threading.RLock()
+
+    # -- time ------------------------------------------------------------------------------------
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Count wall-clock x `num_devices` while inside (nesting counts the time once)."""
+        with self._lock:
+            if self._running_depth == 0:
+                self._running_since = self._clock()
+            self._running_depth += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running_depth -= 1
+                if self._running_depth == 0 and self._running_since is not None:
+                    self.wall_seconds += self._clock() - self._running_since
+                    self._running_since = None
+
+    @contextmanager
+    def busy(self, role: str) -> Iterator[None]:
+        """Count `role`'s busy wall-clock while inside (for its device-hours and idle fraction)."""
+        if role not in self.role_devices:
+            raise ValueError(f"role: unknown {role!r}; expected one of {', '.join(self.role_devices)}")
+        start = self._clock()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.busy_seconds[role] += self._clock() - start
+
+    def elapsed_seconds(self) -> float:
+        """Running wall-clock so far, including the open `running()` interval."""
+        with self._lock:
+            since = self._running_since
+            extra = self._clock() - since if since is not None else 0.0
+            return self.wall_seconds + extra
+
+    def idle_fraction(self, role: str) -> float:
+        """Share of the running wall-clock that `role` was not busy (0 before any time passed)."""
+        elapsed = self.elapsed_seconds()
+        if elapsed <= 0:
+            return 0.0
+        return max(0.0, 1.0 - self.busy_seconds[role] / elapsed)
+
+    # -- work ------------------------------------------------------------------------------------
+
+    def add_generation(self, generated_tokens: int, samples: int, prompt_tokens: int = 0) -> None:
+        """Sampled tokens (2N each) and the prompt tokens the engine prefilled (2N each)."""
+        with self._lock:
+            self.generated_tokens += int(generated_tokens)
+            self.prompt_tokens += int(prompt_tokens)
+            self.samples += int(samples)
+            tokens = int(generated_tokens) + int(prompt_tokens)
+            self.flops += FORWARD_FLOPS_PER_PARAM * self.n_params * tokens
+
+    def add_training(self, tokens: int, samples: int) -> None:
+        """Tokens through a training forward + backward (prompt and response, no padding): 6N each."""
+        with self._lock:
+            self.trained_tokens += int(tokens)
+            self.trained_samples += int(samples)
+            self.flops += TRAIN_FLOPS_PER_PARAM * self.n_params * int(tokens)
+
+    def add_logprob_pass(self, tokens: int, n_params: int | None = None) -> None:
+        """A forward-only pass (reference model, old-log-prob recomputation): 2N per token."""
+        with self._lock:
+            self.logprob_tokens += int(tokens)
+            self.flops += FORWARD_FLOPS_PER_PARAM * (n_params or self.n_params) * int(tokens)
+
+    # -- reporting -------------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, float | int]:
+        """Cumulative totals, the keys every eval row carries."""
+        with self._lock:
+            hours = self.elapsed_seconds() / 3600.0
+            out: dict[str, float | int] = {
+                "compute_device_hours": self.num_devices * hours,
+                "flops": self.flops,
+                "samples": self.samples,
+                "tokens": self.generated_tokens,
+                "trained_tokens": self.trained_tokens,
+                "wall_hours": hours,
+            }
+            for role, seconds in self.busy_seconds.items():
+                out[f"{role}_device_hours"] = self.role_devices[role] * seconds / 3600.0
+            return out
+
+    def state_dict(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "n_params": self.n_params,
+                "num_devices": self.num_devices,
+                "role_devices": dict(self.role_devices),
+                "wall_seconds": self.elapsed_seconds(),
+                "busy_seconds": dict(self.busy_seconds),
+                "flops": self.flops,
+                "generated_tokens": self.generated_tokens,
+                "prompt_tokens": self.prompt_tokens,
+                "samples": self.samples,
+                "trained_tokens": self.trained_tokens,
+                "trained_samples": self.trained_samples,
+                "logprob_tokens": self.logprob_tokens,
+            }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from saved totals (the device layout of the new process is kept)."""
+        with self._lock:
+            self.wall_seconds = float(state["wall_seconds"])
+            if self._running_since is not None:
+                self._running_since = self._clock()
+            for role, seconds in state.get("busy_seconds", {}).items():
+                self.busy_seconds[role] = float(seconds)
+                self.role_devices.setdefault(role, self.num_devices)
+            self.flops = float(state["flops"])
+            for key in ("generated_tokens", "prompt_tokens", "samples", "trained_tokens",
+                        "trained_samples", "logprob_tokens"):
+                setattr(self, key, int(state.get(key, 0)))

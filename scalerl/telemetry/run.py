@@ -1,0 +1,91 @@
+"""One object a training loop logs through: metrics file, optional sinks, alarm, progress bar.
+
+`log_step` / `log_eval` stamp every row with the compute meter's cumulative totals (so each eval
+row carries `compute_device_hours`, `flops`, `samples`, `tokens`, the x axis of the scaling fits),
+append it to `metrics.jsonl`, forward it to TensorBoard / W&B when enabled, check the truncation
+alarm and move the progress bar.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from scalerl.config import LoggingConfig
+from scalerl.telemetry.alarms import TruncationAlarm
+from scalerl.telemetry.compute import ComputeMeter
+from scalerl.telemetry.metrics_log import MetricsLog
+from scalerl.telemetry.progress import Progress
+from scalerl.telemetry.sinks import Sink, TensorBoardSink, WandbSink
+
+EVAL_REQUIRED_KEYS: tuple[str, ...] = ("val_pass_rate",)
+
+
+class RunTelemetry:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        logging_cfg: LoggingConfig,
+        *,
+        max_steps: int,
+        meter: ComputeMeter | None = None,
+        resume_step: int | None = None,
+        run_name: str = "run",
+        run_config: Mapping[str, Any] | None = None,
+        alarm: TruncationAlarm | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.meter = meter
+        self.alarm = alarm or TruncationAlarm()
+        # Sinks first: a missing optional package should fail before the log file is touched.
+        self.sinks: list[Sink] = []
+        if logging_cfg.tensorboard:
+            self.sinks.append(TensorBoardSink(self.run_dir))
+        if logging_cfg.wandb:
+            self.sinks.append(
+                WandbSink(self.run_dir, logging_cfg.wandb_project, run_name, run_config,
+                          resume=resume_step is not None)
+            )
+        self.log = MetricsLog(self.run_dir, resume_step=resume_step)
+        self.progress = Progress(max_steps, initial_step=resume_step or 0, enabled=logging_cfg.progress)
+
+    def _stamp(self, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        # The meter is the one source of the cumulative compute keys: a same-named per-step metric
+        # must not overwrite the x axis of the scaling fits.
+        stamped = dict(metrics)
+        if self.meter is not None:
+            stamped.update(self.meter.snapshot())
+        return stamped
+
+    def log_step(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        row = self.log.log_step(step, self._stamp(metrics))
+        for sink in self.sinks:
+            sink.log("step", step, row)
+        message = self.alarm.check(step, row.get("truncation_rate"))
+        if message:
+            self.progress.write(f"warning: {message}")
+        self.progress.update(step, row)
+        return row
+
+    def log_eval(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        missing = [k for k in EVAL_REQUIRED_KEYS if k not in metrics]
+        if missing:
+            raise ValueError(f"eval row for step {step}: missing required key(s) {', '.join(missing)}")
+        row = self.log.log_eval(step, self._stamp(metrics))
+        for sink in self.sinks:
+            sink.log("eval", step, row)
+        self.progress.update(step, row)
+        return row
+
+    def close(self) -> None:
+        self.progress.close()
+        self.log.close()
+        for sink in self.sinks:
+            sink.close()
+
+    def __enter__(self) -> RunTelemetry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,43 @@
+"""AdamW with ScaleRL's defaults (A.3: eps 1e-15, weight decay 0.01) and linear warm-up then constant LR."""
+
+from __future__ import annotations
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+from scalerl.config import OptimConfig
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, object]]:
+    """Decay matrices only: biases and norm gains are offsets/scales, and decaying them toward 0
+    changes what the layer computes rather than regularising it."""
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        (decay if p.ndim >= 2 else no_decay).append(p)
+    groups: list[dict[str, object]] = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+    return torch.optim.AdamW(
+        param_groups(model, cfg.weight_decay),
+        lr=cfg.lr,
+        betas=tuple(cfg.betas),
+        eps=cfg.eps,
+    )
+
+
+def warmup_factor(step: int, warmup_steps: int) -> float:
+    """LR multiplier for the `step`-th update (0-based): (step + 1) / warmup_steps, then 1."""
+    if warmup_steps <= 0:
+        return 1.0
+    return min(1.0, (step + 1) / warmup_steps)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int) -> LambdaLR:
+    return LambdaLR(optimizer, lambda step: warmup_factor(step, warmup_steps))

@@ -1,0 +1,293 @@
+"""Supervised fine-tuning (the warm start before RL): prompt -> response pairs, loss on the response.
+
+Each example is the prompt through the chat template with the generation prompt opened, then the
+response and the end-of-sequence token; the loss is the mean negative log-likelihood of the
+response tokens (the prompt is context only). Log-probs come from the same forward (and LM-head
+code) as RL training.
+
+`warm_start_default(cfg)` is what `scalerl train` calls when no model is given: it SFTs the embedded
+tiny model on the synthetic task's gold traces (`metadata["solution"]`) of the *training* split and
+caches the result (`save_pretrained` model + tokenizer) under `~/.cache/scalerl/sft/` (or
+`$SCALERL_CACHE_DIR/sft/`), keyed by a hash of everything that determines it, so later runs,
+the demo and the tests reuse it. Training is deterministic given the seed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scalerl.config import OptimConfig, RunConfig
+from scalerl.data.records import PromptRecord
+from scalerl.data.split import split_heldout
+from scalerl.data.synthetic import make_synthetic
+from scalerl.data.tokenize import THINK_SYSTEM_PROMPT, encode_prompt
+from scalerl.training.batch import pad_prompt_response
+from scalerl.training.forward import response_forward
+from scalerl.training.optim import build_optimizer, build_scheduler
+from scalerl.training.policy import Policy, load_policy
+
+logger = logging.getLogger(__name__)
+
+# Bump when the warm-start procedure changes, so stale cached models are not reused.
+SFT_RECIPE_VERSION = 1
+INFO_FILE = "sft_info.json"
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """SFT hyper-parameters. The defaults are the tiny model's warm start (see docs/training.md)."""
+
+    steps: int = 250
+    batch_size: int = 32
+    lr: float = 2e-3
+    warmup_steps: int = 20
+    weight_decay: float = 0.01
+    grad_clip: float | None = 1.0
+    seed: int = 0
+    max_length: int = 512
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "max_length"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"sft.{name}: must be positive, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"sft.lr: must be positive, got {self.lr}")
+
+
+@dataclass(frozen=True)
+class SFTExample:
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+
+
+@dataclass
+class SFTResult:
+    losses: list[float]
+    tokens: int
+    seconds: float
+    examples: int
+
+    @property
+    def final_loss(self) -> float:
+        tail = self.losses[-10:]
+        return sum(tail) / len(tail) if tail else math.nan
+
+
+def system_prompt_of(cfg: RunConfig) -> str | None:
+    """The system prompt RL prompts get: the configured one, else the `<think>` instruction if asked."""
+    if cfg.data.system_prompt is not None:
+        return cfg.data.system_prompt
+    return THINK_SYSTEM_PROMPT if cfg.data.think_system_prompt else None
+
+
+def encode_example(
+    record: PromptRecord, response: str, tokenizer: Any, system_prompt: str | None
+) -> SFTExample:
+    """Prompt ids exactly as RL encodes them, then the response ids and eos."""
+    prompt = encode_prompt(record, tokenizer, system_prompt)
+    response_ids = list(tokenizer.encode(response, add_special_tokens=False))
+    return SFTExample(tuple(prompt), (*response_ids, int(tokenizer.eos_token_id)))
+
+
+def examples_from_records(
+    pairs: Sequence[tuple[PromptRecord, str]],
+    tokenizer: Any,
+    system_prompt: str | None,
+    max_length: int,
+) -> list[SFTExample]:
+    """Encode (record, response) pairs; pairs longer than `max_length` tokens are an error."""
+    out = []
+    for record, response in pairs:
+        ex = encode_example(record, response, tokenizer, system_prompt)
+        total = len(ex.prompt_ids) + len(ex.response_ids)
+        if total > max_length:
+            where = record.source or record.id
+            raise ValueError(f"{where}: example has {total} tokens > sft max_length={max_length}")
+        out.append(ex)
+    if not out:
+        raise ValueError("sft: no training examples")
+    return out
+
+
+def solution_pairs(records: Sequence[PromptRecord]) -> list[tuple[PromptRecord, str]]:
+    """(record, gold trace) for records that carry `metadata["solution"]`."""
+    pairs = [(r, r.metadata["solution"]) for r in records if isinstance(r.metadata.get("solution"), str)]
+    if not pairs:
+        raise ValueError('sft: no record has a metadata["solution"] gold response')
+    return pairs
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+
+
+def _batches(n: int, batch_size: int, seed: int) -> Iterator[list[int]]:
+    """Example indices in seeded epoch-wise shuffles, `batch_size` at a time, forever."""
+    gen = torch.Generator().manual_seed(seed)
+    buffer: list[int] = []
+    while True:
+        while len(buffer) < batch_size:
+            buffer.extend(torch.randperm(n, generator=gen).tolist())
+        yield buffer[:batch_size]
+        buffer = buffer[batch_size:]
+
+
+def sft_loss(policy: Policy, examples: Sequence[SFTExample]) -> tuple[torch.Tensor, int]:
+    """Mean NLL of the response tokens of `examples` (differentiable) and their token count."""
+    tokens = pad_prompt_response([e.prompt_ids for e in examples], [e.response_ids for e in examples],
+                                 policy.pad_token_id).to_device(policy.device)
+    with policy.autocast():
+        out = response_forward(policy.model, tokens, temperature=1.0, fp32_lm_head=policy.fp32_lm_head)
+    lp = out.logprobs
+    mask = tokens.token_mask
+    count = int(mask.sum())
+    return -torch.where(mask, lp, torch.zeros_like(lp)).sum() / count, count
+
+
+def train_sft(
+    policy: Policy,
+    examples: Sequence[SFTExample],
+    cfg: SFTConfig,
+    on_step: Callable[[int, float], None] | None = None,
+) -> SFTResult:
+    """`cfg.steps` AdamW steps on random batches of `examples`; deterministic given `cfg.seed`."""
+    model = policy.model
+    model.train()
+    optim_cfg = OptimConfig(lr=cfg.lr, weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps,
+                            grad_clip=cfg.grad_clip)
+    optimizer = build_optimizer(model, optim_cfg)
+    scheduler = build_scheduler(optimizer, cfg.warmup_steps)
+    losses: list[float] = []
+    seen = 0
+    start = time.perf_counter()
+    for step, rows in zip(range(cfg.steps), _batches(len(examples), cfg.batch_size, cfg.seed), strict=False):
+        optimizer.zero_grad(set_to_none=True)
+        loss, count = sft_loss(policy, [examples[i] for i in rows])
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"sft step {step}: non-finite loss; lower the learning rate")
+        loss.backward()
+        if cfg.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        losses.append(float(loss.detach()))
+        seen += count
+        if on_step is not None:
+            on_step(step + 1, losses[-1])
+    optimizer.zero_grad(set_to_none=True)
+    return SFTResult(losses=losses, tokens=seen, seconds=time.perf_counter() - start, examples=len(examples))
+
+
+# ---------------------------------------------------------------------------------------------
+# The cached default warm start
+
+
+def cache_root() -> Path:
+    base = os.environ.get("SCALERL_CACHE_DIR")
+    return Path(base) if base else Path.home() / ".cache" / "scalerl"
+
+
+def default_sft_records(cfg: RunConfig) -> list[PromptRecord]:
+    """The synthetic prompts' training split (the held-out prompts are never trained on)."""
+    syn = cfg.data.synthetic
+    tasks = syn.task.split("+")
+    per_task = [syn.num_prompts // len(tasks) + (i < syn.num_prompts % len(tasks)) for i in range(len(tasks))]
+    records = [r for task, n in zip(tasks, per_task, strict=True)
+               for r in make_synthetic(task, n, syn.seed, tuple(syn.difficulty))]
+    if cfg.data.heldout_size == 0:
+        return records
+    return split_heldout(records, cfg.data.heldout_size, cfg.data.heldout_seed).train
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def warm_start_key(cfg: RunConfig, sft: SFTConfig, examples: Sequence[SFTExample]) -> str:
+    """Hash of everything the warm-started weights depend on."""
+    return _digest({
+        "recipe": SFT_RECIPE_VERSION,
+        "model": cfg.model.model_dump(mode="json", include={"tiny", "init_seed", "fp32_lm_head", "dtype"}),
+        "sft": asdict(sft),
+        "examples": _digest([[list(e.prompt_ids), list(e.response_ids)] for e in examples]),
+        "torch": torch.__version__.split("+")[0],
+    })
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def warm_start_default(
+    cfg: RunConfig,
+    sft: SFTConfig | None = None,
+    *,
+    records: Sequence[PromptRecord] | None = None,
+    cache_dir: str | Path | None = None,
+    on_step: Callable[[int, float], None] | None = None,
+) -> Path:
+    """Path of the SFT-warm-started tiny model for `cfg` (trained and cached on first use).
+
+    `records` are the training prompts with gold `metadata["solution"]`; by default the synthetic
+    task's training split. Only for the embedded default (`model.name_or_path` unset).
+    """
+    if cfg.model.name_or_path is not None:
+        raise ValueError("warm_start_default: only for the embedded tiny model (model.name_or_path is set)")
+    sft = sft or SFTConfig(seed=cfg.seed)
+    policy = load_policy(cfg.model, device="cpu")
+    pairs = solution_pairs(records if records is not None else default_sft_records(cfg))
+    examples = examples_from_records(pairs, policy.tokenizer, system_prompt_of(cfg), sft.max_length)
+    key = warm_start_key(cfg, sft, examples)
+    root = Path(cache_dir) if cache_dir is not None else cache_root() / "sft"
+    target = root / f"tiny-{key[:16]}"
+    if (target / INFO_FILE).is_file():
+        return target
+    with _file_lock(root / f".tiny-{key[:16]}.lock"):
+        if (target / INFO_FILE).is_file():  # another process finished it while we waited
+            return target
+        logger.info("SFT warm start of the tiny model (%d steps, cached at %s)", sft.steps, target)
+        result = train_sft(policy, examples, sft, on_step)
+        save_sft_model(policy, target, {"key": key, "sft": asdict(sft), **_summary(result)})
+    return target
+
+
+def _summary(result: SFTResult) -> dict[str, Any]:
+    return {"final_loss": result.final_loss, "first_loss": result.losses[0], "tokens": result.tokens,
+            "seconds": result.seconds, "examples": result.examples}
+
+
+def save_sft_model(policy: Policy, path: Path, info: Mapping[str, Any]) -> None:
+    """`save_pretrained` model and tokenizer plus `sft_info.json`, atomically (temp dir + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        policy.save_pretrained(tmp)
+        (tmp / INFO_FILE).write_text(json.dumps(dict(info), indent=2))
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,0 +1,481 @@
+"""The trainer: one exact optimizer step on a batch of scored groups, algorithm-blind.
+
+Everything the objective computes comes from `scalerl.algorithms`; everything that turns hidden
+states into log-probs from `scalerl.models.lm_head` (through `training.forward`). What lives here
+is the order of operations of one step:
+
+1. collate the groups; drop zero-variance groups (counted; all dropped = a counted no-op step);
+2. advantages on the kept samples (`adv_norm`), optionally after KL-shaping the rewards;
+3. per-token aggregation weights computed once on the whole kept batch, then sliced per
+   micro-batch, so the loss and gradient do not depend on `micro_batch_size`;
+4. per micro-batch: forward, off-policy sequence mask, per-token policy loss, KL and entropy
+   terms, `backward()` of the weighted sum (gradients accumulate);
+5. NaN/Inf anywhere (inputs, log-probs, loss, gradient norm) skips the update and counts a bad
+   step; `max_consecutive_bad_steps` in a row raise `TrainingDivergedError`;
+6. clip, AdamW step, LR schedule step, `version += 1`.
+
+The importance ratio is pi_train / pi_old with pi_old the generator's behaviour log-probs (ScaleRL
+eq. 2), or, with `recompute_old_logprobs`, the trainer's own log-probs before the update (then TIS
+can correct pi_old / pi_gen).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from scalerl.algorithms.advantages import compute_advantages
+from scalerl.algorithms.aggregation import token_weights, weighted_token_sum
+from scalerl.algorithms.entropy import entropy_bonus
+from scalerl.algorithms.filters import zero_variance_filter
+from scalerl.algorithms.kl import kl_penalty, kl_shaped_rewards
+from scalerl.algorithms.masks import off_policy_sequence_mask
+from scalerl.algorithms.objectives import per_token_policy_loss
+from scalerl.algorithms.stats import merge_policy_stats, reduce_token_stats
+from scalerl.config import AlgorithmConfig, OptimConfig, RunConfig
+from scalerl.models.lm_head import output_head
+from scalerl.telemetry.compute import ComputeMeter
+from scalerl.training.batch import ScoredGroup, TrainBatch, collate
+from scalerl.training.checkpoint import CheckpointState, load_checkpoint, save_checkpoint
+from scalerl.training.forward import EntropyMode, ResponseForward, response_forward
+from scalerl.training.optim import build_optimizer, build_scheduler
+from scalerl.training.policy import Policy
+
+logger = logging.getLogger(__name__)
+
+ADV_EPS = 1e-6
+
+
+class TrainingDivergedError(RuntimeError):
+    """Too many consecutive optimizer steps had a non-finite loss or gradient."""
+
+
+class _NonFiniteError(Exception):
+    """A NaN/Inf met during a step; the step is abandoned (internal control flow)."""
+
+
+def micro_batches(n: int, size: int) -> Iterator[list[int]]:
+    for start in range(0, n, size):
+        yield list(range(start, min(n, start + size)))
+
+
+def _finite(x: Tensor, where: Tensor | None = None) -> bool:
+    ok = torch.isfinite(x)
+    if where is not None:
+        ok = ok | ~where
+    return bool(ok.all())
+
+
+class _MeanMax:
+    """Token-weighted mean and max of a per-token quantity, accumulated over micro-batches."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.count = 0
+        self.max = -math.inf
+
+    def add(self, values: Tensor, mask: Tensor) -> None:
+        if not bool(mask.any()):
+            return
+        v = values.detach()[mask].double()
+        self.total += float(v.sum())
+        self.count += int(v.numel())
+        self.max = max(self.max, float(v.max()))
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.count if self.count else math.nan
+
+
+class Trainer:
+    """Owns the policy's optimizer and schedule; `step(groups)` performs one update.
+
+    `version` counts successful optimizer steps: the version the generator must tag tokens with
+    after `engine.update_weights(trainer.weights_for_engine(), trainer.version)`.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        algorithm: AlgorithmConfig,
+        optim: OptimConfig,
+        *,
+        temperature: float = 1.0,
+        max_new_tokens: int | None = None,
+        meter: ComputeMeter | None = None,
+    ) -> None:
+        if temperature <= 0:
+            raise ValueError(
+                f"generation.temperature: the trainer needs the sampling temperature (> 0) to match "
+                f"the generator's log-probs, got {temperature}"
+            )
+        if algorithm.aggregation == "constant" and max_new_tokens is None:
+            raise ValueError("algorithm.aggregation='constant' needs max_new_tokens (generation budget)")
+        if algorithm.tis.enabled and not algorithm.recompute_old_logprobs:
+            raise ValueError(
+                "algorithm.tis.enabled needs algorithm.recompute_old_logprobs=true: TIS corrects "
+                "pi_old / pi_gen, and without recomputation pi_old is pi_gen (the weight would be 1)"
+            )
+        if algorithm.kl_coef > 0 and policy.reference_factory is None:
+            raise ValueError("algorithm.kl_coef > 0 needs a reference model (policy.reference_factory)")
+        self.policy = policy
+        self.algo = algorithm
+        self.optim_cfg = optim
+        self.temperature = float(temperature)
+        self.max_new_tokens = max_new_tokens
+        self.meter = meter
+        self.optimizer = build_optimizer(policy.model, optim)
+        self.scheduler = build_scheduler(self.optimizer, optim.warmup_steps)
+        self.version = 0
+        self.consecutive_bad_steps = 0
+        self.bad_steps = 0
+        self.noop_steps = 0
+        self._reference: torch.nn.Module | None = None
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, policy: Policy, meter: ComputeMeter | None = None) -> Trainer:
+        return cls(
+            policy,
+            cfg.algorithm,
+            cfg.optim,
+            temperature=cfg.generation.temperature,
+            max_new_tokens=cfg.generation.max_new_tokens,
+            meter=meter,
+        )
+
+    # -- model passes ----------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self.policy.device
+
+    @property
+    def reference(self) -> torch.nn.Module:
+        if self._reference is None:
+            self._reference = self.policy.load_reference()
+        return self._reference
+
+    def _forward(
+        self, model: torch.nn.Module, mb: TrainBatch, *, grad: bool, entropy: EntropyMode = "none"
+    ) -> ResponseForward:
+        support = None
+        if self.algo.keep_sampling_mask:
+            support = mb.support_mask(output_head(model).weight.shape[0])
+        with self.policy.autocast(), (contextlib.nullcontext() if grad else torch.no_grad()):
+            return response_forward(
+                model,
+                mb,
+                temperature=self.temperature,
+                fp32_lm_head=self.policy.fp32_lm_head,
+                entropy=entropy,
+                support=support,
+            )
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: TrainBatch, model: torch.nn.Module | None = None) -> Tensor:
+        """Log-probs `[N, T]` of the batch's response tokens under `model` (default: the policy),
+        micro-batched, without gradient; 0 at padding."""
+        model = model if model is not None else self.policy.model
+        out = torch.zeros(batch.response_mask.shape, dtype=torch.float32, device=batch.input_ids.device)
+        for rows in micro_batches(len(batch), self.optim_cfg.micro_batch_size):
+            mb = batch.select(rows).to(self.device)
+            lp = self._forward(model, mb, grad=False).logprobs
+            out[rows, : lp.shape[1]] = torch.where(mb.token_mask, lp, 0.0).float().to(out.device)
+        if self.meter is not None:
+            self.meter.add_logprob_pass(batch.num_tokens)
+        return out
+
+    def attach_old_logprobs(self, groups: Sequence[ScoredGroup]) -> None:
+        """Fill `group.old_logprobs` with the current policy's log-probs (pi_old, for TIS and for
+        PPO-style multi-update rounds that must share one pi_old)."""
+        batch = collate(groups, self.policy.pad_token_id)
+        lp = self.compute_logprobs(batch)
+        row = 0
+        for group in groups:
+            group.old_logprobs = []
+            for c in group.completions:
+                group.old_logprobs.append(lp[row, : c.num_tokens].tolist())
+                row += 1
+
+    # -- the step --------------------------------------------------------------------------------
+
+    def step(self, groups: Sequence[ScoredGroup]) -> dict[str, float]:
+        """One optimizer step on `groups`; returns the step's metrics.
+
+        A step with nothing to learn from (every group zero-variance) is a counted no-op; a step
+        with a non-finite input, log-prob, loss or gradient is skipped and counted, and the
+        `max_consecutive_bad_steps`-th in a row raises `TrainingDivergedError`.
+        """
+        busy = self.meter.busy("trainer") if self.meter is not None else contextlib.nullcontext()
+        start = time.perf_counter()
+        metrics = dict.fromkeys(("skipped_nonfinite", "skipped_no_signal", "batch_tokens"), 0.0)
+        with busy:
+            try:
+                prepared = self._prepare(groups, metrics)
+                if prepared is None:
+                    self.noop_steps += 1
+                    metrics["skipped_no_signal"] = 1.0
+                else:
+                    self._accumulate(*prepared, metrics)
+                    self._apply(prepared[0], metrics)
+            except _NonFiniteError as bad:
+                self._bad_step(metrics, str(bad))
+        elapsed = time.perf_counter() - start
+        metrics["step_time_s"] = elapsed
+        metrics["tokens_per_s"] = metrics["batch_tokens"] / elapsed if elapsed > 0 else 0.0
+        metrics["version"] = float(self.version)
+        metrics["bad_steps_total"] = float(self.bad_steps)
+        metrics["noop_steps_total"] = float(self.noop_steps)
+        return metrics
+
+    def compute_gradients(self, groups: Sequence[ScoredGroup]) -> dict[str, float]:
+        """Everything `step` does before clipping: the gradients are left in the parameters' `.grad`
+        and nothing else changes (no update, no counters). For diagnostics and tests.
+
+        Raises `FloatingPointError` where `step` would skip, `ValueError` if no group carries signal.
+        """
+        metrics: dict[str, float] = {}
+        try:
+            prepared = self._prepare(groups, metrics)
+            if prepared is None:
+                raise ValueError("groups: every group has zero reward variance; nothing to differentiate")
+            self._accumulate(*prepared, metrics)
+        except _NonFiniteError as bad:
+            raise FloatingPointError(str(bad)) from None
+        return metrics
+
+    def _prepare(
+        self, groups: Sequence[ScoredGroup], metrics: dict[str, float]
+    ) -> tuple[TrainBatch, Tensor] | None:
+        """Collate, filter, compute advantages and aggregation weights; None if no signal is left."""
+        full = collate(groups, self.policy.pad_token_id)
+        metrics.update(self._batch_metrics(full, len(groups)))
+        keep = list(range(len(full)))
+        metrics["zero_variance_frac"] = 0.0
+        if self.algo.zero_variance_filter:
+            mask, counts = zero_variance_filter(full.rewards, full.group_ids)
+            keep = torch.nonzero(mask).flatten().tolist()
+            metrics["zero_variance_frac"] = counts.n_dropped_groups / counts.n_groups
+        metrics["kept_samples"] = float(len(keep))
+        if not keep:
+            return None
+        batch = full.select(keep)
+        if not bool(batch.response_mask.any()):
+            return None
+
+        if not _finite(batch.behavior_logprobs, batch.response_mask):
+            raise _NonFiniteError("non-finite behaviour log-probs from the generator")
+        if self.algo.recompute_old_logprobs and batch.old_logprobs is None:
+            batch.old_logprobs = self.compute_logprobs(batch)
+        if batch.old_logprobs is not None and not _finite(batch.old_logprobs, batch.response_mask):
+            raise _NonFiniteError("non-finite old log-probs")
+
+        rewards = batch.rewards
+        if self.algo.kl_in_reward and self.algo.kl_coef > 0:
+            policy_lp = batch.old_logprobs if batch.old_logprobs is not None else self.compute_logprobs(batch)
+            ref_lp = self.compute_logprobs(batch, self.reference)
+            rewards = kl_shaped_rewards(rewards, policy_lp, ref_lp, batch.response_mask, self.algo.kl_coef)
+        batch.advantages = compute_advantages(rewards, batch.group_ids, self.algo.adv_norm, ADV_EPS)
+        metrics["advantage_abs_mean"] = float(batch.advantages.abs().mean())
+        # Computed once on the whole kept batch: the per-prompt (or per-batch) token counts the
+        # aggregation divides by must not depend on how the batch is split into micro-batches.
+        weights = token_weights(
+            batch.response_mask, batch.group_ids, self.algo.aggregation, self.max_new_tokens
+        )
+        return batch, weights
+
+    def _accumulate(self, batch: TrainBatch, weights: Tensor, metrics: dict[str, float]) -> None:
+        """Forward and backward every micro-batch; gradients accumulate in `.grad`."""
+        model = self.policy.model
+        model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        use_kl_loss = self.algo.kl_coef > 0 and not self.algo.kl_in_reward
+        entropy_mode: EntropyMode = "grad" if self.algo.entropy_coef != 0 else "metric"
+        loss_total = 0.0
+        policy_total = 0.0
+        kl_stat, ent_stat, gen_diff = _MeanMax(), _MeanMax(), _MeanMax()
+        parts: list[dict[str, float]] = []
+
+        for rows in micro_batches(len(batch), self.optim_cfg.micro_batch_size):
+            mb = batch.select(rows).to(self.device)
+            w = weights[rows][:, : mb.response_width].to(self.device)
+            out = self._forward(model, mb, grad=True, entropy=entropy_mode)
+            lp = out.logprobs
+            if not _finite(lp.detach(), mb.response_mask):
+                raise _NonFiniteError("non-finite policy log-probs")
+            behaviour = mb.behavior_logprobs
+            old = mb.old_logprobs if mb.old_logprobs is not None else behaviour
+            keep_mask = None
+            if self.algo.offpolicy_mask_delta is not None:
+                keep_mask = off_policy_sequence_mask(
+                    lp.detach(), behaviour, mb.advantages, mb.response_mask, self.algo.offpolicy_mask_delta
+                )
+            per_token, token_stats = per_token_policy_loss(
+                lp,
+                old,
+                mb.advantages,
+                mb.response_mask,
+                loss_type=self.algo.loss_type,
+                eps_low=self.algo.eps_low,
+                eps_high=self.algo.eps_high,
+                eps_max=self.algo.eps_max,
+                dual_clip_c=self.algo.dual_clip_c if self.algo.loss_type != "cispo" else None,
+                behavior_logprobs=behaviour if self.algo.tis.enabled else None,
+                tis_cap=self.algo.tis.cap if self.algo.tis.enabled else None,
+                tis_level=self.algo.tis.level,
+                keep_mask=keep_mask,
+            )
+            policy_part = weighted_token_sum(per_token, w)
+            loss = policy_part
+            if use_kl_loss:
+                ref_lp = self._forward(self.reference, mb, grad=False).logprobs
+                kl = kl_penalty(
+                    lp,
+                    ref_lp,
+                    self.algo.kl_estimator,
+                    old if self.algo.kl_estimator == "unbiased_k3" else None,
+                    mask=mb.response_mask,
+                )
+                loss = loss + self.algo.kl_coef * weighted_token_sum(kl, w)
+                kl_stat.add(kl, mb.response_mask)
+                if self.meter is not None:
+                    self.meter.add_logprob_pass(mb.num_tokens)
+            if out.entropy is not None:
+                ent_stat.add(out.entropy, mb.response_mask)
+                if entropy_mode == "grad":
+                    loss = loss + entropy_bonus(out.entropy, w, self.algo.entropy_coef)
+            loss_value = float(loss.detach())
+            if not math.isfinite(loss_value):
+                raise _NonFiniteError("non-finite loss")
+            loss.backward()
+            loss_total += loss_value
+            policy_total += float(policy_part.detach())
+            parts.append(reduce_token_stats(token_stats))
+            gen_diff.add((lp.detach() - behaviour).abs(), mb.response_mask)
+
+        stats = merge_policy_stats(parts)
+        metrics.update(
+            loss=loss_total,
+            policy_loss=policy_total,
+            response_tokens=float(batch.response_mask.sum()),
+            entropy=ent_stat.mean,
+            kl=kl_stat.mean,
+            logprob_diff_vs_gen=gen_diff.mean,
+            logprob_diff_vs_gen_max=gen_diff.max if gen_diff.count else math.nan,
+            clip_frac_low=stats["clip_frac_low"],
+            clip_frac_high=stats["clip_frac_high"],
+            dual_clip_frac=stats["dual_clip_frac"],
+            is_truncated_frac=stats["is_truncated_frac"],
+            is_ratio_mean=stats["ratio_mean"],
+            is_ratio_max=stats["ratio_max"],
+            is_ratio_min=stats["ratio_min"],
+            tis_weight_mean=stats["tis_weight_mean"],
+            offpolicy_masked_frac=stats["dropped_frac"],
+        )
+
+    def _apply(self, batch: TrainBatch, metrics: dict[str, float]) -> None:
+        """Clip, check, and take the optimizer and LR-schedule step."""
+        params = [p for p in self.policy.model.parameters() if p.grad is not None]
+        max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip is not None else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        if not math.isfinite(grad_norm):
+            raise _NonFiniteError("non-finite gradient norm")
+        metrics["lr"] = self.scheduler.get_last_lr()[0]
+        metrics["grad_norm"] = grad_norm
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        self.consecutive_bad_steps = 0
+        metrics["batch_tokens"] = float(batch.num_tokens)
+        if self.meter is not None:
+            self.meter.add_training(batch.num_tokens, len(batch))
+
+    def _bad_step(self, metrics: dict[str, float], reason: str) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.bad_steps += 1
+        self.consecutive_bad_steps += 1
+        metrics["skipped_nonfinite"] = 1.0
+        metrics["loss"] = math.nan
+        logger.warning("optimizer step skipped: %s (%d in a row)", reason, self.consecutive_bad_steps)
+        if self.consecutive_bad_steps >= self.optim_cfg.max_consecutive_bad_steps:
+            raise TrainingDivergedError(
+                f"{self.consecutive_bad_steps} consecutive optimizer steps skipped (last: {reason}); "
+                f"stopping (optim.max_consecutive_bad_steps={self.optim_cfg.max_consecutive_bad_steps}). "
+                "Lower optim.lr, check the generator's log-probs, or resume from an earlier checkpoint."
+            )
+
+    def _batch_metrics(self, batch: TrainBatch, n_groups: int) -> dict[str, float]:
+        """Statistics of everything the generator produced, before any filtering."""
+        lengths = batch.response_lengths.double()
+        reasons = batch.finish_reasons
+        tokens = batch.token_mask
+        lag = (self.version - batch.versions).double()[tokens]
+        return {
+            "batch_groups": float(n_groups),
+            "batch_samples": float(len(batch)),
+            "reward_mean": float(batch.rewards.double().mean()),
+            "reward_std": float(batch.rewards.double().std()) if len(batch) > 1 else 0.0,
+            "pass_rate": float(batch.correct.double().mean()),
+            "response_length_mean": float(lengths.mean()),
+            "response_length_max": float(lengths.max()),
+            "truncation_rate": sum(r == "length" for r in reasons) / len(reasons),
+            "interruption_rate": sum(r == "interrupted" for r in reasons) / len(reasons),
+            "version_lag_mean": float(lag.mean()) if lag.numel() else 0.0,
+            "version_lag_max": float(lag.max()) if lag.numel() else 0.0,
+        }
+
+    # -- weights and state -----------------------------------------------------------------------
+
+    def weights_for_engine(self) -> dict[str, Tensor]:
+        return self.policy.weights_for_engine()
+
+    def state_dict(self) -> dict[str, int]:
+        return {
+            "version": self.version,
+            "consecutive_bad_steps": self.consecutive_bad_steps,
+            "bad_steps": self.bad_steps,
+            "noop_steps": self.noop_steps,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.version = int(state["version"])
+        self.consecutive_bad_steps = int(state.get("consecutive_bad_steps", 0))
+        self.bad_steps = int(state.get("bad_steps", 0))
+        self.noop_steps = int(state.get("noop_steps", 0))
+
+    def save(
+        self, run_dir: str | Path, step: int, extra: Mapping[str, Any] | None = None, keep: int | None = None
+    ) -> Path:
+        """Checkpoint the policy, optimizer, schedule, RNG, trainer counters and the caller's `extra`."""
+        return save_checkpoint(
+            run_dir,
+            step,
+            model=self.policy.model,
+            tokenizer=self.policy.tokenizer,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            trainer_state=self.state_dict(),
+            extra=extra,
+            keep=keep,
+        )
+
+    def load(self, path: str | Path, restore_rng: bool = True) -> CheckpointState:
+        """Restore a checkpoint written by `save`; returns its step and the caller's extra state."""
+        state = load_checkpoint(
+            path,
+            model=self.policy.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            restore_rng=restore_rng,
+        )
+        self.load_state_dict(state.trainer)
+        return state

@@ -1,0 +1,1 @@
+"""Tests of `scalerl.evaluation` (a package so its test module names cannot clash with other suites)."""

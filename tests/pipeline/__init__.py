@@ -1,0 +1,1 @@
+"""Tests of `scalerl.pipeline` (a package so its test module names cannot clash with other suites)."""

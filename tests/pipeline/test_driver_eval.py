@@ -1,0 +1,42 @@
+"""The driver's evaluation schedule (start, every N steps, end) in each mode, at the trainer's
+current version, through `engine.generate` (round modes) or the generator thread (pipeline)."""
+
+from __future__ import annotations
+
+import pytest
+
+from scalerl.data.records import PromptRecord
+from scalerl.evaluation import Evaluator
+from scalerl.pipeline import Driver, GroupScorer
+from scalerl.rollout.protocol import SamplingParams
+
+from .fakes import FakeEngine, FakeScorer, FakeSource, FakeTrainer, decode, encode
+from .test_modes import build, make_config
+
+
+def heldout(counts: list[int]) -> list[PromptRecord]:
+    return [
+        PromptRecord(id=f"h{i}", task="fake", prompt=f"held-out {i}", metadata={"n_correct": c})
+        for i, c in enumerate(counts)
+    ]
+
+
+@pytest.mark.parametrize("mode", ["sync", "ppo_offpolicy", "pipeline"])
+def test_driver_evaluates_at_start_every_n_and_end(mode: str) -> None:
+    cfg = make_config(mode, 2, 2, steps=7)
+    cfg.eval.every = 3
+    cfg.eval.at_start = True
+    engine = FakeEngine(max_batch_size=8, step_sleep=(0.0, 0.001))
+    trainer = FakeTrainer(engine, step_time=(0.0, 0.003))
+    comps, rows = build(cfg, engine=engine, trainer=trainer, source=FakeSource())
+    counts = [1, 3, 0, 2]
+    scorer = GroupScorer(FakeScorer(), decode, max_workers=2)
+    params = SamplingParams(max_new_tokens=64)
+    comps.evaluator = Evaluator(heldout(counts), encode, scorer, k=4, params=params)
+    Driver(cfg, comps).run()
+    assert [s for s, _ in rows.evals] == [0, 3, 6, 7]
+    for _, row in rows.evals:
+        assert row["val_pass_rate"] == pytest.approx(sum(c / 4 for c in counts) / 4)
+        # Every evaluation token came from the trainer's weights at that point.
+        assert row["val_version_min"] == row["val_version_max"] == row["version"]
+    assert [row["version"] for _, row in rows.evals] == [0, 3, 6, 7]

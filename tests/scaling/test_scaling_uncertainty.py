@@ -1,0 +1,132 @@
+"""Bootstrap intervals and bands, the profile interval for A, and the seed spread."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from conftest import SyntheticCurve
+
+from scalerl.scaling import bootstrap, fit_sigmoid, profile_A, seed_spread
+from scalerl.scaling.io import Curve
+
+
+def test_bootstrap_is_seeded_and_reproducible(synthetic: SyntheticCurve) -> None:
+    fit = fit_sigmoid(*synthetic(seed=11), r0=0.4)
+    a = bootstrap(fit, n_boot=200, seed=7)
+    b = bootstrap(fit, n_boot=200, seed=7)
+    c = bootstrap(fit, n_boot=200, seed=8)
+    np.testing.assert_array_equal(a.samples, b.samples)
+    assert not np.array_equal(a.samples, c.samples)
+    np.testing.assert_array_equal(a.band([1e5], observation=True)[0], b.band([1e5], observation=True)[0])
+
+
+def test_thousand_refits_take_seconds_not_minutes(dense_8b: Curve) -> None:
+    fit = fit_sigmoid(dense_8b.x, dense_8b.y, r0=0.4017, max_compute=50000)
+    t0 = time.perf_counter()
+    boot = bootstrap(fit, n_boot=1000, seed=0)
+    elapsed = time.perf_counter() - t0
+    assert boot.samples.shape == (1000, 3) and boot.n_failed == 0
+    assert elapsed < 5.0, f"1000 bootstrap refits took {elapsed:.1f}s"
+    lo, hi = boot.interval("A")
+    assert lo < fit.A < hi and hi - lo < 0.03
+
+
+def test_intervals_cover_the_truth_most_of_the_time(synthetic: SyntheticCurve) -> None:
+    """Frequentist sanity check: 95% intervals from 12 independent noisy curves."""
+    hits = {"A": 0, "B": 0, "profile": 0}
+    for seed in range(12):
+        fit = fit_sigmoid(*synthetic(A=0.62, B=1.8, C_mid=5000, n=40, noise=0.006, seed=seed), r0=0.4)
+        boot = bootstrap(fit, n_boot=200, seed=seed)
+        lo, hi = boot.interval("A")
+        hits["A"] += lo <= 0.62 <= hi
+        lo, hi = boot.interval("B")
+        hits["B"] += lo <= 1.8 <= hi
+        prof = profile_A(fit)
+        hits["profile"] += prof.lo <= 0.62 <= prof.hi
+    assert hits["A"] >= 9 and hits["B"] >= 9 and hits["profile"] >= 10, hits
+
+
+def test_short_curve_gives_wide_or_open_intervals(synthetic: SyntheticCurve) -> None:
+    """Data stopping before C_mid: A is not determined; the intervals must say so."""
+    c, y = synthetic(A=0.62, B=1.8, C_mid=5000, c_max=4000, n=25, noise=0.004, seed=2)
+    fit = fit_sigmoid(c, y, r0=0.4)
+    prof = profile_A(fit)
+    assert prof.hi_open or prof.hi - prof.lo > 0.1
+    boot = bootstrap(fit, n_boot=300, seed=0)
+    lo, hi = boot.interval("A")
+    assert hi - lo > 0.08
+    good = fit_sigmoid(*synthetic(A=0.62, B=1.8, C_mid=5000, noise=0.004, seed=2), r0=0.4)
+    good_prof = profile_A(good)
+    assert not good_prof.hi_open and not good_prof.lo_open
+    assert good_prof.hi - good_prof.lo < 0.25 * (prof.hi - prof.lo)
+
+
+def test_profile_interval_brackets_the_estimate_and_threshold(dense_8b: Curve) -> None:
+    fit = fit_sigmoid(dense_8b.x, dense_8b.y, r0=0.4017)
+    prof = profile_A(fit)
+    assert prof.lo < fit.A < prof.hi
+    assert prof.sse.min() == pytest.approx(fit.diagnostics.sse, rel=1e-6)
+    inside = (prof.A_values > prof.lo) & (prof.A_values < prof.hi)
+    assert np.all(prof.sse[inside] <= prof.threshold * (1 + 1e-9))
+    outside = (prof.A_values < prof.lo - 1e-3) | (prof.A_values > prof.hi + 1e-3)
+    assert np.all(prof.sse[outside] > prof.threshold)
+    wider = profile_A(fit, level=0.99)
+    assert wider.lo <= prof.lo and wider.hi >= prof.hi
+
+
+def test_bands_widen_with_extrapolation_and_observation_noise(dense_8b: Curve) -> None:
+    fit = fit_sigmoid(dense_8b.x, dense_8b.y, r0=0.4017, max_compute=20000)
+    boot = bootstrap(fit, n_boot=400, seed=1)
+    c = np.array([10000.0, 1e5, 1e6])
+    lo, hi = boot.band(c)
+    width = hi - lo
+    assert width[0] < width[1] <= width[2] + 1e-12
+    olo, ohi = boot.band(c, observation=True)
+    assert np.all(ohi - olo > width)
+    assert np.all(lo <= fit.predict(c)) and np.all(fit.predict(c) <= hi)
+
+
+@pytest.mark.parametrize(("kind", "block"), [("pairs", 1), ("residual", 4), ("pairs", 3)])
+def test_other_resampling_schemes(synthetic: SyntheticCurve, kind: str, block: int) -> None:
+    fit = fit_sigmoid(*synthetic(seed=12), r0=0.4)
+    boot = bootstrap(fit, n_boot=200, seed=0, kind=kind, block=block)  # type: ignore[arg-type]
+    lo, hi = boot.interval("A")
+    assert lo < fit.A < hi and np.isfinite([lo, hi]).all()
+    assert boot.to_dict()["kind"] == kind and boot.block == block
+
+
+def test_bootstrap_argument_checks(synthetic: SyntheticCurve) -> None:
+    fit = fit_sigmoid(*synthetic(seed=13), r0=0.4)
+    with pytest.raises(ValueError, match="too small"):
+        bootstrap(fit, n_boot=5)
+    with pytest.raises(ValueError, match="kind"):
+        bootstrap(fit, kind="jackknife")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="level"):
+        bootstrap(fit, level=1.5)
+
+
+def test_fixed_A_fit_has_no_A_interval(synthetic: SyntheticCurve) -> None:
+    fit = fit_sigmoid(*synthetic(seed=14), r0=0.4, fixed_A=0.62)
+    boot = bootstrap(fit, n_boot=100, seed=0)
+    assert np.all(boot.samples[:, 0] == 0.62)
+    assert "A" not in boot.to_dict() and "B" in boot.to_dict()
+    with pytest.raises(ValueError, match="fixed"):
+        profile_A(fit)
+
+
+def test_seed_spread_by_hand(synthetic: SyntheticCurve) -> None:
+    fits = [fit_sigmoid(*synthetic(A=0.62, seed=s), r0=0.4) for s in range(3)]
+    spread = seed_spread(fits)
+    A = np.array([f.A for f in fits])
+    assert spread.n_seeds == 3
+    assert spread.A_mean == pytest.approx(A.mean())
+    assert spread.A_std == pytest.approx(A.std(ddof=1))
+    assert spread.A_margin == pytest.approx(np.max(np.abs(A - A.mean())))
+    assert spread.A_margin < 0.02  # the paper's seed margin on A
+    assert spread.C_mid_mean == pytest.approx(np.exp(np.mean(np.log([f.C_mid for f in fits]))))
+    one = seed_spread(fits[:1])
+    assert one.n_seeds == 1 and np.isnan(one.A_margin) and one.to_dict()["A_margin"] is None
+    with pytest.raises(ValueError):
+        seed_spread([])

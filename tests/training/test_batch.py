@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from scalerl.data.records import PromptRecord
+from scalerl.rollout.protocol import Completion
+from scalerl.training.batch import ScoredGroup, collate
+
+
+def _c(prompt, tokens, *, mask=None, support=None, reason="stop", version=0) -> Completion:
+    n = len(tokens)
+    return Completion("r", 0, prompt, tokens, [-1.0 - i for i in range(n)], [version] * n,
+                      mask or [True] * n, reason, version, support=support)
+
+
+def test_layout_left_pads_prompts_right_pads_responses():
+    rec = PromptRecord(id="a", task="t", prompt="x")
+    interrupted = _c([5, 6, 7], [10, 11, 12, 13], mask=[True, False, False, True])
+    g1 = ScoredGroup(rec, [_c([5, 6, 7], [8, 9]), interrupted], [1.0, 0.0])
+    g2 = ScoredGroup(PromptRecord(id="b", task="t", prompt="y"), [_c([20], [21], reason="length")], [0.5],
+                     correct=[True])
+    b = collate([g1, g2], pad_token_id=0)
+    assert b.prompt_width == 3 and b.response_width == 4
+    assert b.input_ids.tolist() == [[5, 6, 7, 8, 9, 0, 0], [5, 6, 7, 10, 11, 12, 13], [0, 0, 20, 21, 0, 0, 0]]
+    assert b.position_ids[2].tolist()[2:4] == [0, 1]  # left padding does not shift positions
+    assert b.response_mask.tolist()[1] == [True, False, False, True]
+    assert b.token_mask.tolist()[1] == [True, True, True, True]
+    assert b.group_ids.tolist() == [0, 0, 1] and b.correct.tolist() == [True, False, True]
+    assert b.behavior_logprobs[0].tolist() == [-1.0, -2.0, 0.0, 0.0]
+    assert b.versions[2].tolist() == [0, -1, -1, -1]
+    sub = b.select([2])
+    assert sub.input_ids.tolist() == [[20, 21]] and sub.prompt_width == 1 and sub.finish_reasons == ["length"]
+    assert b.num_tokens == 5 + 7 + 2
+
+
+def test_support_mask_and_validation():
+    rec = PromptRecord(id="a", task="t", prompt="x")
+    g = ScoredGroup(rec, [_c([1], [2, 3], support=[[2, 4], [3]]), _c([1], [5])], [1.0, 0.0])
+    mask = collate([g], 0).support_mask(6)
+    assert mask[0, 0].tolist() == [False, False, True, False, True, False]
+    assert mask[0, 1].tolist() == [False, False, False, True, False, False]
+    assert bool(mask[1].all())  # no recorded support: full vocabulary
+    with pytest.raises(ValueError, match="rewards"):
+        ScoredGroup(rec, [_c([1], [2])], [1.0, 0.0])
+    with pytest.raises(ValueError, match="old_logprobs"):
+        ScoredGroup(rec, [_c([1], [2])], [1.0], old_logprobs=[[0.0, 1.0]])
+    assert torch.equal(collate([g], 0).rewards, torch.tensor([1.0, 0.0]))

@@ -1,0 +1,147 @@
+"""SFT: response-only loss, learning, determinism, the cached warm start, data reading, the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from scalerl.config import DataConfig, RunConfig, SyntheticDataConfig
+from scalerl.data.split import split_heldout
+from scalerl.data.synthetic import make_synthetic, write_synthetic_jsonl
+from scalerl.data.tokenize import encode_prompt
+from scalerl.training import sft as sft_mod
+from scalerl.training.cli import register
+from scalerl.training.sft import (
+    SFTConfig,
+    examples_from_records,
+    sft_loss,
+    solution_pairs,
+    train_sft,
+    warm_start_default,
+)
+from scalerl.training.sft_data import read_sft_pairs
+
+
+@pytest.fixture
+def small_run(model_config) -> RunConfig:
+    data = DataConfig(synthetic=SyntheticDataConfig(num_prompts=40, difficulty=(1, 2)), heldout_size=8)
+    return RunConfig(model=model_config(), data=data)
+
+
+def _examples(policy, n: int = 48):
+    return examples_from_records(solution_pairs(make_synthetic("math", n, seed=0, difficulty=(1, 3))),
+                                 policy.tokenizer, None, 256)
+
+
+def test_examples_are_chat_prompt_then_response_and_eos(make_policy):
+    policy = make_policy()
+    record = make_synthetic("math", 1, seed=0)[0]
+    ex = examples_from_records([(record, record.metadata["solution"])], policy.tokenizer, None, 256)[0]
+    assert list(ex.prompt_ids) == encode_prompt(record, policy.tokenizer)
+    assert ex.response_ids[-1] == policy.tokenizer.eos_token_id
+    assert policy.tokenizer.decode(list(ex.response_ids[:-1])) == record.metadata["solution"]
+    with pytest.raises(ValueError, match="max_length"):
+        examples_from_records([(record, record.metadata["solution"])], policy.tokenizer, None, 10)
+
+
+def test_loss_is_mean_nll_of_response_tokens_only(make_policy):
+    policy = make_policy()
+    examples = _examples(policy, 3)
+    loss, count = sft_loss(policy, examples)
+    nll, total = 0.0, 0
+    with torch.no_grad():
+        for ex in examples:
+            ids = torch.tensor([list(ex.prompt_ids) + list(ex.response_ids)])
+            logp = torch.log_softmax(policy.model(ids).logits.float(), dim=-1)[0]
+            p = len(ex.prompt_ids)
+            for t, tok in enumerate(ex.response_ids):
+                nll -= float(logp[p + t - 1, tok])
+                total += 1
+    assert count == total
+    assert float(loss.detach()) == pytest.approx(nll / total, rel=1e-5)
+
+
+def test_training_lowers_loss_and_is_deterministic(make_policy):
+    cfg = SFTConfig(steps=25, batch_size=8, lr=3e-3, warmup_steps=2, seed=5)
+    runs = []
+    for _ in range(2):
+        policy = make_policy()
+        result = train_sft(policy, _examples(policy), cfg)
+        runs.append((result, [p.detach().clone() for p in policy.model.parameters()]))
+    (r1, w1), (r2, w2) = runs
+    assert r1.losses == r2.losses
+    assert all(torch.equal(a, b) for a, b in zip(w1, w2, strict=True))
+    assert sum(r1.losses[-5:]) / 5 < 0.75 * sum(r1.losses[:5]) / 5
+
+
+def test_warm_start_is_cached_and_loadable(tmp_path, monkeypatch, small_run, tiny):
+    cfg = small_run
+    sft = SFTConfig(steps=3, batch_size=4)
+    path = warm_start_default(cfg, sft, cache_dir=tmp_path)
+    info = json.loads((path / "sft_info.json").read_text())
+    assert info["sft"]["steps"] == 3 and info["examples"] == 32  # 40 prompts - 8 held out
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    assert model.config.hidden_size == tiny.hidden_size and tok.eos_token == "<|end|>"
+
+    def no_training(*a, **k):
+        raise AssertionError("the cached model should have been reused")
+
+    monkeypatch.setattr(sft_mod, "train_sft", no_training)
+    assert warm_start_default(cfg, sft, cache_dir=tmp_path) == path
+    monkeypatch.undo()
+    other = warm_start_default(cfg, SFTConfig(steps=3, batch_size=4, seed=1), cache_dir=tmp_path)
+    assert other != path
+    with pytest.raises(ValueError, match="tiny"):
+        warm_start_default(RunConfig(model={"name_or_path": "gpt2"}), sft, cache_dir=tmp_path)
+
+
+def test_warm_start_never_trains_on_heldout_prompts(small_run):
+    cfg = small_run
+    records = sft_mod.default_sft_records(cfg)
+    all_records = make_synthetic("math", 40, cfg.data.synthetic.seed, (1, 2))
+    heldout = split_heldout(all_records, 8, cfg.data.heldout_seed).heldout_ids
+    assert len(records) == 32 and not {r.id for r in records} & set(heldout)
+
+
+def test_read_sft_pairs_formats(tmp_path):
+    f = tmp_path / "a.jsonl"
+    rows = [
+        {"prompt": "hi", "response": "yo"},
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
+        {"question": "2+2", "answer": "4"},
+    ]
+    f.write_text("\n".join(json.dumps(r) for r in rows[:2]) + "\n")
+    pairs = read_sft_pairs(f)
+    assert [(r.prompt, r.messages, resp) for r, resp in pairs] == [
+        ("hi", None, "yo"), (None, [{"role": "user", "content": "q"}], "a")
+    ]
+    assert pairs[0][0].source == f"{f}:1"
+    pq.write_table(pa.Table.from_pylist([rows[2]]), tmp_path / "b.parquet")
+    pairs = read_sft_pairs(tmp_path / "b.parquet", {"prompt": "question", "response": "answer"})
+    assert pairs[0][0].prompt == "2+2" and pairs[0][1] == "4"
+    syn = write_synthetic_jsonl(tmp_path / "syn.jsonl", "math", 3)
+    assert all(resp.startswith("<think>") for _, resp in read_sft_pairs(syn))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "x"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: no response"):
+        read_sft_pairs(bad)
+
+
+def test_cli_trains_on_a_file_and_saves(tmp_path, tiny):
+    data = write_synthetic_jsonl(tmp_path / "train.jsonl", "math", 12, difficulty=(1, 2))
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    out = tmp_path / "out"
+    overrides = [f"model.tiny.{k}={v}" for k, v in tiny.model_dump().items()]
+    args = parser.parse_args(["sft", *overrides, "--data", str(data), "--output", str(out), "--steps", "2",
+                              "--batch-size", "4", "--device", "cpu"])
+    assert args.func(args) == 0
+    assert (out / "sft_info.json").is_file() and list(out.glob("*.safetensors"))
+    AutoModelForCausalLM.from_pretrained(out)
