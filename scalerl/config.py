@@ -130,8 +130,6 @@ class AlgorithmConfig(Section):
     dynamic_sampling: bool = False
     offpolicy_mask_delta: float | None = Field(None, gt=0.0)
     keep_sampling_mask: bool = False
-    correct_reward: float = 1.0
-    incorrect_reward: float = 0.0
 
 
 class OptimConfig(Section):
@@ -179,11 +177,34 @@ class LoggingConfig(Section):
 
 
 class RewardConfig(Section):
-    code_timeout_s: float = Field(10.0, gt=0.0)
+    """Verifiers: reward scale, time bounds, parallelism, sandbox limits, custom verifiers.
+
+    Mirrors `scalerl.rewards.RewardConfig`, which validates the same keys again (and the `sandbox`
+    mapping, see `scalerl.rewards.SandboxConfig`).
+    """
+
+    correct_reward: float = 1.0
+    incorrect_reward: float = 0.0
+    failure_reward: float = 0.0
+    partial_credit: bool = False
+    verifier_timeout_s: float = Field(300.0, gt=0.0)
     max_workers: int = Field(4, ge=1)
-    custom: dict[str, str] = Field(
+    math_timeout_s: float = Field(5.0, gt=0.0)
+    math_workers: int = Field(2, ge=1)
+    code_timeout_s: float = Field(10.0, gt=0.0)
+    sandbox: dict[str, Any] = Field(default_factory=dict)
+    verifiers: dict[str, str] = Field(
         default_factory=dict, description="task name -> 'package.module:function' verifier"
     )
+
+    @model_validator(mode="after")
+    def _scale_order(self) -> RewardConfig:
+        if self.correct_reward <= self.incorrect_reward:
+            raise ValueError(
+                f"correct_reward ({self.correct_reward}) must exceed "
+                f"incorrect_reward ({self.incorrect_reward})"
+            )
+        return self
 
 
 class RunConfig(Section):

@@ -172,15 +172,7 @@ def build_training(
         no_positive_resampling=config.algorithm.no_positive_resampling,
         heldout_ids=split.heldout_ids,
     )
-    router = RewardRouter(
-        RewardConfig(
-            correct_reward=config.algorithm.correct_reward,
-            incorrect_reward=config.algorithm.incorrect_reward,
-            code_timeout_s=config.rewards.code_timeout_s,
-            max_workers=config.rewards.max_workers,
-            verifiers=dict(config.rewards.custom),
-        )
-    )
+    router = RewardRouter(RewardConfig.from_dict(config.rewards.model_dump()))
     closers: list[Any] = [router.close]
     extra_sets = {
         name: load_prompts(path, default_task=d.default_task, on_error=on_error).records

@@ -92,7 +92,7 @@ class RunResult:
 def success_threshold(config: RunConfig) -> float:
     """Reward above which a sample counts as a success for the curriculum: midway between the
     configured incorrect and correct rewards (0.5 for 0/1, 0 for -1/+1)."""
-    return 0.5 * (config.algorithm.correct_reward + config.algorithm.incorrect_reward)
+    return 0.5 * (config.rewards.correct_reward + config.rewards.incorrect_reward)
 
 
 class Driver:

@@ -380,7 +380,7 @@ def compare(
     pairs = tuple(
         compare_pair(grouped[i], grouped[j], lo, 100.0 * hi, seed=seed)
         for i in range(len(grouped))
-        for j in range(i + 1, len(recipes))
+        for j in range(i + 1, len(grouped))
     )
     points = tuple(at) if at else (hi,)
     level = next(iter(boots.values())).level if boots else 0.95

@@ -250,17 +250,23 @@ def _csv_rows(path: Path) -> tuple[list[str], list[tuple[int, list[str]]]]:
     return header, rows
 
 
-def is_wandb_export(header: Sequence[str]) -> bool:
-    """W&B chart exports name their series ``<run> - <metric>`` with ``__MIN``/``__MAX`` companions."""
-    series = [h for h in header if WANDB_SEP in h]
-    return bool(series) and any(h.endswith(("__MIN", "__MAX")) for h in series)
+def is_wandb_export(header: Sequence[str], y: str | None = None) -> bool:
+    """W&B chart exports name their series ``<run> - <metric>`` (often with ``__MIN``/``__MAX``
+    companions). A header counts as one when no column is the y column itself (``y``, or any
+    default y name when ``y`` is None) and some column is ``<run> - <that name>``."""
+    names = (y,) if y is not None else Y_FALLBACKS
+    if any(h in names for h in header):
+        return False
+    return any(h.endswith(WANDB_SEP + name) for h in header for name in names) or (
+        y is None and any(WANDB_SEP in h and h.endswith(("__MIN", "__MAX")) for h in header)
+    )
 
 
 def read_csv(path: str | Path, x: str | None = None, y: str | None = None) -> list[Curve]:
     """Curves from a CSV (plain, plain with a ``run`` column, or a W&B chart export)."""
     p = Path(path)
     header, rows = _csv_rows(p)
-    if is_wandb_export(header):
+    if is_wandb_export(header, y):
         return _read_wandb(p, header, rows, x, y)
     y_name = pick_column(header, y, Y_FALLBACKS, "y", str(p))
     x_name = pick_column(header, x, X_FALLBACKS, "x", str(p))

@@ -32,7 +32,6 @@ import torch
 
 from scalerl.config import OptimConfig, RunConfig
 from scalerl.data.records import PromptRecord
-from scalerl.data.split import split_heldout
 from scalerl.data.synthetic import make_synthetic
 from scalerl.data.tokenize import THINK_SYSTEM_PROMPT, encode_prompt
 from scalerl.training.batch import pad_prompt_response
@@ -201,16 +200,27 @@ def cache_root() -> Path:
     return Path(base) if base else Path.home() / ".cache" / "scalerl"
 
 
+SFT_SEED_OFFSET = 7919
+
+
 def default_sft_records(cfg: RunConfig) -> list[PromptRecord]:
-    """The synthetic prompts' training split (the held-out prompts are never trained on)."""
+    """Gold traces for the warm start, on problems the RL run never sees.
+
+    Drawn from a separate seed stream of the synthetic task, minus every problem whose prompt text
+    is in the RL prompt set (training pool and held-out split alike): warm-starting on the RL pool
+    would let the model memorise its answers, leaving RL with all-correct (zero-variance) groups and
+    the held-out curve with nothing to measure.
+    """
     syn = cfg.data.synthetic
     tasks = syn.task.split("+")
     per_task = [syn.num_prompts // len(tasks) + (i < syn.num_prompts % len(tasks)) for i in range(len(tasks))]
-    records = [r for task, n in zip(tasks, per_task, strict=True)
-               for r in make_synthetic(task, n, syn.seed, tuple(syn.difficulty))]
-    if cfg.data.heldout_size == 0:
-        return records
-    return split_heldout(records, cfg.data.heldout_size, cfg.data.heldout_seed).train
+
+    def draw(seed: int) -> list[PromptRecord]:
+        return [r for task, n in zip(tasks, per_task, strict=True)
+                for r in make_synthetic(task, n, seed, tuple(syn.difficulty))]
+
+    rl_prompts = {r.prompt for r in draw(syn.seed)}
+    return [r for r in draw(syn.seed + SFT_SEED_OFFSET) if r.prompt not in rl_prompts]
 
 
 def _digest(obj: Any) -> str:

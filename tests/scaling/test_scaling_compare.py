@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
-from conftest import SyntheticCurve
 
 from scalerl.scaling import (
     bootstrap,
@@ -36,6 +36,10 @@ from scalerl.scaling.compare import make_recipe, standing_at
 )
 def test_recipe_name_strips_only_a_trailing_seed_tag(label: str, recipe: str) -> None:
     assert recipe_name(label) == recipe
+
+
+# The ``synthetic`` fixture (conftest.py): ``make(A, B, C_mid, R0, ...) -> (compute, reward)``.
+SyntheticCurve = Callable[..., tuple[np.ndarray, np.ndarray]]
 
 
 def test_crossover_of_slow_high_and_fast_low_recipes(synthetic: SyntheticCurve) -> None:
@@ -109,7 +113,10 @@ def test_explicit_recipes_override_label_grouping(synthetic: SyntheticCurve) -> 
         ("base", ("alpha", "beta")),
         ("gamma", ("gamma-seed1",)),
     ]
+    ((a, b),) = [(p.a, p.b) for p in cmp.pairs]
+    assert (a, b) == ("base", "gamma")
     alone = compare(fits, recipes={"alpha": "base", "beta": "base"}, group_seeds=False, refit_fixed_A=False)
+    assert len(alone.pairs) == 3
     assert [r.name for r in alone.recipes] == ["alpha", "beta", "gamma-seed1"]
 
 

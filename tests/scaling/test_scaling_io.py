@@ -138,6 +138,18 @@ def test_wandb_chart_export(tmp_path: Path) -> None:
     np.testing.assert_array_equal(curves[1].lines, [2, 4])
 
 
+def test_wandb_export_without_min_max_columns(tmp_path: Path) -> None:
+    p = tmp_path / "export.csv"
+    p.write_text("Step,run-1 - reward,run-2 - reward\n10,0.1,0.2\n20,0.3,\n30,0.4,0.5\n")
+    curves = read_curves(p, y="reward")
+    assert [(c.label, c.x.size) for c in curves] == [("run-1", 3), ("run-2", 2)]
+    # A plain CSV that happens to contain " - " in a column name is still a plain CSV.
+    q = tmp_path / "plain.csv"
+    q.write_text("gpu_hours,reward,note - free text\n1,0.1,a\n2,0.2,b\n")
+    (plain,) = read_curves(q, x="gpu_hours", y="reward")
+    assert plain.label == "plain" and plain.y_name == "reward"
+
+
 def test_wandb_export_with_per_run_compute_column(tmp_path: Path) -> None:
     p = tmp_path / "export.csv"
     p.write_text(

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
-from conftest import SyntheticCurve
 
 from scalerl.scaling import fit_sigmoid
 from scalerl.scaling.diagnostics import rises
@@ -150,6 +150,10 @@ def test_result_is_json_ready(synthetic: SyntheticCurve) -> None:
 def test_bad_input_is_a_clear_error(compute: list, reward: list, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         fit_sigmoid(compute, reward)
+
+
+# The ``synthetic`` fixture (conftest.py): ``make(A, B, C_mid, R0, ...) -> (compute, reward)``.
+SyntheticCurve = Callable[..., tuple[np.ndarray, np.ndarray]]
 
 
 def test_unknown_method_and_bad_r0() -> None:

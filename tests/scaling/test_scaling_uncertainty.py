@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
-from conftest import SyntheticCurve
 
 from scalerl.scaling import bootstrap, fit_sigmoid, profile_A, seed_spread
 from scalerl.scaling.io import Curve
+
+# The ``synthetic`` fixture (conftest.py): ``make(A, B, C_mid, R0, ...) -> (compute, reward)``.
+SyntheticCurve = Callable[..., tuple[np.ndarray, np.ndarray]]
 
 
 def test_bootstrap_is_seeded_and_reproducible(synthetic: SyntheticCurve) -> None:
