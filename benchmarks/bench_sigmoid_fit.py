@@ -7,8 +7,8 @@ refines (A, B, C_mid) continuously. Printed per dataset: wall time of each, the 
 whether the fast method found the same cell (A, C_mid) with B within 1e-3. Also times 1,000
 bootstrap refits. Exit status 1 if any dataset disagrees.
 
-    .venv/bin/python benchmarks/bench_sigmoid_fit.py            # all datasets (~1-2 min)
-    .venv/bin/python benchmarks/bench_sigmoid_fit.py --quick    # the Fig. 1 curve only (~10 s)
+    .venv/bin/python benchmarks/bench_sigmoid_fit.py            # six curves (~20 s idle, longer under load)
+    .venv/bin/python benchmarks/bench_sigmoid_fit.py --quick    # the Fig. 1 curve only (a few seconds)
 """
 
 from __future__ import annotations

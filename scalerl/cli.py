@@ -19,6 +19,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "scalerl.recipes.cli",
     "scalerl.data.cli",
     "scalerl.training.cli",
+    "scalerl.pipeline.cli",
 )
 
 

@@ -96,7 +96,7 @@ class GenerationConfig(Section):
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
-    max_new_tokens: int = Field(96, gt=0)
+    max_new_tokens: int = Field(160, gt=0)
     max_batch_size: int = Field(64, gt=0, description="engine slots (continuous batching)")
     length_control: LengthControlConfig = LengthControlConfig()
     seed: int = 0

@@ -21,6 +21,9 @@ from scalerl.scaling import (
 )
 from scalerl.scaling.compare import make_recipe, standing_at
 
+# The ``synthetic`` fixture (conftest.py): ``make(A, B, C_mid, R0, ...) -> (compute, reward)``.
+SyntheticCurve = Callable[..., tuple[np.ndarray, np.ndarray]]
+
 
 @pytest.mark.parametrize(
     ("label", "recipe"),
@@ -36,10 +39,6 @@ from scalerl.scaling.compare import make_recipe, standing_at
 )
 def test_recipe_name_strips_only_a_trailing_seed_tag(label: str, recipe: str) -> None:
     assert recipe_name(label) == recipe
-
-
-# The ``synthetic`` fixture (conftest.py): ``make(A, B, C_mid, R0, ...) -> (compute, reward)``.
-SyntheticCurve = Callable[..., tuple[np.ndarray, np.ndarray]]
 
 
 def test_crossover_of_slow_high_and_fast_low_recipes(synthetic: SyntheticCurve) -> None:

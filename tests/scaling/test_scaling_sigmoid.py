@@ -13,6 +13,9 @@ from scalerl.scaling import fit_sigmoid
 from scalerl.scaling.diagnostics import rises
 from scalerl.scaling.forms import sigmoid_reward
 
+# The ``synthetic`` fixture (conftest.py): ``make(A, B, C_mid, R0, ...) -> (compute, reward)``.
+SyntheticCurve = Callable[..., tuple[np.ndarray, np.ndarray]]
+
 
 @pytest.mark.parametrize("seed", range(5))
 def test_recovers_known_parameters_when_data_runs_past_C_mid(synthetic: SyntheticCurve, seed: int) -> None:
@@ -150,10 +153,6 @@ def test_result_is_json_ready(synthetic: SyntheticCurve) -> None:
 def test_bad_input_is_a_clear_error(compute: list, reward: list, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         fit_sigmoid(compute, reward)
-
-
-# The ``synthetic`` fixture (conftest.py): ``make(A, B, C_mid, R0, ...) -> (compute, reward)``.
-SyntheticCurve = Callable[..., tuple[np.ndarray, np.ndarray]]
 
 
 def test_unknown_method_and_bad_r0() -> None:

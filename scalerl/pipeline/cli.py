@@ -1,0 +1,171 @@
+"""`scalerl train`: one RL run, from a recipe, config files and overrides to a fitted-ready run dir.
+
+    scalerl train                                    # the embedded default with the scalerl recipe
+    scalerl train --recipe deepseek_grpo --max-steps 200 --output-dir runs/grpo
+    scalerl train -c my.yaml optim.lr=3e-5 --off-policy pipeline --max-lag 4
+    scalerl train --output-dir runs/grpo --resume    # continue a killed run from its last checkpoint
+
+Layers, lowest precedence first: the recipe, `--config` files, the flags, then `key.sub=value`
+overrides. With no model given, the tiny default is warm-started by `scalerl sft` (cached). The run
+directory receives `config.yaml` (the resolved config), `metrics.jsonl`, `heldout_ids.json` and
+`checkpoints/`; `scalerl fit RUN_DIR` fits its held-out curve.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from scalerl.config import (
+    RunConfig,
+    build_config,
+    config_to_yaml,
+    override_layer,
+    yaml_layer,
+)
+from scalerl.recipes import recipe_path
+
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.jsonl"
+
+# flag -> config key; each flag is sugar for one override.
+FLAG_KEYS: dict[str, str] = {
+    "max_steps": "max_steps",
+    "eval_every": "eval.every",
+    "off_policy": "pipeline.off_policy",
+    "max_lag": "pipeline.k",
+    "model": "model.name_or_path",
+    "data": "data.train_path",
+    "output_dir": "output_dir",
+    "seed": "seed",
+    "name": "name",
+    "max_time_s": "max_time_s",
+}
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "train",
+        help="run RL training (recipe + config + overrides)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (optim.lr=3e-5)")
+    p.add_argument("--recipe", help="a preset from `scalerl recipes` (default: scalerl)")
+    p.add_argument("-c", "--config", action="append", default=[], metavar="FILE", help="YAML (repeatable)")
+    p.add_argument("--output-dir", metavar="DIR", help="run directory (config key output_dir)")
+    p.add_argument("--max-steps", type=int, metavar="N")
+    p.add_argument("--eval-every", type=int, metavar="N", help="steps between held-out evaluations")
+    p.add_argument("--off-policy", choices=("sync", "ppo_offpolicy", "pipeline"))
+    p.add_argument("--max-lag", type=int, metavar="K", help="pipeline max_lag / ppo_offpolicy k")
+    p.add_argument("--model", metavar="NAME_OR_PATH", help="Hugging Face causal LM (default: tiny, warm-started)")
+    p.add_argument("--data", metavar="PATH", help="prompt file or folder (default: the synthetic math task)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--name", help="run name (labels in plots and tables)")
+    p.add_argument("--max-time-s", type=float, metavar="S", help="stop after this much wall-clock time")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda if available)")
+    p.add_argument("--resume", nargs="?", const="latest", metavar="CHECKPOINT",
+                   help="continue from a checkpoint (default: the run directory's latest)")
+    p.set_defaults(func=run_train)
+
+
+def flag_overrides(args: argparse.Namespace) -> list[str]:
+    """The flags as `key=value` overrides (only those given)."""
+    out = []
+    for attr, key in FLAG_KEYS.items():
+        value = getattr(args, attr, None)
+        if value is not None:
+            out.append(f"{key}={value}")
+    return out
+
+
+def resolve_run_config(
+    recipe: str | None,
+    config_files: list[str],
+    overrides: list[str],
+    resume_dir: Path | None = None,
+) -> RunConfig:
+    """Recipe, then config files, then overrides; a resumed run starts from its saved config."""
+    layers = []
+    if resume_dir is not None and (resume_dir / CONFIG_FILE).is_file():
+        layers.append(yaml_layer(resume_dir / CONFIG_FILE))
+    else:
+        layers.append(yaml_layer(recipe_path(recipe or "scalerl")))
+    layers.extend(yaml_layer(f) for f in config_files)
+    layers.append(override_layer(overrides))
+    cfg = build_config(layers)
+    if recipe and cfg.recipe is None:
+        cfg.recipe = recipe
+    elif cfg.recipe is None and resume_dir is None:
+        cfg.recipe = "scalerl"
+    return cfg
+
+
+def _resume_checkpoint(spec: str, run_dir: Path) -> Path:
+    from scalerl.training.checkpoint import latest_checkpoint
+
+    if spec != "latest":
+        path = Path(spec)
+        if not path.is_dir():
+            raise FileNotFoundError(f"--resume: checkpoint {path} not found")
+        return path
+    latest = latest_checkpoint(run_dir)
+    if latest is None:
+        raise FileNotFoundError(f"--resume: no checkpoint under {run_dir}/checkpoints")
+    return latest
+
+
+def prepare_model(cfg: RunConfig) -> RunConfig:
+    """The embedded default: replace 'no model' by the cached SFT warm start of the tiny model."""
+    if cfg.model.name_or_path is not None:
+        return cfg
+    from scalerl.training.sft import warm_start_default
+
+    print("warm start: SFT of the tiny model on synthetic reasoning traces (cached after the first run)",
+          file=sys.stderr, flush=True)
+    path = warm_start_default(cfg)
+    print(f"warm start: {path}", file=sys.stderr, flush=True)
+    out = cfg.model_copy(deep=True)
+    out.model.name_or_path = str(path)
+    return out
+
+
+def run_train(args: argparse.Namespace) -> int:
+    overrides = [*flag_overrides(args), *args.overrides]
+    probe = resolve_run_config(args.recipe, args.config, overrides)
+    run_dir = Path(probe.output_dir)
+    resume = None
+    if args.resume is not None:
+        resume = _resume_checkpoint(args.resume, run_dir)
+        cfg = resolve_run_config(args.recipe, args.config, overrides, resume_dir=run_dir)
+    else:
+        if (run_dir / METRICS_FILE).exists():
+            raise ValueError(
+                f"output_dir: {run_dir} already holds a run ({METRICS_FILE}); pass --resume to continue it "
+                f"or choose another --output-dir"
+            )
+        cfg = prepare_model(probe)
+    return train_run(cfg, run_dir, resume=resume, device=args.device)
+
+
+def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, device: str | None = None) -> int:
+    from scalerl.pipeline.assemble import train
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if resume is None:
+        tmp = run_dir / f".{CONFIG_FILE}.tmp"
+        tmp.write_text(config_to_yaml(cfg))
+        tmp.replace(run_dir / CONFIG_FILE)
+    print(f"train: {cfg.name} (recipe {cfg.recipe}, {cfg.pipeline.off_policy} k={cfg.pipeline.k}, "
+          f"{cfg.algorithm.loss_type}/{cfg.algorithm.aggregation}/{cfg.algorithm.adv_norm}) -> {run_dir}"
+          + (f", resuming from {resume}" if resume else ""), file=sys.stderr, flush=True)
+    result = train(cfg, run_dir, resume=resume, device=device)
+    summary = ", ".join(
+        f"{k} {result.last_eval[k]:.3f}" for k in ("val_pass_rate", "val_pass_at_k") if k in result.last_eval
+    )
+    print(f"train: stopped after step {result.steps} ({result.stop_reason}); max version lag "
+          f"{result.max_version_lag}" + (f"; last eval: {summary}" if summary else ""), file=sys.stderr)
+    print(f"train: fit its curve with `scalerl fit {run_dir}`", file=sys.stderr)
+    return 0
