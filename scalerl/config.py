@@ -51,7 +51,7 @@ class ModelConfig(Section):
 class SyntheticDataConfig(Section):
     task: Literal["math", "code", "math+code"] = "math"
     num_prompts: int = Field(4096, gt=0)
-    difficulty: tuple[int, int] = (1, 8)
+    difficulty: tuple[int, int] = (1, 6)
     seed: int = 1234
 
 
@@ -150,10 +150,29 @@ class PipelineConfig(Section):
     # ppo_offpolicy: k mini-batch updates per generation round; pipeline: max_lag (PipelineRL-k).
     k: int = Field(8, ge=1)
     prompts_per_step: int = Field(8, ge=1, description="B: prompts (groups) per optimizer step")
+    # `pipeline` only (the round modes are single-threaded already). "threaded": a generator thread
+    # beside the trainer, real overlap, timing-dependent. "interleaved": one thread, a fixed
+    # interleaving that is a function of the token stream, so a seed reproduces the run.
+    schedule: Literal["threaded", "interleaved"] = Field(
+        "threaded", description="pipeline mode: generator thread, or a deterministic interleaving"
+    )
+    # Interleaved only: engine steps the generator runs while one optimizer step computes (the new
+    # weights reach the engine that many engine steps after the batch was taken). 0 = a trainer
+    # infinitely fast next to generation.
+    decode_steps_per_train_step: int = Field(
+        0, ge=0, description="interleaved schedule: simulated optimizer-step time, in engine steps"
+    )
 
     @property
     def max_lag(self) -> int:
         return self.k
+
+    @model_validator(mode="after")
+    def _simulated_time_needs_interleaving(self) -> PipelineConfig:
+        # A threaded run measures the trainer's real time; a simulated one would be silently ignored.
+        if self.decode_steps_per_train_step and self.schedule != "interleaved":
+            raise ValueError("decode_steps_per_train_step needs schedule: interleaved")
+        return self
 
 
 class EvalConfig(Section):

@@ -50,7 +50,7 @@ INFO_FILE = "sft_info.json"
 class SFTConfig:
     """SFT hyper-parameters. The defaults are the tiny model's warm start (see docs/training.md)."""
 
-    steps: int = 250
+    steps: int = 400
     batch_size: int = 32
     lr: float = 2e-3
     warmup_steps: int = 20
