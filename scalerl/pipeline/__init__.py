@@ -10,7 +10,7 @@ from scalerl.pipeline.dynamic_sampling import DynamicSampling
 from scalerl.pipeline.generator import Generator, GeneratorCounters
 from scalerl.pipeline.interfaces import GroupQueue, PromptSource, ReadyGroup, Scorer, Trainer, WeightChannel
 from scalerl.pipeline.local import EngineWeightChannel, LocalGroupQueue
-from scalerl.pipeline.modes import PipelineBatches, RoundBatches
+from scalerl.pipeline.modes import InterleavedBatches, PipelineBatches, RoundBatches
 from scalerl.pipeline.scoring import GroupScorer, ScoredBatch
 from scalerl.pipeline.staleness import StalenessController, StalenessError
 from scalerl.pipeline.stats import IntervalMeter, batch_metrics
@@ -24,6 +24,7 @@ __all__ = [
     "GeneratorCounters",
     "GroupQueue",
     "GroupScorer",
+    "InterleavedBatches",
     "IntervalMeter",
     "LocalGroupQueue",
     "PipelineBatches",

@@ -36,6 +36,7 @@ FLAG_KEYS: dict[str, str] = {
     "eval_every": "eval.every",
     "off_policy": "pipeline.off_policy",
     "max_lag": "pipeline.k",
+    "schedule": "pipeline.schedule",
     "model": "model.name_or_path",
     "data": "data.train_path",
     "output_dir": "output_dir",
@@ -60,7 +61,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--eval-every", type=int, metavar="N", help="steps between held-out evaluations")
     p.add_argument("--off-policy", choices=("sync", "ppo_offpolicy", "pipeline"))
     p.add_argument("--max-lag", type=int, metavar="K", help="pipeline max_lag / ppo_offpolicy k")
-    p.add_argument("--model", metavar="NAME_OR_PATH", help="Hugging Face causal LM (default: tiny, warm-started)")
+    p.add_argument("--schedule", choices=("threaded", "interleaved"),
+                   help="pipeline mode: generator thread, or a reproducible single-thread interleaving")
+    p.add_argument("--model", metavar="NAME_OR_PATH", help="HF causal LM (default: tiny, warm-started)")
     p.add_argument("--data", metavar="PATH", help="prompt file or folder (default: the synthetic math task)")
     p.add_argument("--seed", type=int)
     p.add_argument("--name", help="run name (labels in plots and tables)")

@@ -5,12 +5,14 @@ steps, including steps the trainer skipped for lack of signal), `max_time_s`, or
 out. Per step it takes B groups from the mode's batch source (`modes.py`), checks their staleness,
 trains, hands the weights back (`pipeline`: in flight, every step; round modes: at the next round),
 logs one `step` row, evaluates every `eval.every` steps (and at the start and the end), and calls
-the checkpoint hook every `checkpoint.every` steps (and at the end).
+the checkpoint hook every `checkpoint.every` steps (and at the end). `pipeline.schedule`
+`interleaved` runs the pipeline on this thread in a fixed order (`modes.InterleavedBatches`): two
+runs with the same seed then log the same rows, wall-clock fields aside.
 
 Checkpoint / resume: `state_dict()` is taken at a step boundary and holds the curriculum state,
 the counters and the prompts that were admitted but not yet trained (in flight, being scored or
-queued; in `pipeline` mode the generator keeps running, and its bookkeeping is read under its
-lock). Resuming (`resume_state=`, with the trainer restored from the same checkpoint) re-issues
+queued; in threaded `pipeline` mode the generator keeps running, and its bookkeeping is read under
+its lock). Resuming (`resume_state=`, with the trainer restored from the same checkpoint) re-issues
 those prompts first, so no prompt is consumed twice or skipped; their rollouts are regenerated
 under the checkpoint's weights.
 """
@@ -29,7 +31,7 @@ from scalerl.pipeline.dynamic_sampling import DynamicSampling
 from scalerl.pipeline.generator import Generator
 from scalerl.pipeline.interfaces import GroupQueue, PromptSource, Scorer, Trainer, WeightChannel
 from scalerl.pipeline.local import EngineWeightChannel, LocalGroupQueue
-from scalerl.pipeline.modes import BatchSource, PipelineBatches, RoundBatches
+from scalerl.pipeline.modes import BatchSource, InterleavedBatches, PipelineBatches, RoundBatches
 from scalerl.pipeline.scoring import GroupScorer
 from scalerl.pipeline.shaping import LengthShaping
 from scalerl.pipeline.staleness import StalenessController
@@ -146,7 +148,11 @@ class Driver:
             self.load_state_dict(resume_state)
         self.batches: BatchSource
         source_args = (self.generator, self.queue, self.channel, c.trainer, self.batch_size)
-        if pipe.off_policy == "pipeline":
+        # Round modes run on this thread already; only `pipeline` has a choice of schedule.
+        self.interleaved = pipe.off_policy == "pipeline" and pipe.schedule == "interleaved"
+        if self.interleaved:
+            self.batches = InterleavedBatches(*source_args, pipe.decode_steps_per_train_step)
+        elif pipe.off_policy == "pipeline":
             self.batches = PipelineBatches(*source_args)
         else:
             self.batches = RoundBatches(*source_args, self._updates_per_round())
@@ -214,7 +220,7 @@ class Driver:
         saved_at: int | None = None
         # The meter starts before the generator so that every generated token lands in some step's
         # row (and in the compute totals), including those generated during the first evaluation.
-        interval = IntervalMeter(self.generator)
+        interval = IntervalMeter(self.generator, tick_idle=self.interleaved)
         try:
             self.batches.start()
             if cfg.eval.at_start and self.step == 0 and self.c.evaluator is not None:

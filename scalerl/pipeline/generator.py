@@ -8,9 +8,12 @@ draws, drawn as `refill` when they replace dropped groups); (3) submit waiting s
 (evaluation); (4) run one engine step if the engine has work and route the finished samples: a
 group whose `n` samples are all done goes to the scorer.
 
-`pipeline` mode runs the loop on its own thread (`start()`/`stop()`), never pausing for the
-trainer; `sync` and `ppo_offpolicy` call `fill(target)` on the driver's thread between training
-rounds. The same admission rule serves both (see `staleness.py`).
+`pipeline` mode with the `threaded` schedule runs the loop on its own thread (`start()`/`stop()`),
+never pausing for the trainer; with the `interleaved` schedule the driver's thread calls `tick()`
+(one iteration, then a wait for the verifier) between optimizer steps, in an order fixed by the
+token stream (see `modes.InterleavedBatches`); `sync` and `ppo_offpolicy` call `fill(target)` on
+the driver's thread between training rounds. The same admission rule serves all of them (see
+`staleness.py`).
 
 Every admitted group ends exactly one way, and each is counted: consumed by the trainer, dropped
 by dynamic sampling, or (at a checkpoint) outstanding, to be re-issued on resume.
@@ -18,6 +21,7 @@ by dynamic sampling, or (at a checkpoint) outstanding, to be re-issued on resume
 Idle time is the time the engine had nothing to run (no sequence queued or in flight) while the
 loop was not inside an engine step: in `pipeline` mode it measures starvation by admission control,
 in the round modes it includes the whole training phase, which is the point of comparing them.
+The interleaved schedule also counts ticks (`engine_steps`, `idle_ticks`), its simulated time.
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ class GeneratorCounters:
     tokens_generated: int = 0
     prompt_tokens: int = 0
     verifier_failures: int = 0
+    engine_steps: int = 0  # engine steps the loop ran (one token per sequence in flight)
+    idle_ticks: int = 0  # interleaved schedule: ticks with nothing for the engine to run
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: int(getattr(self, f.name)) for f in fields(self)}
@@ -199,11 +205,33 @@ class Generator:
         elapsed = self.clock() - start
         with self._time_lock:
             self._busy_s += elapsed
+        with self._lock:
+            self.counters.engine_steps += 1
         self._route(finished)
         return True
 
+    def tick(self) -> bool:
+        """Interleaved schedule: one iteration on the caller's thread, then wait for the verifier.
+
+        After it returns every group the engine finished is scored, kept (queued) or dropped, in
+        admission order, so the state depends only on the token stream, not on verifier threads
+        (they still score one tick's samples in parallel). True if the engine ran a step; a tick
+        with nothing to run counts as idle (`counters.idle_ticks`).
+        """
+        if self.running:
+            raise RuntimeError("tick: the generator thread is running (threaded schedule)")
+        stepped = self._iteration()
+        self.scorer.drain()
+        self._finalize_scored()
+        if not stepped:
+            with self._lock:
+                self.counters.idle_ticks += 1
+        return stepped
+
     def _finalize_scored(self) -> None:
-        for scored in self.scorer.collect():
+        # Ticket order, not verifier completion order, among the groups collected together: the
+        # queue and the curriculum's report sequence then follow admissions where timing allows.
+        for scored in sorted(self.scorer.collect(), key=lambda b: self._scoring[b.key].ticket):
             with self._lock:
                 group = self._scoring.pop(scored.key)
                 self.counters.groups_scored += 1
@@ -340,23 +368,31 @@ class Generator:
                     self._side_running[r.request_id] = job
                 self.engine.submit(job.requests)
 
-    def generate_side(
-        self, requests: Sequence[GenerationRequest], min_version: int = 0, timeout: float | None = None
-    ) -> list[Completion]:
-        """Run `requests` on the engine alongside training rollouts (generator thread must run).
+    def submit_side(
+        self, requests: Sequence[GenerationRequest], min_version: int = 0
+    ) -> Future[list[Completion]]:
+        """Queue `requests` to run on the engine alongside training rollouts; the future resolves
+        when the loop (thread or `tick()`s) has finished them all.
 
         They are submitted once the engine's weights are at least `min_version`; completions come
         back ordered by (request order, sample index), as `Engine.generate` orders them.
         """
-        if not self.running:
-            raise RuntimeError("generate_side: the generator thread is not running; use engine.generate")
         job = _SideJob(requests, min_version)
         if not job.expected:
-            return []
+            job.future.set_result([])
+            return job.future
         with self._lock:
             self._side_waiting.append(job)
         self.wake()
-        return job.future.result(timeout)
+        return job.future
+
+    def generate_side(
+        self, requests: Sequence[GenerationRequest], min_version: int = 0, timeout: float | None = None
+    ) -> list[Completion]:
+        """`submit_side` and wait, with the generator thread running the loop (threaded schedule)."""
+        if not self.running:
+            raise RuntimeError("generate_side: the generator thread is not running; use engine.generate")
+        return self.submit_side(requests, min_version).result(timeout)
 
     # ------------------------------------------------------------------------------ modes
     @property

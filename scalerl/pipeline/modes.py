@@ -4,9 +4,12 @@
 * `ppo_offpolicy` k (`RoundBatches`): generate k x B groups with one policy, then k updates on
   mini-batches of B groups in completion order, then load the new weights (Qwen3 / ProRL style).
   The engine is idle while the trainer works; weights are loaded between rounds.
-* `pipeline` k (`PipelineBatches`, PipelineRL): the generator thread streams rollouts without
-  pause; after every optimizer step the new weights go to the engine in flight; groups reach the
-  trainer as they finish; admission control keeps every group within k versions of its start.
+* `pipeline` k (PipelineRL): the generator streams rollouts without pause; after every optimizer
+  step the new weights go to the engine in flight; groups reach the trainer as they finish;
+  admission control keeps every group within k versions of its start. Two schedules:
+  `PipelineBatches` (`threaded`) runs the generator on its own thread, so which weights sampled
+  which token depends on thread timing; `InterleavedBatches` (`interleaved`) runs both on the
+  driver's thread in a fixed order, so a seed reproduces the run.
 
 The driver is mode-blind: `start()`, then per step `next_batch()` -> train -> `after_step()`;
 `generate_for_eval()` runs evaluation requests at the trainer's current version.
@@ -138,3 +141,102 @@ class PipelineBatches:
 
     def close(self) -> None:
         self.generator.stop(timeout=60.0)
+
+
+class InterleavedBatches:
+    """`pipeline`, deterministic: generator and trainer take turns on the driver's thread.
+
+    Time is counted in generator ticks (one engine step, or one idle pass when the engine has
+    nothing to run). The rule: whenever the trainer is free and B groups are queued, it takes them;
+    otherwise the generator ticks. An optimizer step occupies the trainer for `train_ticks` ticks,
+    during which the generator keeps decoding with the weights it has; at the end of them the new
+    weights go to the engine in flight (sequences mid-generation keep their KV cache, their next
+    tokens carry the new version), and only then can the trainer take the next batch. Which
+    weights sample which token is thus a function of the token stream and `train_ticks`.
+
+    `train_ticks = 0` is a trainer infinitely fast next to generation: the generation-bound regime
+    (the trainer waits for data; lag comes only from groups that finish while others generate). A
+    positive value also models the trainer-bound regime, where groups queue up while the trainer
+    works and admission control throttles the generator (ticks it idles are `idle_ticks`).
+    Verification finishes within the tick that completed a group (`Generator.tick`).
+    """
+
+    def __init__(
+        self,
+        generator: Generator,
+        queue: GroupQueue,
+        channel: WeightChannel,
+        trainer: Trainer,
+        batch_size: int,
+        train_ticks: int = 0,
+    ) -> None:
+        if train_ticks < 0:
+            raise ValueError(f"train_ticks: must be >= 0, got {train_ticks}")
+        self.generator = generator
+        self.queue = queue
+        self.channel = channel
+        self.trainer = trainer
+        self.batch_size = batch_size
+        self.train_ticks = train_ticks
+        self.ticks = 0
+        self._trainer_free_at = 0  # tick at which the step in progress ends and its weights land
+        self._published = trainer.version
+        self._idle_free_ticks = 0
+
+    def start(self) -> None:
+        _push_weights(self.generator.engine, self.channel, self.trainer)
+        self._published = self.trainer.version
+
+    @property
+    def trainer_busy(self) -> bool:
+        return self.ticks < self._trainer_free_at
+
+    def _publish_if_done(self) -> None:
+        # A step that did not update publishes nothing, as in the threaded schedule.
+        if not self.trainer_busy and self.trainer.version != self._published:
+            self.channel.publish(self.trainer.weights_for_engine(), self.trainer.version)
+            self._published = self.trainer.version
+
+    def _tick(self, waiting_for: str) -> None:
+        was_busy = self.trainer_busy
+        stepped = self.generator.tick()
+        self.ticks += 1
+        self._publish_if_done()
+        if stepped or was_busy:
+            self._idle_free_ticks = 0
+            return
+        # The trainer was free and the engine had nothing to run. The only thing such a tick can
+        # change is to find the prompts exhausted (the caller then sees `starved`), so a second one
+        # in a row would repeat forever: admission control cannot get here (staleness.py), a bug can.
+        self._idle_free_ticks += 1
+        if self._idle_free_ticks > 1:
+            raise RuntimeError(
+                f"interleaved schedule stalled waiting for {waiting_for}: the engine is idle and "
+                f"admission is blocked (engine version {self.generator.engine.version}, next train "
+                f"version {self.generator.controller.next_train_version}, {len(self.queue)} groups queued)"
+            )
+
+    def next_batch(self) -> list[ReadyGroup] | None:
+        while True:
+            if not self.trainer_busy:
+                if len(self.queue) >= self.batch_size:
+                    return self.queue.get_batch(self.batch_size, timeout=0)
+                if self.generator.starved(self.batch_size):
+                    return None
+            self._tick("a batch")
+
+    def after_step(self) -> None:
+        self._trainer_free_at = self.ticks + self.train_ticks
+        self._publish_if_done()
+
+    def generate_for_eval(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        # The requests wait for the weights of the step just taken (they land once its simulated
+        # time is over) and then ride along with the training rollouts; the trainer takes no batch
+        # until they are done, as in the threaded schedule.
+        future = self.generator.submit_side(requests, min_version=self.trainer.version)
+        while not future.done():
+            self._tick("an evaluation")
+        return future.result()
+
+    def close(self) -> None:
+        """Nothing runs in the background."""

@@ -176,6 +176,15 @@ class GroupScorer:
                 self._ready_cond.wait(timeout)
             return bool(self._ready)
 
+    def drain(self, timeout: float | None = None) -> bool:
+        """Block until every submitted group is ready to collect (True) or `timeout` passes (False).
+
+        The interleaved pipeline schedule calls it after each engine step so that which groups have
+        been scored at a given point does not depend on the verifier threads' timing.
+        """
+        with self._ready_cond:
+            return self._ready_cond.wait_for(lambda: len(self._ready) == self._pending, timeout)
+
     def score_all(
         self, groups: Sequence[tuple[Any, PromptRecord, Sequence[Completion]]]
     ) -> list[ScoredBatch]:

@@ -6,6 +6,10 @@ version at train time minus each sample's `start_version`, the quantity `max_lag
 interruption rates, rewards and lengths. `IntervalMeter` turns the generator's cumulative counters
 and clocks into per-step rates: generated tokens/s, generator idle fraction, prompts drawn,
 groups dropped by dynamic sampling.
+
+In the interleaved schedule the generator and the trainer share one thread, so wall-clock idle
+time says nothing about the pipeline; `gen_idle_frac` is then counted in its simulated time: the
+share of the interval's ticks with nothing for the engine to run (`tick_idle=True`).
 """
 
 from __future__ import annotations
@@ -47,9 +51,12 @@ def batch_metrics(items: Sequence[ReadyGroup], train_version: int) -> dict[str, 
 class IntervalMeter:
     """Rates between consecutive `lap()` calls (one per training step)."""
 
-    def __init__(self, generator: Generator, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self, generator: Generator, clock: Callable[[], float] = time.perf_counter, *, tick_idle: bool = False
+    ) -> None:
         self.generator = generator
         self.clock = clock
+        self.tick_idle = tick_idle
         self._last_time = clock()
         self._last_counters = generator.counters.as_dict()
         self._last_busy, self._last_idle = generator.timing()
@@ -60,11 +67,16 @@ class IntervalMeter:
         busy, idle = self.generator.timing()
         wall = max(now - self._last_time, 1e-9)
         delta = {k: counters[k] - self._last_counters.get(k, 0) for k in counters}
+        if self.tick_idle:
+            ticks = delta["engine_steps"] + delta["idle_ticks"]
+            idle_frac = delta["idle_ticks"] / ticks if ticks else 0.0
+        else:
+            idle_frac = min(1.0, max(0.0, (idle - self._last_idle) / wall))
         out = {
             "step_wall_s": wall,
             "gen_tokens_per_s": delta["tokens_generated"] / wall,
             "gen_samples_per_s": delta["samples_generated"] / wall,
-            "gen_idle_frac": min(1.0, max(0.0, (idle - self._last_idle) / wall)),
+            "gen_idle_frac": idle_frac,
             "gen_busy_frac": min(1.0, max(0.0, (busy - self._last_busy) / wall)),
             "prompts_drawn": float(delta["prompts_drawn"]),
             "refill_prompts": float(delta["refill_prompts"]),
@@ -75,6 +87,7 @@ class IntervalMeter:
             "verifier_failures_total": float(counters["verifier_failures"]),
             "gen_tokens": float(delta["tokens_generated"]),
             "gen_samples": float(delta["samples_generated"]),
+            "gen_engine_steps": float(delta["engine_steps"]),
             "gen_prompt_tokens": float(delta["prompt_tokens"]),
         }
         self._last_time, self._last_counters = now, counters

@@ -1,5 +1,6 @@
 """The driver's evaluation schedule (start, every N steps, end) in each mode, at the trainer's
-current version, through `engine.generate` (round modes) or the generator thread (pipeline)."""
+current version, through `engine.generate` (round modes) or the generator loop (pipeline, either
+schedule)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,13 @@ def heldout(counts: list[int]) -> list[PromptRecord]:
     ]
 
 
-@pytest.mark.parametrize("mode", ["sync", "ppo_offpolicy", "pipeline"])
-def test_driver_evaluates_at_start_every_n_and_end(mode: str) -> None:
-    cfg = make_config(mode, 2, 2, steps=7)
+@pytest.mark.parametrize(
+    "mode,schedule,train_ticks",
+    [("sync", "threaded", 0), ("ppo_offpolicy", "threaded", 0), ("pipeline", "threaded", 0),
+     ("pipeline", "interleaved", 0), ("pipeline", "interleaved", 5)],
+)
+def test_driver_evaluates_at_start_every_n_and_end(mode: str, schedule: str, train_ticks: int) -> None:
+    cfg = make_config(mode, 2, 2, steps=7, schedule=schedule, train_ticks=train_ticks)
     cfg.eval.every = 3
     cfg.eval.at_start = True
     engine = FakeEngine(max_batch_size=8, step_sleep=(0.0, 0.001))

@@ -12,11 +12,22 @@ from scalerl.rollout.protocol import SamplingParams
 from .fakes import FakeEngine, FakeScorer, FakeSource, FakeTrainer, Rows, decode, encode
 
 
-def make_config(mode: str, k: int, b: int, n: int = 4, steps: int = 20, **algo: object) -> RunConfig:
+def make_config(
+    mode: str,
+    k: int,
+    b: int,
+    n: int = 4,
+    steps: int = 20,
+    schedule: str = "threaded",
+    train_ticks: int = 0,
+    **algo: object,
+) -> RunConfig:
+    pipeline = {"off_policy": mode, "k": k, "prompts_per_step": b, "schedule": schedule,
+                "decode_steps_per_train_step": train_ticks}
     return RunConfig.model_validate(
         {
             "max_steps": steps,
-            "pipeline": {"off_policy": mode, "k": k, "prompts_per_step": b},
+            "pipeline": pipeline,
             "generation": {"n": n, "max_new_tokens": 64},
             "algorithm": algo,
             "eval": {"at_start": False},
@@ -151,9 +162,13 @@ def test_steps_without_update_do_not_stall_round_modes() -> None:
     assert result.steps == 6 and trainer.version == 3
 
 
-@pytest.mark.parametrize("mode", ["sync", "ppo_offpolicy", "pipeline"])
-def test_dynamic_sampling_keeps_only_informative_groups(mode: str) -> None:
-    cfg = make_config(mode, 2, 3, steps=8, dynamic_sampling=True)
+@pytest.mark.parametrize(
+    "mode,schedule",
+    [("sync", "threaded"), ("ppo_offpolicy", "threaded"), ("pipeline", "threaded"),
+     ("pipeline", "interleaved")],
+)
+def test_dynamic_sampling_keeps_only_informative_groups(mode: str, schedule: str) -> None:
+    cfg = make_config(mode, 2, 3, steps=8, schedule=schedule, dynamic_sampling=True)
     engine = FakeEngine(max_batch_size=8)
     trainer = FakeTrainer(engine)
     source = FakeSource()
@@ -193,8 +208,8 @@ def test_verifier_failures_score_zero_and_are_counted() -> None:
 
 
 def test_finite_prompts_stop_the_run() -> None:
-    for mode in ("sync", "pipeline"):
-        cfg = make_config(mode, 2, 2, steps=100)
+    for mode, schedule in (("sync", "threaded"), ("pipeline", "threaded"), ("pipeline", "interleaved")):
+        cfg = make_config(mode, 2, 2, steps=100, schedule=schedule)
         engine = FakeEngine()
         trainer = FakeTrainer(engine)
         source = FakeSource(limit=9)
@@ -204,14 +219,15 @@ def test_finite_prompts_stop_the_run() -> None:
         assert result.steps == 4
 
 
-def test_step_rows_carry_pipeline_metrics() -> None:
-    cfg = make_config("pipeline", 2, 2, steps=4)
+@pytest.mark.parametrize("schedule", ["threaded", "interleaved"])
+def test_step_rows_carry_pipeline_metrics(schedule: str) -> None:
+    cfg = make_config("pipeline", 2, 2, steps=4, schedule=schedule)
     comps, rows = build(cfg)
     Driver(cfg, comps).run()
     _, row = rows.steps[-1]
     for key in ("version_lag_mean", "version_lag_max", "token_lag_mean", "gen_tokens_per_s", "gen_idle_frac",
                 "truncation_rate", "interruption_rate", "reward_mean", "response_length_mean",
-                "groups_dropped", "prompts_drawn", "loss", "train_version"):
+                "groups_dropped", "prompts_drawn", "loss", "train_version", "gen_engine_steps"):
         assert key in row, key
     assert [s for s, _ in rows.steps] == [1, 2, 3, 4]
     # Every trained group was drawn before its step's row was taken: no draw escapes the rows.

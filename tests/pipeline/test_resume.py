@@ -14,9 +14,11 @@ from .fakes import FakeEngine, FakeSource, FakeTrainer
 from .test_modes import build, make_config
 
 
-@pytest.mark.parametrize("mode", ["pipeline", "ppo_offpolicy"])
-def test_resume_reissues_outstanding_prompts(mode: str) -> None:
-    cfg = make_config(mode, 2, 3, steps=8, dynamic_sampling=True)
+@pytest.mark.parametrize(
+    "mode,schedule", [("pipeline", "threaded"), ("pipeline", "interleaved"), ("ppo_offpolicy", "threaded")]
+)
+def test_resume_reissues_outstanding_prompts(mode: str, schedule: str) -> None:
+    cfg = make_config(mode, 2, 3, steps=8, schedule=schedule, dynamic_sampling=True)
     cfg.checkpoint.every = 4
     saved: dict[int, dict[str, Any]] = {}
 
