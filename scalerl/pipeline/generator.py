@@ -458,10 +458,9 @@ class Generator:
         if self.running:
             raise RuntimeError("fill: the generator thread is running (pipeline mode)")
         while len(self.queue) < target:
-            if self._iteration() or len(self.queue) >= target:
-                continue
-            if self.scorer.pending:
-                self.scorer.wait(self.idle_poll_s)
+            # `tick` waits for the verifier after each engine step, so which groups fill the round
+            # depends on the token stream only, not on verifier thread timing (reproducible rounds).
+            if self.tick() or len(self.queue) >= target:
                 continue
             if self.starved(target):
                 return False
