@@ -20,6 +20,9 @@ COMMAND_MODULES: tuple[str, ...] = (
     "scalerl.data.cli",
     "scalerl.training.cli",
     "scalerl.pipeline.cli",
+    "scalerl.evaluation.cli",
+    "scalerl.studies.ablate",
+    "scalerl.studies.demo",
 )
 
 

@@ -1,4 +1,11 @@
-"""Ablation studies over recipes: which runs to make (`variants`); the runner comes later.
+"""Studies over recipes: which runs to make, running them, fitting and tabulating them.
+
+* `variants`: leave-one-out and grid variants as override lists (pure; nothing runs).
+* `runs`: the study runner (in process, one run after another, resumable, failures contained).
+* `fitting`, `report`: each run fitted on the first half of its compute; seeds combined; the
+  paper's Fig. 7 table (A, B, B at a shared A, C_mid, with intervals) and plots.
+* `ablate` (`scalerl ablate`), `demo` (`scalerl demo`, settings in `demo.yaml`), `accuracy` (the
+  predictive-accuracy study behind `benchmarks/predictive_accuracy.py`).
 
     from scalerl.recipes import load_recipe_config
     from scalerl.studies import grid_variants, loo_variants, parse_grid_arg

@@ -1,0 +1,259 @@
+"""Predictive accuracy of the sigmoid fit: fit each recipe's run on the first half of its compute,
+predict the pass rate at the full budget, and compare with what the run reached.
+
+    python benchmarks/predictive_accuracy.py                       # six recipes, 200 steps each
+    python benchmarks/predictive_accuracy.py --recipes scalerl,gspo --max-steps 100
+    python benchmarks/predictive_accuracy.py --runs-dir runs/acc --no-train   # refit existing runs
+
+The paper's standard (Khatri et al. 2025, Sec. 2 and Fig. 1): a fit on the early part of a run
+extrapolates to the later points within about +-0.02 of pass rate.
+
+Every recipe runs on the embedded default with the demo's run settings (`scalerl/studies/demo.yaml`,
+section `run`: evaluation cadence and size; `--max-steps` sets the length), from one shared warm
+start. Runs live in `--runs-dir` (default `OUTPUT_DIR/runs`), one directory per recipe, and go
+through the study runner: completed runs are reused, interrupted ones resumed or redone, a failed
+run is reported and the others go on. `--no-train` trains nothing and fits whatever run
+directories are there (any `scalerl train` run directory named after its recipe works).
+
+The x axis defaults to `flops`, which depends only on the tokens processed; device-hours on a
+shared machine carry the machine's load into the curve (`--x compute_device_hours` for the
+paper's axis). The table gives, per recipe, the fit's prediction of the last evaluation with the
+bootstrap band where a new evaluation would land, the observed value, the absolute error, and the
+mean absolute error over all points after the fit window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from scalerl.config import RunConfig, build_config, override_layer, yaml_layer
+from scalerl.recipes import recipe_path
+from scalerl.scaling.report import interval, jsonable, num, run_to_dict
+from scalerl.studies.demo import load_settings
+from scalerl.studies.fitting import FitSettings, RunFit, StudyFits, analyze_study, fit_run
+from scalerl.studies.report import markdown_table, per_run_text, write_plot
+from scalerl.studies.runs import RunOutcome, RunSpec, write_atomic, write_json_atomic
+from scalerl.studies.study import check_overrides, make_spec, run_and_fit, shared_model, with_model
+
+DEFAULT_RECIPES: tuple[str, ...] = ("scalerl", "deepseek_grpo", "qwen_dapo", "dr_grpo", "gspo", "base")
+PAPER_TOLERANCE = 0.02
+TABLE_FILE = "accuracy.md"
+SUMMARY_FILE = "summary.json"
+PLOT_FILE = "curves.png"
+
+
+def recipe_config(recipe: str, overrides: Sequence[str], max_steps: int | None) -> RunConfig:
+    """The recipe, the demo's run settings, `--max-steps`, then the overrides."""
+    loaded = load_settings()
+    layers = [({"recipe": recipe}, {}), yaml_layer(recipe_path(recipe)), loaded.layer("run")]
+    if max_steps is not None:
+        layers.append(({"max_steps": max_steps}, {("max_steps",): "--max-steps"}))
+    layers.append(override_layer(list(overrides)))
+    return build_config(layers)
+
+
+def plan_accuracy(recipes: Sequence[str], runs_dir: Path, overrides: Sequence[str],
+                  max_steps: int | None) -> list[RunSpec]:
+    if not recipes:
+        raise ValueError("--recipes: no recipe given")
+    dupes = sorted({r for r in recipes if list(recipes).count(r) > 1})
+    if dupes:
+        raise ValueError(f"--recipes: {dupes[0]!r} given twice")
+    check_overrides(overrides)
+    specs = []
+    for recipe in recipes:
+        cfg = recipe_config(recipe, overrides, max_steps)
+        specs.append(make_spec(cfg, name=recipe, group=recipe, run_dir=runs_dir / recipe,
+                               description=f"recipe {recipe}"))
+    return specs
+
+
+def accuracy_rows(fits: Sequence[RunFit]) -> list[list[str]]:
+    rows = []
+    for f in fits:
+        if f.analysis is None:
+            rows.append([f.name, "-", "-", "-", "-", "-", "-", f"not fitted: {f.error}"])
+            continue
+        a = f.analysis
+        band = f.predicted_band
+        held = a.held_out
+        rows.append([
+            f.name,
+            f"{a.fit.diagnostics.n_points}/{a.curve.x.size}",
+            f"{f.predicted_final:.3f}" + (f" {interval(*band, digits=3)}" if band else ""),
+            f"{f.observed_final:.3f}",
+            f"{f.abs_error:.3f}" if f.extrapolates else "- (in window)",
+            "-" if held is None else f"{held.mae:.3f}",
+            f"{num(a.fit.A, 3)} / {num(a.fit.B, 3)}",
+            "ok" if a.fit.diagnostics.reliable else "WARN",
+        ])
+    return rows
+
+
+ACCURACY_HEADER = ["recipe", "points", "predicted final", "observed", "abs error", "MAE after window",
+                   "A / B", "fit"]
+
+
+def overall(fits: Sequence[RunFit]) -> dict[str, Any]:
+    errs = [f.abs_error for f in fits if f.extrapolates and f.abs_error is not None]
+    if not errs:
+        return {"n": 0, "mean_abs_error": None, "max_abs_error": None, "within_tolerance": 0}
+    return {"n": len(errs), "mean_abs_error": float(np.mean(errs)), "max_abs_error": float(np.max(errs)),
+            "within_tolerance": int(sum(e <= PAPER_TOLERANCE for e in errs))}
+
+
+def overall_line(stats: dict[str, Any]) -> str:
+    if not stats["n"]:
+        return "no recipe could be extrapolated"
+    return (f"{stats['n']} recipe(s): mean abs error {stats['mean_abs_error']:.3f}, "
+            f"max {stats['max_abs_error']:.3f}; {stats['within_tolerance']} of {stats['n']} within the "
+            f"paper's +-{PAPER_TOLERANCE}")
+
+
+def render_markdown(fits: Sequence[RunFit], settings: FitSettings, outcomes: Sequence[RunOutcome] | None,
+                    study: StudyFits, stats: dict[str, Any], plot: Path | None, command: str) -> str:
+    x = next((f.analysis.curve.x_name for f in fits if f.analysis is not None), settings.x or "compute")
+    failed = [o for o in outcomes or () if o.status == "failed"]
+    lines = [
+        "# Predictive accuracy of the sigmoid fit",
+        "",
+        f"`{command}`",
+        "",
+        f"Each recipe's held-out pass rate (x = {x}) is {settings.describe()}; the fit is extrapolated "
+        f"to the run's last evaluation. Paper standard: within about +-{PAPER_TOLERANCE}.",
+        "",
+        markdown_table(ACCURACY_HEADER, accuracy_rows(fits)),
+        "",
+        f"**{overall_line(stats)}.**",
+        "",
+        "predicted final: the fit's value at the final compute [band where a new evaluation would land, "
+        f"{settings.level:.0%}]; MAE after window: mean abs error over all points after the fit window.",
+    ]
+    if plot is not None:
+        lines += ["", f"![fits]({plot.name})"]
+    lines += ["", "```", per_run_text(study, settings), "```"]
+    if failed:
+        lines += ["", "Failed runs:", ""] + [f"- `{o.name}`: {o.error}" for o in failed]
+    return "\n".join(lines) + "\n"
+
+
+def run_accuracy(
+    recipes: Sequence[str],
+    *,
+    output_dir: Path,
+    runs_dir: Path | None = None,
+    overrides: Sequence[str] = (),
+    max_steps: int | None = None,
+    settings: FitSettings | None = None,
+    train: bool = True,
+    device: str | None = None,
+    train_fn: Any = None,
+    command: str = "",
+    out: Any = None,
+) -> int:
+    """Run (or reuse) every recipe, fit, write `accuracy.md`, `summary.json`, `curves.png`."""
+    stream = out or sys.stdout
+    settings = settings or FitSettings(x="flops")
+    runs = runs_dir or output_dir / "runs"
+    specs = plan_accuracy(recipes, runs, overrides, max_steps)
+    outcomes: list[RunOutcome] | None = None
+    if train:
+        specs = with_model(specs, shared_model(specs[0].config))
+        outcomes, fits = run_and_fit(specs, settings, device=device, train_fn=train_fn)
+    else:
+        missing = [str(s.run_dir) for s in specs if not (s.run_dir / "metrics.jsonl").is_file()]
+        if len(missing) == len(specs):
+            raise FileNotFoundError(f"--no-train: no run to fit (no metrics.jsonl in {', '.join(missing)})")
+        fits = [fit_run(s.run_dir, s.name, s.group, settings) for s in specs]
+    study = analyze_study(fits, settings, order=list(recipes))
+    stats = overall(fits)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    plot = write_plot(study, output_dir / PLOT_FILE)
+    text = render_markdown(fits, settings, outcomes, study, stats, plot, command)
+    write_atomic(output_dir / TABLE_FILE, text)
+    write_json_atomic(output_dir / SUMMARY_FILE, jsonable({
+        "command": command,
+        "recipes": list(recipes),
+        "runs_dir": str(runs),
+        "fit": settings.to_dict(),
+        "tolerance": PAPER_TOLERANCE,
+        "overall": stats,
+        "runs": [
+            {
+                "recipe": f.name,
+                "run_dir": str(f.run_dir),
+                "status": None if outcomes is None else next(o.status for o in outcomes if o.name == f.name),
+                "error": f.error,
+                "final_x": f.final_x,
+                "predicted": f.predicted_final,
+                "band": None if f.predicted_band is None else list(f.predicted_band),
+                "observed": f.observed_final,
+                "abs_error": f.abs_error if f.extrapolates else None,
+                "held_out_mae": None if f.analysis is None or f.analysis.held_out is None
+                else f.analysis.held_out.mae,
+                "fit": None if f.analysis is None else run_to_dict(f.analysis),
+            }
+            for f in fits
+        ],
+        "files": {"table": TABLE_FILE, "plot": None if plot is None else plot.name},
+    }))
+    from scalerl.scaling.report import table
+
+    stream.write(table(ACCURACY_HEADER, accuracy_rows(fits)) + "\n\n" + overall_line(stats)
+                 + f"\n\nwritten to {output_dir / TABLE_FILE}, {output_dir / SUMMARY_FILE}"
+                 + (f", {plot}" if plot is not None else "") + "\n")
+    failed = [o for o in outcomes or () if o.status == "failed"]
+    return 1 if failed or not stats["n"] else 0
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="predictive_accuracy.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides for every run")
+    p.add_argument("--recipes", default=",".join(DEFAULT_RECIPES), metavar="A,B",
+                   help=f"recipes to measure (default {','.join(DEFAULT_RECIPES)})")
+    p.add_argument("--max-steps", type=int, metavar="N", help="steps per run (default: the demo's)")
+    p.add_argument("--output-dir", default="runs/predictive-accuracy", metavar="DIR")
+    p.add_argument("--runs-dir", metavar="DIR", help="where the runs live (default OUTPUT_DIR/runs)")
+    p.add_argument("--no-train", action="store_true",
+                   help="fit the existing runs in --runs-dir; train nothing")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda if available)")
+    g = p.add_argument_group("fit")
+    g.add_argument("--x", default="flops", metavar="COL", help="compute column (default flops)")
+    g.add_argument("--fit-fraction", type=float, default=0.5, metavar="F",
+                   help="fit on x <= F x the final compute (default 0.5)")
+    g.add_argument("--bootstrap", type=int, default=1000, metavar="N",
+                   help="bootstrap resamples (default 1000)")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.max_steps is not None and args.max_steps < 1:
+            raise ValueError(f"--max-steps: must be >= 1, got {args.max_steps}")
+        recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+        settings = FitSettings(x=args.x, fraction=args.fit_fraction, n_boot=args.bootstrap)
+        given = sys.argv[1:] if argv is None else list(argv)
+        command = " ".join(["python benchmarks/predictive_accuracy.py", *given])
+        return run_accuracy(
+            recipes, output_dir=Path(args.output_dir),
+            runs_dir=Path(args.runs_dir) if args.runs_dir else None, overrides=args.overrides,
+            max_steps=args.max_steps, settings=settings, train=not args.no_train, device=args.device,
+            command=command,
+        )
+    except (ValueError, FileNotFoundError) as err:
+        print(f"predictive_accuracy: error: {err}", file=sys.stderr)
+        return 2
+
+
+__all__ = ["DEFAULT_RECIPES", "main", "plan_accuracy", "recipe_config", "run_accuracy"]

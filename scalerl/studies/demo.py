@@ -1,0 +1,342 @@
+"""`scalerl demo`: train the embedded default, fit its curve on the first half, check the prediction.
+
+    scalerl demo                        # about 10 minutes on 2 CPU cores (the README's first command)
+    scalerl demo --quick                # a smoke test: a few steps, just enough points to fit
+    scalerl demo --seed 1 --output-dir runs/demo-s1
+    scalerl demo max_steps=300 --max-time 600
+
+The demo warm-starts the tiny model (cached after the first time), trains it with the `scalerl`
+recipe while evaluating on held-out prompts, fits R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) on the
+first half of the compute, and prints the predicted against the observed final pass rate with the
+fitted A, B and C_mid and their intervals. The output directory is the run directory (so
+`scalerl fit runs/demo --x flops` refits it) plus `fit.png`, `report.md` and `summary.json`.
+
+Its settings (steps, evaluation cadence and size, fit window, compute axis) are in
+`scalerl/studies/demo.yaml`; `--settings FILE` reads another copy, and `KEY=VALUE` overrides go on
+top. A rerun replaces the previous demo in the same directory (and refuses a directory holding
+anything else).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from scalerl.config import RunConfig, build_config, load_yaml, override_layer, yaml_layer
+from scalerl.recipes import recipe_path
+from scalerl.scaling.analysis import FitOptions, RunAnalysis, analyze_curve
+from scalerl.scaling.io import read_run_dir
+from scalerl.scaling.plot import FitPlotItem, plot_fits
+from scalerl.scaling.report import interval, jsonable, num, render_fit, run_to_dict
+from scalerl.studies.runs import write_atomic, write_json_atomic
+from scalerl.studies.study import check_overrides
+
+SETTINGS_FILE = Path(__file__).resolve().parent / "demo.yaml"
+MARKER_FILE = "demo.json"
+SUMMARY_FILE = "summary.json"
+REPORT_FILE = "report.md"
+PLOT_FILE = "fit.png"
+# The paper's bar for an extrapolated pass rate (Sec. 2: fits land within about +-0.02).
+PAPER_TOLERANCE = 0.02
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DemoFit(_Section):
+    x: str = "flops"
+    fraction: float = Field(0.5, gt=0.0, lt=1.0)
+    bootstrap: int = Field(1000, ge=0)
+
+
+class DemoQuick(_Section):
+    run: dict[str, Any] = {}
+
+
+class DemoSettings(_Section):
+    """The demo's own settings file (`demo.yaml`)."""
+
+    recipe: str = "scalerl"
+    seed: int = 0
+    fit: DemoFit = DemoFit()
+    run: dict[str, Any] = {}
+    quick: DemoQuick = DemoQuick()
+
+
+@dataclass(frozen=True)
+class LoadedSettings:
+    settings: DemoSettings
+    path: Path
+    marks: dict[tuple[str, ...], int]
+
+    def layer(self, *prefix: str) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
+        """The RunConfig subtree at `prefix` as a config layer whose errors point into this file."""
+        tree: Any = self.settings.model_dump()
+        for key in prefix:
+            tree = tree[key]
+        n = len(prefix)
+        origins = {path[n:]: f"{self.path}:{line}" for path, line in self.marks.items()
+                   if path[:n] == prefix and len(path) > n}
+        return dict(tree), origins
+
+
+def load_settings(path: str | Path | None = None) -> LoadedSettings:
+    """Read and validate the demo settings; errors name the file, line and key."""
+    p = Path(path) if path is not None else SETTINGS_FILE
+    data, marks = load_yaml(p)
+    try:
+        settings = DemoSettings.model_validate(data)
+    except ValidationError as err:
+        lines = []
+        for e in err.errors():
+            loc = tuple(str(x) for x in e["loc"])
+            line = next((marks[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in marks), None)
+            where = f"{p}:{line}" if line is not None else str(p)
+            msg = "unknown key" if e["type"] == "extra_forbidden" else f"{e['msg']} (got {e.get('input')!r})"
+            lines.append(f"{where}: {'.'.join(loc)}: {msg}")
+        raise ValueError("demo settings error:\n  " + "\n  ".join(lines)) from None
+    return LoadedSettings(settings, p, marks)
+
+
+def demo_config(
+    loaded: LoadedSettings,
+    *,
+    output_dir: str | Path,
+    quick: bool = False,
+    seed: int | None = None,
+    max_time_s: float | None = None,
+    overrides: list[str] | None = None,
+) -> RunConfig:
+    """Recipe, the settings' `run`, `quick.run` with `--quick`, the flags, then the overrides."""
+    overrides = list(overrides or [])
+    check_overrides(overrides, reserved=("output_dir", "name"))
+    s = loaded.settings
+    flags: dict[str, Any] = {"seed": s.seed if seed is None else seed, "name": "demo",
+                             "output_dir": str(output_dir), "recipe": s.recipe}
+    if max_time_s is not None:
+        flags["max_time_s"] = max_time_s
+    layers = [yaml_layer(recipe_path(s.recipe)), loaded.layer("run")]
+    if quick:
+        layers.append(loaded.layer("quick", "run"))
+    layers += [(flags, {(k,): "command line" for k in flags}), override_layer(overrides)]
+    return build_config(layers)
+
+
+def prepare_output_dir(path: Path) -> None:
+    """Make `path` ready for a fresh demo: create it, or clear a previous demo's; refuse otherwise."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--output-dir: {path} exists and is not a directory")
+    if path.is_dir() and any(path.iterdir()):
+        if not (path / MARKER_FILE).is_file():
+            raise ValueError(f"--output-dir: {path} is not empty and does not hold an earlier demo "
+                             f"(no {MARKER_FILE}); choose another --output-dir")
+        # An earlier demo (finished or interrupted) in its own directory: replaced as a whole, so its
+        # metrics, checkpoints and report cannot mix with the new run's.
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+
+
+@dataclass(frozen=True, eq=False)
+class DemoResult:
+    analysis: RunAnalysis
+    fraction: float
+    seconds: float
+
+    @property
+    def observed(self) -> float:
+        return float(self.analysis.curve.y[-1])
+
+    @property
+    def predicted(self) -> float:
+        return self.analysis.predictions[0].reward
+
+    @property
+    def error(self) -> float:
+        return self.predicted - self.observed
+
+
+def fit_demo(run_dir: Path, x: str, fraction: float, n_boot: int, seconds: float = 0.0) -> DemoResult:
+    """Fit the run's curve on `x <= fraction x final x` and predict the final evaluation."""
+    curve = read_run_dir(run_dir, x=x)
+    end = float(curve.x[-1])
+    window = fraction * end
+    inside = int(((curve.x > 0) & (curve.x <= window)).sum())
+    if inside < 4:
+        raise ValueError(
+            f"{run_dir}: {inside} evaluation(s) with {x} in (0, {window:.4g}], the first {fraction:.0%} "
+            f"of the compute; the fit needs at least 4 (evaluate more often: eval.every, or train longer)"
+        )
+    opts = FitOptions(max_x=window, n_boot=n_boot, predict_at=(end,))
+    return DemoResult(analyze_curve(curve, opts), fraction, seconds)
+
+
+def _param_lines(a: RunAnalysis) -> list[str]:
+    f, b = a.fit, a.boot
+
+    def span(name: str, digits: int) -> str:
+        return "" if b is None else "  " + interval(*b.interval(name), digits=digits)
+
+    return [
+        f"  A     = {num(f.A)}{span('A', 4)}   asymptotic pass rate",
+        f"  B     = {num(f.B, 3)}{span('B', 3)}   compute efficiency",
+        f"  C_mid = {num(f.C_mid, 3)}{span('C_mid', 3)}   {a.curve.x_name} at half of the gain",
+        f"  R0    = {num(f.R0)}   ({f.r0_source.replace('_', ' ')})",
+    ]
+
+
+def render_result(r: DemoResult, cfg: RunConfig) -> str:
+    a = r.analysis
+    f, p = a.fit, a.predictions[0]
+    fc = f.fit_compute
+    band = ""
+    if p.obs_lo is not None and a.boot is not None:
+        band = f"  {interval(p.obs_lo, p.obs_hi, digits=3)} ({a.boot.level:.0%} band for a new evaluation)"
+    verdict = "within" if abs(r.error) <= PAPER_TOLERANCE else "outside"
+    # The step of the last evaluation, not max_steps: --max-time may have stopped the run earlier.
+    steps = a.curve.extra.get("step")
+    trained = f"{int(steps[-1])} steps" if steps is not None else f"{cfg.max_steps} steps"
+    lines = [
+        f"demo: recipe {cfg.recipe}, {trained}, {a.curve.x.size} evaluations "
+        f"({cfg.data.heldout_size} held-out prompts x {cfg.eval.k} samples), {r.seconds / 60:.1f} min",
+        f"fit of R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) on the first {r.fraction:.0%} of the compute "
+        f"(x = {a.curve.x_name}, {fc.size} points up to {num(float(fc.max()))}):",
+        *_param_lines(a),
+        f"final pass rate at {a.curve.x_name} = {num(p.compute)}:",
+        f"  predicted {p.reward:.3f}{band}",
+        f"  observed  {r.observed:.3f}",
+        f"  error     {r.error:+.3f}  ({verdict} the paper's +-{PAPER_TOLERANCE} for extrapolated points)",
+    ]
+    if a.held_out is not None:
+        lines.append(f"  all {a.held_out.n} points after the fit window: mean abs error {a.held_out.mae:.3f} "
+                     f"(max {a.held_out.max_abs:.3f})")
+    status = "ok" if f.diagnostics.reliable else "FLAGGED"
+    lines.append(f"fit status: {status}")
+    lines += [f"  warning: {w}" for w in f.diagnostics.warnings]
+    return "\n".join(lines)
+
+
+def report_markdown(r: DemoResult, cfg: RunConfig, text: str, settings_path: Path) -> str:
+    a = r.analysis
+    return "\n".join([
+        "# scalerl demo",
+        "",
+        f"The tiny default model, warm-started by SFT, trained with the `{cfg.recipe}` recipe for "
+        f"{cfg.max_steps} steps (seed {cfg.seed}); the held-out pass rate (mean@{cfg.eval.k} over "
+        f"{cfg.data.heldout_size} prompts) every {cfg.eval.every} steps. Settings: `{settings_path}`.",
+        "",
+        "```",
+        text,
+        "```",
+        "",
+        f"![fit on the first {r.fraction:.0%} of the compute, extrapolated]({PLOT_FILE})",
+        "",
+        "Filled points were fitted; crosses are the later evaluations the fit had to predict; the dashed "
+        "line is the extrapolation with its bootstrap band; the dotted line is the asymptote A.",
+        "",
+        f"Refit it yourself: `scalerl fit {cfg.output_dir} --x {a.curve.x_name} "
+        f"--max-x {num(float(a.fit.fit_compute.max()), 6)} --predict-at {num(float(a.curve.x[-1]), 6)}`.",
+        "",
+        "```",
+        render_fit([a], a.boot.level if a.boot else 0.95, a.boot.n_requested if a.boot else 0,
+                   a.boot.seed if a.boot else 0),
+        "```",
+        "",
+    ])
+
+
+def run_demo(
+    *,
+    settings_path: str | Path | None = None,
+    output_dir: str | Path = "runs/demo",
+    quick: bool = False,
+    seed: int | None = None,
+    max_time_s: float | None = None,
+    overrides: list[str] | None = None,
+    device: str | None = None,
+    out: Any = None,
+) -> int:
+    """The whole demo (see the module docstring); returns the exit status."""
+    from scalerl.pipeline.cli import prepare_model, train_run
+
+    stream = out or sys.stdout
+    start = time.perf_counter()
+    loaded = load_settings(settings_path)
+    run_dir = Path(output_dir)
+    cfg = demo_config(loaded, output_dir=run_dir, quick=quick, seed=seed, max_time_s=max_time_s,
+                      overrides=overrides)
+    prepare_output_dir(run_dir)
+    write_json_atomic(run_dir / MARKER_FILE, {"kind": "scalerl demo", "settings": str(loaded.path),
+                                             "quick": quick, "seed": cfg.seed})
+    cfg = prepare_model(cfg)
+    code = train_run(cfg, run_dir, device=device)
+    if code:
+        return code
+    fit = loaded.settings.fit
+    result = fit_demo(run_dir, fit.x, fit.fraction, fit.bootstrap, time.perf_counter() - start)
+    text = render_result(result, cfg)
+    a = result.analysis
+    title = f"scalerl demo: fit on the first {result.fraction:.0%} of the compute"
+    plot_fits([FitPlotItem("demo", a.fit, a.boot)], run_dir / PLOT_FILE, x_label=a.curve.x_name,
+              y_label=a.curve.y_name, title=title, level=a.boot.level if a.boot else 0.95)
+    write_atomic(run_dir / REPORT_FILE, report_markdown(result, cfg, text, loaded.path))
+    p = a.predictions[0]
+    write_json_atomic(run_dir / SUMMARY_FILE, jsonable({
+        "kind": "scalerl demo",
+        "settings": str(loaded.path),
+        "quick": quick,
+        "seed": cfg.seed,
+        "recipe": cfg.recipe,
+        "max_steps": cfg.max_steps,
+        "x": a.curve.x_name,
+        "fit_fraction": result.fraction,
+        "final": {"x": p.compute, "predicted": p.reward, "band": [p.obs_lo, p.obs_hi],
+                  "observed": result.observed, "error": result.error,
+                  "within_paper_tolerance": abs(result.error) <= PAPER_TOLERANCE},
+        "fit": run_to_dict(a),
+        "seconds": result.seconds,
+        "files": {"plot": PLOT_FILE, "report": REPORT_FILE},
+    }))
+    stream.write(text + f"\n\nplot: {run_dir / PLOT_FILE}; report: {run_dir / REPORT_FILE}\n")
+    return 0
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "demo",
+        help="train the tiny default, fit the first half, check the predicted final pass rate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (max_steps=300)")
+    p.add_argument("--output-dir", default="runs/demo", metavar="DIR", help="default runs/demo")
+    p.add_argument("--seed", type=int, help="seed of the run (default: the settings file's, 0)")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke test: a few steps, just enough points to fit")
+    p.add_argument("--max-time", type=_positive, metavar="S", help="stop training after S seconds")
+    p.add_argument("--settings", metavar="FILE", help=f"demo settings (default {SETTINGS_FILE})")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda if available)")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    return run_demo(settings_path=args.settings, output_dir=args.output_dir, quick=args.quick, seed=args.seed,
+                    max_time_s=args.max_time, overrides=args.overrides, device=args.device)
+
+
+__all__ = ["DemoSettings", "demo_config", "fit_demo", "load_settings", "register", "run_demo"]

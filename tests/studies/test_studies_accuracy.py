@@ -1,0 +1,88 @@
+"""The predictive-accuracy study: per-recipe runs from the demo's settings, the table of absolute
+errors (checked against curves whose end is known), reuse of existing runs, argument errors."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from study_helpers import FakeTrain, write_curve
+
+from scalerl.config import RunConfig
+from scalerl.studies import accuracy
+from scalerl.studies.accuracy import DEFAULT_RECIPES, plan_accuracy, recipe_config, run_accuracy
+from scalerl.studies.demo import load_settings
+from scalerl.studies.fitting import FitSettings
+
+SETTINGS = FitSettings(x="flops", n_boot=50)
+
+
+def test_each_recipe_runs_with_the_demo_settings(tmp_path: Path) -> None:
+    demo_run = load_settings().settings.run
+    specs = plan_accuracy(DEFAULT_RECIPES, tmp_path / "runs", ["optim.lr=3e-5"], max_steps=30)
+    assert [s.name for s in specs] == list(DEFAULT_RECIPES)
+    by = {s.name: s.config for s in specs}
+    assert by["gspo"].algorithm.loss_type == "gspo" and by["scalerl"].algorithm.loss_type == "cispo"
+    assert by["qwen_dapo"].pipeline.prompts_per_step == 13  # the recipe's own batch shape survives
+    assert all(c.max_steps == 30 and c.optim.lr == 3e-5 for c in by.values())
+    assert all(c.eval.every == demo_run["eval"]["every"] for c in by.values())
+    assert by["dr_grpo"].output_dir == str(tmp_path / "runs" / "dr_grpo")
+    assert by["dr_grpo"].recipe == "dr_grpo"
+    assert recipe_config("base", [], None).max_steps == demo_run["max_steps"]
+
+
+@pytest.mark.parametrize(
+    ("recipes", "overrides", "message"),
+    [([], [], "no recipe"), (["gspo", "gspo"], [], "given twice"), (["nope"], [], "unknown recipe 'nope'"),
+     (["gspo"], ["output_dir=x"], "set by the study")],
+)
+def test_bad_plans_are_refused(tmp_path: Path, recipes: list[str], overrides: list[str],
+                               message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        plan_accuracy(recipes, tmp_path, overrides, None)
+
+
+def test_the_table_reports_each_recipes_extrapolation_error(tmp_path: Path) -> None:
+    curves = {"scalerl": (0.62, 1.6, 40.0), "gspo": (0.5, 1.2, 30.0)}
+    out = io.StringIO()
+    code = run_accuracy(["scalerl", "gspo"], output_dir=tmp_path, settings=SETTINGS,
+                        train_fn=FakeTrain(lambda cfg: curves[cfg.recipe]), out=out,
+                        overrides=["model.name_or_path=some/model"], command="test")
+    assert code == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    runs = {r["recipe"]: r for r in summary["runs"]}
+    for recipe in curves:
+        r = runs[recipe]
+        assert r["status"] == "completed"
+        assert r["abs_error"] == pytest.approx(abs(r["predicted"] - r["observed"]))
+        assert r["abs_error"] < 0.02 and r["fit"]["A"] == pytest.approx(curves[recipe][0], abs=0.05)
+    assert summary["overall"]["n"] == 2 and summary["overall"]["within_tolerance"] == 2
+    table = (tmp_path / "accuracy.md").read_text()
+    assert "| scalerl |" in table and "| gspo |" in table and "2 of 2 within the paper's +-0.02" in table
+    assert "2 of 2 within" in out.getvalue() and (tmp_path / "curves.png").is_file()
+
+
+def test_existing_runs_are_refitted_without_training(tmp_path: Path) -> None:
+    runs = tmp_path / "my_runs"
+    write_curve(runs / "scalerl", RunConfig(name="scalerl"), A=0.6, noise=0.002)
+    out = io.StringIO()
+    code = run_accuracy(["scalerl", "gspo"], output_dir=tmp_path / "out", runs_dir=runs, settings=SETTINGS,
+                        train=False, out=out)
+    assert code == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    gspo = next(r for r in summary["runs"] if r["recipe"] == "gspo")
+    assert "no metrics.jsonl" in gspo["error"] and summary["overall"]["n"] == 1
+    assert "not fitted" in out.getvalue()
+    with pytest.raises(FileNotFoundError, match="no run to fit"):
+        run_accuracy(["gspo"], output_dir=tmp_path / "o2", runs_dir=runs, settings=SETTINGS, train=False)
+
+
+def test_the_script_reports_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    assert accuracy.main(["--max-steps", "0"]) == 2
+    assert "--max-steps: must be >= 1" in capsys.readouterr().err
+    assert accuracy.main(["--recipes", "scalerl,bogus", "--no-train"]) == 2
+    assert "unknown recipe 'bogus'" in capsys.readouterr().err
+    assert accuracy.main(["--fit-fraction", "0"]) == 2
+    assert "fit fraction" in capsys.readouterr().err
