@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from scalerl.atomic import write_atomic
 from scalerl.config import (
     RunConfig,
     build_config,
@@ -158,9 +159,7 @@ def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, devi
 
     run_dir.mkdir(parents=True, exist_ok=True)
     if resume is None:
-        tmp = run_dir / f".{CONFIG_FILE}.tmp"
-        tmp.write_text(config_to_yaml(cfg))
-        tmp.replace(run_dir / CONFIG_FILE)
+        write_atomic(run_dir / CONFIG_FILE, config_to_yaml(cfg))
     print(f"train: {cfg.name} (recipe {cfg.recipe}, {cfg.pipeline.off_policy} k={cfg.pipeline.k}, "
           f"{cfg.algorithm.loss_type}/{cfg.algorithm.aggregation}/{cfg.algorithm.adv_norm}) -> {run_dir}"
           + (f", resuming from {resume}" if resume else ""), file=sys.stderr, flush=True)

@@ -12,8 +12,6 @@ never changes the caller's backend or global state, and files are written atomic
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from scalerl.atomic import atomic_path
 from scalerl.scaling.compare import Comparison, efficiency_transform
 from scalerl.scaling.sigmoid import SigmoidFit
 from scalerl.scaling.uncertainty import Bootstrap
@@ -96,18 +95,8 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 200) -> Path:
     if out.parent and not out.parent.exists():
         raise FileNotFoundError(f"{out.parent}: directory does not exist")
     suffix = out.suffix.lower() or ".png"
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=suffix, dir=out.parent or ".")
-    os.close(fd)
-    try:
+    with atomic_path(out, suffix=suffix) as tmp:
         fig.savefig(tmp, dpi=dpi, format=suffix.lstrip("."))
-        # mkstemp creates the file 0600; give the figure the mode a plain open() would have.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return out
 
 

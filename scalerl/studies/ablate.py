@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scalerl.atomic import write_atomic, write_json_atomic
 from scalerl.config import RunConfig, build_config, override_layer, yaml_layer
 from scalerl.recipes import recipe_path
 from scalerl.scaling.report import jsonable, run_to_dict, table
@@ -39,7 +40,7 @@ from scalerl.studies.report import (
     prediction_rows,
     write_plot,
 )
-from scalerl.studies.runs import RunOutcome, RunSpec, write_atomic, write_json_atomic
+from scalerl.studies.runs import RunOutcome, RunSpec
 from scalerl.studies.study import (
     PLAN_FILE,
     PLOT_FILE,

@@ -32,13 +32,14 @@ from typing import Any
 
 import numpy as np
 
+from scalerl.atomic import write_atomic, write_json_atomic
 from scalerl.config import RunConfig, build_config, override_layer, yaml_layer
 from scalerl.recipes import recipe_path
 from scalerl.scaling.report import interval, jsonable, num, run_to_dict
 from scalerl.studies.demo import load_settings
 from scalerl.studies.fitting import FitSettings, RunFit, StudyFits, analyze_study, fit_run
 from scalerl.studies.report import markdown_table, per_run_text, write_plot
-from scalerl.studies.runs import RunOutcome, RunSpec, write_atomic, write_json_atomic
+from scalerl.studies.runs import RunOutcome, RunSpec
 from scalerl.studies.study import check_overrides, make_spec, run_and_fit, shared_model, with_model
 
 DEFAULT_RECIPES: tuple[str, ...] = ("scalerl", "deepseek_grpo", "qwen_dapo", "dr_grpo", "gspo", "base")

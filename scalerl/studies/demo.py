@@ -30,13 +30,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from scalerl.atomic import write_atomic, write_json_atomic
 from scalerl.config import RunConfig, build_config, load_yaml, override_layer, yaml_layer
 from scalerl.recipes import recipe_path
 from scalerl.scaling.analysis import FitOptions, RunAnalysis, analyze_curve
 from scalerl.scaling.io import read_run_dir
 from scalerl.scaling.plot import FitPlotItem, plot_fits
 from scalerl.scaling.report import interval, jsonable, num, render_fit, run_to_dict
-from scalerl.studies.runs import write_atomic, write_json_atomic
 from scalerl.studies.study import check_overrides
 
 SETTINGS_FILE = Path(__file__).resolve().parent / "demo.yaml"

@@ -21,10 +21,8 @@ run and the first differing keys, never a silent mix of old and new runs.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from scalerl.atomic import write_atomic, write_json_atomic
 from scalerl.config import ConfigError, RunConfig, build_config, yaml_layer
 
 STATUS_FILE = "study_status.json"
@@ -84,29 +83,6 @@ class RunOutcome:
 # ---------------------------------------------------------------------------------------------
 # Files
 
-
-def write_atomic(path: str | Path, text: str) -> Path:
-    """Write `text` to `path` through a temporary file in the same directory and a rename, so a
-    reader (or a crash) never sees half a file."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        # mkstemp creates the file 0600; give it the mode a plain open() would have.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return out
-
-
-def write_json_atomic(path: str | Path, obj: Any) -> Path:
-    return write_atomic(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")
 
 
 def read_status(run_dir: Path) -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from study_helpers import FakeTrain
 
+from scalerl.atomic import write_atomic
 from scalerl.config import RunConfig, config_to_yaml
 from scalerl.studies.runs import (
     STATUS_FILE,
@@ -16,7 +17,6 @@ from scalerl.studies.runs import (
     execute_runs,
     read_status,
     run_state,
-    write_atomic,
     write_json_atomic,
 )
 
