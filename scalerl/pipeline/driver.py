@@ -117,6 +117,7 @@ class Driver:
         self.c = components
         self.clock = clock
         self.step = int(start_step)
+        self.evaluated_at: int | None = None
         self.batch_size = pipe.prompts_per_step
         self.queue = c.queue if c.queue is not None else LocalGroupQueue()
         self.channel = c.channel if c.channel is not None else EngineWeightChannel(c.engine)
@@ -170,12 +171,15 @@ class Driver:
             "mode": self.config.pipeline.off_policy,
             "generator": self.generator.state_dict(),
             "meter": self.c.meter.state_dict() if self.c.meter is not None else None,
+            # The metrics log kept this step's eval row (if any): a resume must not log it twice.
+            "evaluated_at": self.evaluated_at,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"pipeline state: expected version {STATE_VERSION}, got {state.get('version')}")
         self.step = int(state["step"])
+        self.evaluated_at = state.get("evaluated_at")
         self.generator.load_state_dict(dict(state["generator"]))
         if self.c.meter is not None and state.get("meter") is not None:
             self.c.meter.load_state_dict(state["meter"])
@@ -216,7 +220,6 @@ class Driver:
         cfg = self.config
         deadline = None if cfg.max_time_s is None else self.clock() + cfg.max_time_s
         result = RunResult(steps=self.step, stop_reason="max_steps")
-        evaluated_at: int | None = None
         saved_at: int | None = None
         # The meter starts before the generator so that every generated token lands in some step's
         # row (and in the compute totals), including those generated during the first evaluation.
@@ -224,7 +227,7 @@ class Driver:
         try:
             self.batches.start()
             if cfg.eval.at_start and self.step == 0 and self.c.evaluator is not None:
-                result.last_eval, evaluated_at = self._evaluate(), 0
+                result.last_eval, self.evaluated_at = self._evaluate(), 0
             while self.step < cfg.max_steps:
                 if deadline is not None and self.clock() >= deadline:
                     result.stop_reason = "max_time_s"
@@ -242,14 +245,14 @@ class Driver:
                     self.c.metrics.log_step(self.step, row)
                 result.last_step = row
                 if self.c.evaluator is not None and self.step % cfg.eval.every == 0:
-                    result.last_eval, evaluated_at = self._evaluate(), self.step
+                    result.last_eval, self.evaluated_at = self._evaluate(), self.step
                 every = cfg.checkpoint.every
                 if self.c.checkpoint is not None and every and self.step % every == 0:
                     self.c.checkpoint(self.step, self.state_dict())
                     saved_at = self.step
             # The run's last point on the curve and its last checkpoint, whatever stopped it.
-            if self.c.evaluator is not None and evaluated_at != self.step:
-                result.last_eval = self._evaluate()
+            if self.c.evaluator is not None and self.evaluated_at != self.step:
+                result.last_eval, self.evaluated_at = self._evaluate(), self.step
             if self.c.checkpoint is not None and saved_at != self.step and self.step > 0:
                 self.c.checkpoint(self.step, self.state_dict())
         finally:

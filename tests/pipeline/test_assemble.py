@@ -57,6 +57,15 @@ def test_train_then_resume(tmp_path: Path) -> None:
     assert [(r["kind"], r["step"]) for r in rows if r["step"] > 3] == [("step", 4), ("eval", 4), ("step", 5),
                                                                       ("eval", 5)]
 
+    # Resuming a finished run (its last checkpoint is at max_steps) trains nothing and must not log
+    # that step's evaluation a second time (the scaling reader rejects duplicate steps).
+    with build_training(tiny_config(5), tmp_path, device="cpu",
+                        resume=tmp_path / "checkpoints" / "step_000005") as run:
+        result = run.driver.run()
+        assert result.steps == 5
+    again = read_rows(tmp_path / "metrics.jsonl")
+    assert [(r["kind"], r["step"]) for r in again] == [(r["kind"], r["step"]) for r in rows]
+
 
 def test_sampling_params_follow_the_config() -> None:
     cfg = tiny_config(1)
