@@ -44,7 +44,27 @@ def _push_weights(engine: Engine, channel: WeightChannel, trainer: Trainer) -> N
         channel.publish(trainer.weights_for_engine(), trainer.version)
 
 
-class RoundBatches:
+class _Batches:
+    """What every schedule drives: the generator, the queue of scored groups, the weight channel
+    and the trainer whose versions it publishes, B groups per optimizer step."""
+
+    def __init__(
+        self,
+        generator: Generator,
+        queue: GroupQueue,
+        channel: WeightChannel,
+        trainer: Trainer,
+        batch_size: int,
+    ) -> None:
+        self.generator = generator
+        self.queue = queue
+        self.channel = channel
+        self.trainer = trainer
+        self.batch_size = batch_size
+        self._published = trainer.version
+
+
+class RoundBatches(_Batches):
     """`sync` (k = 1) and `ppo_offpolicy` (k > 1): alternate generation rounds and k updates."""
 
     def __init__(
@@ -58,11 +78,7 @@ class RoundBatches:
     ) -> None:
         if updates_per_round < 1:
             raise ValueError(f"updates_per_round: must be >= 1, got {updates_per_round}")
-        self.generator = generator
-        self.queue = queue
-        self.channel = channel
-        self.trainer = trainer
-        self.batch_size = batch_size
+        super().__init__(generator, queue, channel, trainer, batch_size)
         self.updates_per_round = updates_per_round
         self.rounds = 0
 
@@ -94,7 +110,7 @@ class RoundBatches:
         """Nothing runs in the background."""
 
 
-class PipelineBatches:
+class PipelineBatches(_Batches):
     """`pipeline`: a generator thread, in-flight weight updates, FIFO groups to the trainer."""
 
     def __init__(
@@ -106,13 +122,8 @@ class PipelineBatches:
         batch_size: int,
         poll_s: float = 0.05,
     ) -> None:
-        self.generator = generator
-        self.queue = queue
-        self.channel = channel
-        self.trainer = trainer
-        self.batch_size = batch_size
+        super().__init__(generator, queue, channel, trainer, batch_size)
         self.poll_s = poll_s
-        self._published = trainer.version
 
     def start(self) -> None:
         _push_weights(self.generator.engine, self.channel, self.trainer)
@@ -143,7 +154,7 @@ class PipelineBatches:
         self.generator.stop(timeout=60.0)
 
 
-class InterleavedBatches:
+class InterleavedBatches(_Batches):
     """`pipeline`, deterministic: generator and trainer take turns on the driver's thread.
 
     Time is counted in generator ticks (one engine step, or one idle pass when the engine has
@@ -172,15 +183,10 @@ class InterleavedBatches:
     ) -> None:
         if train_ticks < 0:
             raise ValueError(f"train_ticks: must be >= 0, got {train_ticks}")
-        self.generator = generator
-        self.queue = queue
-        self.channel = channel
-        self.trainer = trainer
-        self.batch_size = batch_size
+        super().__init__(generator, queue, channel, trainer, batch_size)
         self.train_ticks = train_ticks
         self.ticks = 0
         self._trainer_free_at = 0  # tick at which the step in progress ends and its weights land
-        self._published = trainer.version
         self._idle_free_ticks = 0
 
     def start(self) -> None:
