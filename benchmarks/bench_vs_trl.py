@@ -110,7 +110,7 @@ from scalerl.pipeline.scoring import GroupScorer
 from scalerl.rewards import RewardConfig, RewardRouter, math_reward
 from scalerl.rollout import EmbeddedEngine
 from scalerl.training.policy import load_model
-from scalerl.training.sft import warm_start_default
+from scalerl.training.sft import SFTConfig, warm_start_default
 
 DEFAULT_THREADS = 2  # the brief's setting; see --threads and docs/bench_vs_trl.md
 EVAL_THREADS = 1
@@ -236,10 +236,13 @@ def check_matched_grpo(cfg: RunConfig) -> None:
         raise SystemExit(f"part (a) config is not matched sync GRPO: {bad}")
 
 
-def make_setup(seed: int, budget_a: float, budget_b: float) -> Setup:
+def make_setup(seed: int, budget_a: float, budget_b: float, sft_steps: int | None = None) -> Setup:
     probe = resolve_run_config("scalerl", [], [f"seed={seed}"])
     print("warm start: SFT of the tiny default (cached after the first run) ...", file=sys.stderr, flush=True)
-    model_path = str(warm_start_default(probe))
+    # None: the default warm start, the very model `scalerl train` starts from. Another step count is
+    # another cached model (the cache key covers the SFT settings); only smoke tests want one.
+    sft = None if sft_steps is None else SFTConfig(steps=sft_steps, seed=seed)
+    model_path = str(warm_start_default(probe, sft))
     base = common_overrides(model_path, seed)
     cfg_a = resolve_run_config(
         "deepseek_grpo", [],
@@ -728,8 +731,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default="+0.15",
                         help="held-out pass rate: '+0.15' = start + 0.15, or an absolute value")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eval-k", type=int, default=16,
-                        help="samples per held-out prompt, mean@k (scalerl's in-run default is 4)")
+    parser.add_argument("--eval-k", type=int, default=None,
+                        help="samples per held-out prompt, mean@k (default 16, quick 4; scalerl's in-run "
+                             "default is 4)")
     parser.add_argument("--eval-every-s", type=float, default=None,
                         help="base spacing of snapshots on the training clock (default 5, quick 10)")
     parser.add_argument("--eval-length-control", choices=("none", "interruption"), default="none",
@@ -738,13 +742,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=DEFAULT_THREADS,
                         help="torch intra-op threads, the same for both sides (default 2)")
     parser.add_argument("--json", metavar="OUT", help="write the results as JSON")
+    parser.add_argument("--sft-steps", type=int, default=None,
+                        help=f"SFT steps of the shared warm start (default {SFTConfig().steps}: the model "
+                             "`scalerl train` starts from; fewer, e.g. 2, only for a fast smoke test)")
     args = parser.parse_args(argv)
     budget_b = args.budget_s or (30.0 if args.quick else 600.0)
     budget_a = args.sync_budget_s or (20.0 if args.quick else budget_b / 4)
     every = args.eval_every_s or (10.0 if args.quick else 5.0)
+    args.eval_k = args.eval_k or (4 if args.quick else 16)
     parts = set(args.parts)
     if not parts or parts - {"a", "b"}:
         parser.error("--parts: 'a', 'b' or 'ab'")
+    if args.sft_steps is not None and args.sft_steps < 1:
+        parser.error("--sft-steps: must be >= 1")
     try:
         import trl
     except ImportError:
@@ -754,7 +764,7 @@ def main(argv: list[str] | None = None) -> int:
 
     _quiet()
     torch.set_num_threads(args.threads)
-    setup = make_setup(args.seed, budget_a, budget_b)
+    setup = make_setup(args.seed, budget_a, budget_b, args.sft_steps)
     g = setup.cfg_b.generation
     print(f"TRL {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")

@@ -1,0 +1,269 @@
+"""Every script in `benchmarks/` runs from a clean checkout: each one in a subprocess, the way a user
+runs it (this interpreter, the repository root as working directory), in its smallest mode, and its
+printed results are checked (exit status, the ratio lines, numbers that parse and are consistent with
+each other), not only that it ran.
+
+Speed ratios themselves are not asserted against their targets: on a shared CI machine they measure
+the load. What is asserted is what does not depend on timing (agreement of results, token and sample
+counts, slot occupancy, version lags) plus "positive and finite" for the timed numbers.
+
+Every subprocess gets `SCALERL_CACHE_DIR` in a temporary directory (the SFT warm starts are cached
+there, never in ~/.cache), one OpenMP thread (CI machines are small and shared) and no Hub access
+(nothing here may need a download). Cost on a loaded 2-core machine: about a minute and a half.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCHMARKS = ROOT / "benchmarks"
+NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+TESTED = {
+    "bench_engine.py",
+    "bench_sigmoid_fit.py",
+    "bench_pipeline.py",
+    "bench_objectives_vs_trl.py",
+    "bench_vs_trl.py",
+    "predictive_accuracy.py",
+}
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One scalerl cache for the module: warm starts made by one test are reused by the next."""
+    return tmp_path_factory.mktemp("scalerl_cache")
+
+
+def run_script(name: str, *args: str, cache_dir: Path, timeout: float) -> str:
+    """Run `benchmarks/<name>`; fail with its output unless it exits 0; return its stdout."""
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "SCALERL_CACHE_DIR": str(cache_dir),
+        "MPLCONFIGDIR": str(cache_dir / "matplotlib"),
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / name), *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False,
+    )
+    assert proc.returncode == 0, (
+        f"{name} exited with {proc.returncode}\n--- stdout (tail)\n{proc.stdout[-4000:]}"
+        f"\n--- stderr (tail)\n{proc.stderr[-4000:]}"
+    )
+    return proc.stdout
+
+
+def match(pattern: str, text: str) -> re.Match[str]:
+    """The first line matching `pattern` (which may use the NUM placeholder `{N}`)."""
+    m = re.search(pattern.replace("{N}", NUM), text, flags=re.MULTILINE)
+    assert m is not None, f"no line matches {pattern!r} in:\n{text}"
+    return m
+
+
+def positive(x: str) -> float:
+    value = float(x)
+    assert math.isfinite(value) and value > 0, x
+    return value
+
+
+def test_every_benchmark_script_has_a_test() -> None:
+    assert {p.name for p in BENCHMARKS.glob("*.py")} == TESTED
+
+
+@pytest.mark.timeout(240)
+def test_bench_engine_quick(cache_dir: Path) -> None:
+    out = run_script("bench_engine.py", "--quick", cache_dir=cache_dir, timeout=210)
+    assert "32 prompts, batch 8, max_new_tokens 64" in out
+    sides = {}
+    for name in ("HF generate\\(\\):", "EmbeddedEngine:"):
+        m = match(rf"^{name}\s+(\d+) tokens\s+({{N}}) s\s+({{N}}) tok/s\s+[\w-]+ occupancy ({{N}})$", out)
+        tokens, seconds, tps, occupancy = int(m[1]), positive(m[2]), positive(m[3]), float(m[4])
+        assert tokens > 0 and 0 < occupancy <= 1
+        assert tps == pytest.approx(tokens / seconds, rel=0.02)
+        sides[name] = (tps, occupancy)
+    ratio = positive(match(r"^throughput ratio \(engine / generate\): ({N})x", out)[1])
+    (hf_tps, hf_occ), (eng_tps, eng_occ) = sides.values()
+    assert ratio == pytest.approx(eng_tps / hf_tps, rel=0.02, abs=0.01)
+    # Occupancy does not depend on timing (same seeds, same sampled lengths): continuous batching keeps
+    # its slots busier than static batches that decode until their longest row ends.
+    assert eng_occ > hf_occ
+
+
+@pytest.mark.timeout(180)
+def test_bench_sigmoid_fit_quick(cache_dir: Path) -> None:
+    out = run_script("bench_sigmoid_fit.py", "--quick", "--repeats", "1", cache_dir=cache_dir, timeout=150)
+    assert "literal = 7100 curve_fit calls" in out
+    # Exit status 0 already says the fast fit found the literal grid search's cell; check the lines too.
+    m = match(r"-> same cell: (\w+), \|dB\| = ({N})$", out)
+    assert m[1] == "True" and float(m[2]) <= 1e-3
+    assert positive(match(r"speed ratio literal / fast: ({N})x\s+agreement: OK$", out)[1]) > 1
+    lo, hi = match(r"^1000 bootstrap refits .*; A 95% interval \[({N}), ({N})\]$", out).groups()
+    assert 0 < float(lo) < float(hi) < 1
+    m = match(r"^speed ratio: min ({N})x, median ({N})x; all cells agree: (\w+)$", out)
+    assert positive(m[1]) > 1 and positive(m[2]) > 1 and m[3] == "True"
+
+
+@pytest.mark.timeout(240)
+def test_bench_pipeline_quick(cache_dir: Path) -> None:
+    out = run_script("bench_pipeline.py", "--quick", cache_dir=cache_dir, timeout=210)
+    lags, samples_per_s = {}, {}
+    for mode, k in (("sync", 1), ("ppo_offpolicy", 8), ("pipeline", 8)):
+        m = match(rf"^\s*{mode} k={k}: (\d+) steps in\s+({{N}})s\s+({{N}}) samples/s\s+({{N}}) gen tok/s\s+"
+                  rf"idle\s+({{N}})%\s+lag mean ({{N}}) max (\d+)$", out)
+        assert int(m[1]) == 16  # --quick: 16 optimizer steps per mode
+        assert positive(m[2]) and positive(m[4])
+        samples_per_s[mode] = positive(m[3])
+        assert 0 <= float(m[5]) <= 100
+        lags[mode] = (float(m[6]), int(m[7]))
+    assert "\nratios to sync:\n" in out
+    for mode, k in (("sync", 1), ("ppo_offpolicy", 8), ("pipeline", 8)):
+        ratio = match(rf"^\s*{mode} k={k}: samples/s x\s*({{N}})\s+generator idle x\s*(\S+)$", out)
+        expected = samples_per_s[mode] / samples_per_s["sync"]
+        assert positive(ratio[1]) == pytest.approx(expected, rel=0.01, abs=0.006)
+    # Version lags follow from the schedules, not from timing: sync trains on the current policy,
+    # ppo_offpolicy on rounds of k=8 steps generated by one policy (lags 0..7), the pipeline within max_lag.
+    assert lags["sync"] == (0.0, 0)
+    assert lags["ppo_offpolicy"] == (3.5, 7)
+    assert 0 <= lags["pipeline"][0] <= lags["pipeline"][1] <= 8
+
+
+ROW = re.compile(
+    rf"^(?P<case>\S.*?)\s+(?P<ours>{NUM})\s+(?P<trl>{NUM})\s+(?P<dv>{NUM})\s+(?:(?P<dg>{NUM})\s+)?"
+    r"(?P<ok>yes|NO|differs by definition)$"
+)
+
+
+@pytest.mark.timeout(240)
+def test_bench_objectives_vs_trl_agree(cache_dir: Path) -> None:
+    pytest.importorskip("trl")
+    out = run_script("bench_objectives_vs_trl.py", cache_dir=cache_dir, timeout=210)
+    assert match(r"^TRL (\S+) \(transformers", out)
+    rows: dict[str, list[re.Match[str]]] = {}
+    section, tolerance = "", math.nan
+    for line in out.splitlines():
+        if head := re.match(rf"^(Losses, float\d+|Advantages, float32) .*\(tolerance ({NUM})", line):
+            section, tolerance = head[1], float(head[2])
+            rows[section] = []
+        elif (row := ROW.match(line)) is not None:
+            assert section, line
+            rows[section].append(row)
+            if row["ok"] == "differs by definition":
+                continue
+            # The printed max differences: tiny, within the dtype's tolerance (relative to |loss| >= 1).
+            scale = max(1.0, abs(float(row["ours"])))
+            assert row["ok"] == "yes", line
+            assert float(row["dv"]) <= tolerance * scale, line
+            if row["dg"] is not None:
+                assert float(row["dg"]) <= tolerance * scale, line
+    assert set(rows) == {"Losses, float64", "Losses, float32", "Advantages, float32"}
+    assert len(rows["Losses, float64"]) == len(rows["Losses, float32"]) == 8  # every loss case, both dtypes
+    assert all(r["dg"] is not None for r in rows["Losses, float64"] + rows["Losses, float32"])
+    adv = {r["case"].strip(): r for r in rows["Advantages, float32"]}
+    assert {k: r["ok"] for k, r in adv.items()} == {
+        "advantages, group scaling": "yes", "advantages, none scaling": "yes",
+        "advantages, batch scaling": "differs by definition",
+    }
+    # The known batch-scaling difference is one factor for the whole batch, printed with its spread.
+    m = match(r"scalerl = ({N}) x TRL on every sample \(spread ({N})\)", out)
+    assert positive(m[1]) > 1 and float(m[2]) < 1e-5
+    assert float(adv["advantages, batch scaling"]["ours"]) == pytest.approx(
+        float(m[1]) * float(adv["advantages, batch scaling"]["trl"]), rel=1e-4)
+    assert "all agreeing cases within tolerance" in out and "MISMATCH" not in out
+
+
+@pytest.mark.timeout(420)
+def test_bench_vs_trl_smoke(cache_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("trl")
+    out_json = tmp_path / "vs_trl.json"
+    # A 2-step warm start, one step per side and clock budgets of a second, one sample per held-out
+    # prompt, one snapshot per side (the final one): every code path of the comparison, in about 30 s.
+    out = run_script(
+        "bench_vs_trl.py", "--sft-steps", "2", "--budget-s", "1", "--sync-budget-s", "1", "--eval-k", "1",
+        "--eval-every-s", "1000", "--threads", "1", "--json", str(out_json),
+        cache_dir=cache_dir, timeout=390,
+    )
+    assert match(r"^TRL \S+, transformers \S+, torch \S+, 1 threads", out)
+    assert match(r"budgets \(a\) 1s \(b\) 1s per side; eval mean@1, length control none$", out)
+    for part_header in ("(a) matched synchronous GRPO", "(b) best recipes: held-out mean@k"):
+        assert part_header in out
+    for side in ("scalerl", "TRL"):
+        # Part (a): side, steps, train s, samples/s, w/o 1st ('-' after one step), step s, gen tok/s, ...
+        m = match(rf"^{side}\s+(\d+)\s+({{N}})\s+({{N}})\s+(\S+)\s+({{N}})\s+({{N}})\s+({{N}})"
+                  r"\s+({N})", out)
+        assert int(m[1]) >= 1 and all(positive(m[i]) for i in (2, 3, 5, 6, 7))
+        assert 0 <= float(m[8]) <= 1
+        assert match(rf"^  {side}\s+0:({{N}})(?:\s+\d+:{{N}})+$", out)  # (b) curve: start, then snapshots
+    ratios = match(r"^ratio scalerl / TRL: samples/s x({N}) \(without the first step x(\S+); "
+                   r"median step time x({N})\), generated tokens/s x({N})$", out)
+    assert all(positive(ratios[i]) for i in (1, 3, 4))
+    assert match(r"^time to target, TRL / scalerl: first .+, smoothed \(trailing mean of 3\) .+$", out)
+    assert match(r"^final pass rate at equal training clock, scalerl / TRL: last x\S+", out)
+
+    data = json.loads(out_json.read_text())
+    assert data["args"]["sft_steps"] == 2 and data["eval"]["k"] == 1 and data["threads"] == 1
+    model = Path(data["model_path"])
+    assert model.parent == cache_dir / "sft"  # the warm start lives in SCALERL_CACHE_DIR
+    assert json.loads((model / "sft_info.json").read_text())["sft"]["steps"] == 2
+    assert data["summary"]["a"]["samples_per_s_ratio"] == pytest.approx(float(ratios[1]), abs=0.006)
+    sides = data["sides"]
+    assert set(sides) == {"a/scalerl", "a/TRL", "b/scalerl", "b/TRL"}
+    # (a) is matched: both sides train B x n = 8 x 8 samples per optimizer step.
+    for key in ("a/scalerl", "a/TRL"):
+        assert sides[key]["steps"] >= 1 and sides[key]["samples_trained"] == 64 * sides[key]["steps"]
+    for key, side in sides.items():
+        assert side["threads"] == [1], key
+        curve = side["curve"]
+        assert curve[0]["step"] == 0 and curve[0]["pass_rate"] == sides["a/scalerl"]["curve"][0]["pass_rate"]
+        assert len(curve) >= 2 and all(0 <= p["pass_rate"] <= 1 for p in curve), key
+
+
+@pytest.fixture(scope="module")
+def warm_start(cache_dir: Path) -> Path:
+    """A 2-step SFT warm start of the tiny default (the script's own default is the 400-step one)."""
+    from scalerl.pipeline.cli import resolve_run_config
+    from scalerl.training.sft import SFTConfig, warm_start_default
+
+    cfg = resolve_run_config("scalerl", [], ["seed=0"])
+    return warm_start_default(cfg, SFTConfig(steps=2, seed=0), cache_dir=cache_dir / "sft")
+
+
+@pytest.mark.timeout(360)
+def test_predictive_accuracy_tiny(cache_dir: Path, tmp_path: Path, warm_start: Path) -> None:
+    out_dir = tmp_path / "acc"
+    steps = 24  # pipeline-8 front-loads generation FLOPs: 24 small steps leave enough points to fit
+    out = run_script(
+        "predictive_accuracy.py", "--recipes", "scalerl", "--max-steps", str(steps),
+        "--output-dir", str(out_dir), "--bootstrap", "50",
+        "eval.every=1", "eval.k=1", "data.heldout_size=8", "pipeline.prompts_per_step=2", "generation.n=4",
+        "logging.progress=false", f"model.name_or_path={warm_start}",
+        cache_dir=cache_dir, timeout=330,
+    )
+    m = match(r"^scalerl\s+(\d+)/(\d+)\s+({N})\b.*\s({N})\s+({N})\s+({N})\s+\S+ / \S+\s+(ok|WARN)$", out)
+    fitted, points = int(m[1]), int(m[2])
+    assert 4 <= fitted < points == steps + 1  # an evaluation before the first step and after each one
+    assert match(r"^1 recipe\(s\): mean abs error ({N}), max ({N}); (\d) of 1 within the paper's", out)
+    assert f"written to {out_dir / 'accuracy.md'}, {out_dir / 'summary.json'}" in out
+
+    assert "| scalerl |" in (out_dir / "accuracy.md").read_text()
+    assert (out_dir / "curves.png").stat().st_size > 0
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["recipes"] == ["scalerl"] and summary["overall"]["n"] == 1
+    assert summary["fit"]["n_boot"] == 50
+    (run,) = summary["runs"]
+    assert run["status"] == "completed" and run["error"] is None
+    assert run["abs_error"] == pytest.approx(abs(run["predicted"] - run["observed"]))
+    assert run["observed"] == pytest.approx(float(m[4]), abs=6e-4)
+    rows = [json.loads(line) for line in (out_dir / "runs" / "scalerl" / "metrics.jsonl").open()]
+    assert sum(r.get("kind") == "eval" for r in rows) == points
+    assert max(r["step"] for r in rows if r.get("kind") == "step") == steps
