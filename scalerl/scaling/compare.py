@@ -160,6 +160,9 @@ def _replicate_crossovers(
     d0, d1 = diff[rows, i], diff[rows, i + 1]
     lg = np.log(grid)
     t = np.where(d1 != d0, d0 / np.where(d1 != d0, d0 - d1, 1.0), 0.5)
+    # A sign change puts t in [0, 1]; rows without one are discarded below, but their arbitrary t
+    # could overflow exp(), so clip them into range too.
+    t = np.clip(t, 0.0, 1.0)
     out = np.exp(lg[i] + t * (lg[i + 1] - lg[i]))
     return np.where(has, out, np.nan)
 

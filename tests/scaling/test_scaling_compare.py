@@ -152,3 +152,21 @@ def test_efficiency_slope_of_a_fit_estimates_B(synthetic: SyntheticCurve) -> Non
 def test_compare_needs_runs() -> None:
     with pytest.raises(ValueError):
         compare({})
+
+
+def test_replicate_crossovers_interpolate_in_log_space_and_ignore_parallel_pairs() -> None:
+    """A sign change between grid points i and i+1 is interpolated geometrically; pairs that never
+    cross give NaN, and their (meaningless) interpolation weight must not overflow."""
+    from scalerl.scaling.compare import _replicate_crossovers
+
+    grid = np.array([1.0, 10.0, 100.0, 1000.0])
+    crossing = np.array([[0.1, 0.2, 0.4, 0.5]])
+    other = np.array([[0.3, 0.3, 0.3, 0.3]])
+    # Nearly parallel, never crossing: d0 / (d0 - d1) is about 2e15.
+    near = np.array([[0.5, np.nextafter(0.5, 0.0), np.nextafter(0.5, 0.0), 0.4]])
+    with np.errstate(over="raise", invalid="raise"):
+        (x,) = _replicate_crossovers(crossing, other, grid, seed=0)
+        (never,) = _replicate_crossovers(near, other, grid, seed=0)
+    # Crossing between 10 (diff -0.1) and 100 (diff +0.1): halfway in log space.
+    assert x == pytest.approx(math.sqrt(10.0 * 100.0))
+    assert math.isnan(never)
