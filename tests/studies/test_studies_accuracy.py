@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from study_helpers import FakeTrain, write_curve
@@ -86,3 +87,32 @@ def test_the_script_reports_bad_arguments(capsys: pytest.CaptureFixture[str]) ->
     assert "unknown recipe 'bogus'" in capsys.readouterr().err
     assert accuracy.main(["--fit-fraction", "0"]) == 2
     assert "fit fraction" in capsys.readouterr().err
+
+
+def test_every_recipe_starts_from_the_demo_recipes_warm_start_whatever_the_order(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warm start's cache key covers `model.fp32_lm_head`, which recipes set differently, so
+    taking the first listed recipe's warm start would tie the starting model to the order of
+    `--recipes` (dr_grpo first gave another model than scalerl first)."""
+    asked: list[RunConfig] = []
+
+    def fake_shared_model(cfg: RunConfig) -> str:
+        asked.append(cfg)
+        return "warm/start"
+
+    monkeypatch.setattr(accuracy, "shared_model", fake_shared_model)
+    seen: dict[str, str | None] = {}
+    curves = {"dr_grpo": (0.6, 1.5, 40.0), "scalerl": (0.62, 1.6, 40.0)}
+
+    fake = FakeTrain(lambda c: curves[c.recipe])
+
+    def train(cfg: RunConfig, run_dir: Path, **kwargs: Any) -> int:
+        seen[cfg.recipe] = cfg.model.name_or_path
+        return fake(cfg, run_dir, **kwargs)
+
+    assert recipe_config("dr_grpo", [], None).model.fp32_lm_head is False
+    run_accuracy(["dr_grpo", "scalerl"], output_dir=tmp_path, settings=SETTINGS, train_fn=train,
+                 out=io.StringIO())
+    (cfg,) = asked
+    assert cfg.recipe == accuracy.WARM_START_RECIPE == "scalerl" and cfg.model.fp32_lm_head is True
+    assert seen == {"dr_grpo": "warm/start", "scalerl": "warm/start"}
