@@ -253,3 +253,13 @@ def test_unknown_recipe_names_list_the_known_ones(bad: str) -> None:
     assert repr(bad) in str(err.value)
     with pytest.raises(ValueError, match="unknown recipe"):
         load_recipe_config(bad)
+
+
+def test_the_readme_documents_every_recipe_with_its_source() -> None:
+    """The README's recipe table is the recipe headers, row for row: a recipe added, renamed or
+    re-sourced without updating the README fails here."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for name in recipe_names():
+        info = recipe_info(name)
+        assert info.description and info.source, name
+        assert f"| `{name}` | {info.description} | {info.source} |" in readme, name
