@@ -49,5 +49,8 @@ def sigmoid_power_law_D(A: float, B: float, C_mid: float, R0: float) -> float:
     """Coefficient of the sigmoid's high-compute limit, ``D = (A - R0) * C_mid^B`` (paper A.4).
 
     For ``C >> C_mid``: ``R = R0 + (A - R0) / (1 + (C_mid/C)^B) ~ A - (A - R0) (C_mid/C)^B``.
+    Infinite when it exceeds the float range: a steep fit (B ~ 50, as short runs give) on a FLOPs
+    axis (C_mid ~ 1e12) has C_mid^B ~ 1e600, a legitimate "no power-law regime in reach".
     """
-    return float((A - R0) * np.exp(B * np.log(C_mid)))
+    with np.errstate(over="ignore"):
+        return float((A - R0) * np.exp(B * np.log(C_mid)))

@@ -68,3 +68,13 @@ def test_sigmoid_rejects_bad_parameters_and_negative_compute() -> None:
         sigmoid_reward(np.array([1.0]), 0.6, 1.0, 0.0, 0.4)
     with pytest.raises(ValueError, match="compute must be >= 0"):
         sigmoid_reward(np.array([-1.0]), 0.6, 1.0, 10.0, 0.4)
+
+
+def test_power_law_coefficient_of_a_steep_fit_is_infinite_without_a_warning() -> None:
+    """B = 50 on a FLOPs axis: C_mid^B overflows; D is +inf, quietly (short runs produce such fits)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sigmoid_power_law_D(0.6, 50.0, 1e12, 0.3) == float("inf")
+        assert sigmoid_power_law_D(0.6, 1.5, 1e12, 0.3) == pytest.approx(0.3 * 1e18)
