@@ -117,7 +117,7 @@ def evaluate_source(
     from scalerl.pipeline.driver import success_threshold
     from scalerl.pipeline.scoring import GroupScorer
     from scalerl.rewards import RewardConfig, RewardRouter
-    from scalerl.rollout import EmbeddedEngine
+    from scalerl.rollout.factory import EngineSpec, build_engine
     from scalerl.training.policy import load_policy
 
     cfg = source.config.model_copy(deep=True)
@@ -130,14 +130,16 @@ def evaluate_source(
     except OSError as err:  # a hub name that does not resolve, or a directory without weights
         raise FileNotFoundError(f"{source.model}: cannot load a model from it ({err})") from None
     tokenizer = policy.tokenizer
-    engine = EmbeddedEngine(
-        policy.model.eval(),
-        max_batch_size=cfg.generation.max_batch_size,
+    spec = EngineSpec(
+        kind=cfg.generation.engine,
+        model_path=source.model,
         fp32_lm_head=cfg.model.fp32_lm_head,
         seed=cfg.generation.seed,
+        max_batch_size=cfg.generation.max_batch_size,
         eos_token_ids=(int(tokenizer.eos_token_id),),
         pad_token_id=policy.pad_token_id,
     )
+    engine = build_engine(spec, model=policy.model if spec.kind == "embedded" else None)
     d = cfg.data
     encoded = encode_prompts(records, tokenizer, max_prompt_tokens=d.max_prompt_tokens,
                              system_prompt=resolve_system_prompt(d.think_system_prompt, d.system_prompt),

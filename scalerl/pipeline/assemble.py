@@ -32,7 +32,8 @@ from scalerl.evaluation.evaluator import Evaluator
 from scalerl.pipeline.driver import Components, Driver, success_threshold
 from scalerl.pipeline.scoring import GroupScorer
 from scalerl.rewards import RewardConfig, RewardRouter
-from scalerl.rollout import EmbeddedEngine, InterruptionSpec, SamplingParams
+from scalerl.rollout import Engine, InterruptionSpec, SamplingParams
+from scalerl.rollout.factory import EngineSpec, build_engine
 from scalerl.telemetry import ComputeMeter, RunTelemetry, flop_params
 from scalerl.training.policy import load_policy
 from scalerl.training.trainer import Trainer
@@ -87,7 +88,7 @@ class Training:
 
     driver: Driver
     trainer: Trainer
-    engine: EmbeddedEngine
+    engine: Engine
     pool: PromptPool
     router: RewardRouter
     telemetry: RunTelemetry | None
@@ -128,16 +129,17 @@ def build_training(
             raise ValueError(f"{resume}: checkpoint has no pipeline state (not written by `scalerl train`?)")
 
     tokenizer = policy.tokenizer
-    gen_model = copy.deepcopy(policy.model).eval()
-    engine = EmbeddedEngine(
-        gen_model,
-        max_batch_size=config.generation.max_batch_size,
+    spec = EngineSpec(
+        kind=config.generation.engine,
+        model_path=config.model.name_or_path,
         fp32_lm_head=config.model.fp32_lm_head,
         seed=config.generation.seed,
+        max_batch_size=config.generation.max_batch_size,
         eos_token_ids=(int(tokenizer.eos_token_id),),
-        initial_version=trainer.version,
         pad_token_id=policy.pad_token_id,
+        initial_version=trainer.version,
     )
+    engine = build_engine(spec, model=copy.deepcopy(policy.model) if spec.kind == "embedded" else None)
 
     d = config.data
     records = load_records(config)
