@@ -228,8 +228,9 @@ class _Engine:
         if self.inbox or self.new_version is not None:
             # The first boundary at or after `now` (steps in progress complete first).
             ahead = max(0, math.ceil((now - self.clock) / dt - 1e-9))
-            return min(finish, self.clock + ahead * dt)
-        return finish
+            finish = min(finish, self.clock + ahead * dt)
+        # Never before `now`: `clock + m * dt` may round a hair below the present.
+        return max(now, finish)
 
     def advance(self, t: float) -> None:
         """Run the whole steps between `clock` and the boundary `t`."""
