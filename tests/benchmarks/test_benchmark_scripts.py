@@ -9,7 +9,7 @@ counts, slot occupancy, version lags) plus "positive and finite" for the timed n
 
 Every subprocess gets `SCALERL_CACHE_DIR` in a temporary directory (the SFT warm starts are cached
 there, never in ~/.cache), one OpenMP thread (CI machines are small and shared) and no Hub access
-(nothing here may need a download). Cost on a loaded 2-core machine: about a minute and a half.
+(nothing here may need a download). Cost on a loaded 2-core machine: about two and a half minutes.
 """
 
 from __future__ import annotations
