@@ -119,6 +119,12 @@ def save_sharded_checkpoint(
 ) -> Path:
     """Write the checkpoint of `step` from every rank (collective); return its final path."""
     rank = dist.get_rank()
+    # The caller's state must be JSON; checked first, on every rank, before anything is written.
+    try:
+        json.dumps({"trainer": dict(trainer_state), "extra": dict(extra or {})}, allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"extra/trainer_state: checkpoint state must be JSON (finite numbers, str keys): "
+                         f"{err}") from None
 
     def stage() -> tuple[Path, Path]:
         tmp, final = begin_checkpoint(run_dir, step, keep, token=f"{os.getpid()}-sharded")

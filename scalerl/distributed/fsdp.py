@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -43,13 +44,19 @@ from scalerl.training.trainer import Trainer
 
 
 def batch_fingerprint(groups: Sequence[ScoredGroup]) -> str:
-    """A digest of what a step trains on (token ids, rewards, log-probs), to check that every
-    rank was given the same batch."""
+    """A digest of what a step trains on (prompt and token ids, loss masks, behaviour log-probs,
+    rewards), to check that every rank was given the same batch."""
     h = hashlib.sha256()
     for group in groups:
-        h.update(repr((group.record.id, list(group.rewards), group.old_logprobs is not None)).encode())
+        h.update(group.record.id.encode())
+        h.update(np.asarray(group.rewards, dtype=np.float64).tobytes())
+        h.update(b"old" if group.old_logprobs is not None else b"-")
         for c in group.completions:
-            h.update(repr((c.prompt_ids, c.token_ids, c.loss_mask, c.logprobs)).encode())
+            for values, dtype in ((c.prompt_ids, np.int64), (c.token_ids, np.int64),
+                                  (c.loss_mask, np.bool_), (c.logprobs, np.float32)):
+                array = np.asarray(values, dtype=dtype)
+                h.update(np.int64(array.size).tobytes())
+                h.update(array.tobytes())
     return h.hexdigest()
 
 

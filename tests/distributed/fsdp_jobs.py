@@ -94,9 +94,18 @@ def nonfinite_job(spec: ProcessGroupSpec, cfg: RunConfig) -> dict[str, Any]:
     except FloatingPointError as err:
         error = str(err)
     good = rank.step(batch(1))
+    # A driver bug that hands the ranks different batches is refused on every rank, before any
+    # model pass, so the ranks stay in step.
+    try:
+        rank.step(batch(spec.rank))
+        mismatch = None
+    except ValueError as err:
+        mismatch = str(err)
+    after_mismatch = rank.step(batch(2))
     return {
         "skipped": skipped, "good": good, "error": error, "bad_steps": rank.trainer.bad_steps,
-        "version": rank.version, "before": before, "after_skip": after_skip,
+        "version": rank.version, "before": before, "after_skip": after_skip, "mismatch": mismatch,
+        "after_mismatch": after_mismatch,
     }
 
 
@@ -146,6 +155,11 @@ def checkpoint_job(spec: ProcessGroupSpec, cfg: RunConfig, run_dir: str) -> dict
         ckpt_mod.torch.save = real_save  # type: ignore[assignment]
     barrier(b.device)
     out["after_failed_save"] = sorted(p.name for p in (Path(run_dir) / "checkpoints").iterdir())
+    try:
+        b.save(run_dir, 7, extra={"loss": float("nan")})
+        out["bad_extra"] = None
+    except ValueError as err:
+        out["bad_extra"] = str(err)
     b.save(run_dir, 6, keep=2)
     barrier(b.device)
     out["after_next_save"] = sorted(p.name for p in (Path(run_dir) / "checkpoints").iterdir())

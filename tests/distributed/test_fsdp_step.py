@@ -125,12 +125,14 @@ def test_full_state_dict_loads_strictly_into_hf_model_and_engine(suite):
         torch.testing.assert_close(value, state[name], rtol=0, atol=0)
 
 
-def test_nonfinite_on_one_rank_skips_the_step_on_every_rank(suite):
+def test_nonfinite_on_one_rank_skips_the_step_on_every_rank_and_batches_must_match(suite):
     for r in (0, 1):
         out = suite[f"rank{r}"]["nonfinite"]
         assert out["skipped"]["skipped_nonfinite"] == 1.0 and math.isnan(out["skipped"]["loss"])
         assert out["error"] == "rank 1: non-finite policy log-probs"
         assert out["good"]["skipped_nonfinite"] == 0.0
-        assert out["bad_steps"] == 1 and out["version"] == 1
+        assert out["bad_steps"] == 1 and out["version"] == 2
+        assert out["mismatch"] is not None and "ranks [1] were given a different batch" in out["mismatch"]
+        assert out["after_mismatch"]["skipped_nonfinite"] == 0.0
     before, after = suite["rank0"]["nonfinite"]["before"], suite["rank0"]["nonfinite"]["after_skip"]
     assert all(torch.equal(before[k], after[k]) for k in before)
