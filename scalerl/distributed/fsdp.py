@@ -37,6 +37,7 @@ from scalerl.distributed.checkpoint import load_sharded_checkpoint, save_sharded
 from scalerl.distributed.collectives import RankCollectives
 from scalerl.distributed.group import ProcessGroupSpec, barrier, init_process_group
 from scalerl.distributed.sharding import shard_causal_lm
+from scalerl.telemetry.compute import ComputeMeter
 from scalerl.training.batch import ScoredGroup
 from scalerl.training.checkpoint import CheckpointState
 from scalerl.training.policy import Policy, load_model, load_policy
@@ -62,9 +63,13 @@ def batch_fingerprint(groups: Sequence[ScoredGroup]) -> str:
 
 class ShardedTrainerRank:
     """One FSDP2 rank of the trainer (see module docstring). Satisfies the pipeline's `Trainer`
-    protocol on every rank, except that `weights_for_engine` returns None off rank 0."""
+    protocol on every rank, except that `weights_for_engine` returns None off rank 0.
 
-    def __init__(self, cfg: RunConfig, group: ProcessGroupSpec) -> None:
+    A `meter` counts what the whole step processed (every rank's rows), so one rank's meter
+    (rank 0's) is the run's; its busy time is that rank's wall time.
+    """
+
+    def __init__(self, cfg: RunConfig, group: ProcessGroupSpec, meter: ComputeMeter | None = None) -> None:
         self.cfg = cfg
         self.group = group
         self._owns_group = init_process_group(group)
@@ -81,7 +86,7 @@ class ShardedTrainerRank:
             reference_factory=self._sharded_reference,
         )
         self.collectives = RankCollectives(group.rank, group.world_size, self.device)
-        self.trainer = Trainer.from_config(cfg, self.policy, collectives=self.collectives)
+        self.trainer = Trainer.from_config(cfg, self.policy, meter=meter, collectives=self.collectives)
 
     def _sharded_reference(self) -> torch.nn.Module:
         ref = load_model(self.cfg.model, torch.device("cpu"))

@@ -175,11 +175,28 @@ def resume_job(spec: ProcessGroupSpec, cfg: RunConfig, checkpoint: str) -> dict[
     return {"step": state.step, "version": rank.version, "metrics": metrics, "weights": weights}
 
 
+def meter_counts(trainer: Any) -> dict[str, int]:
+    m = trainer.trainer.meter if isinstance(trainer, ShardedTrainerRank) else trainer.meter
+    return {"trained_tokens": m.trained_tokens, "trained_samples": m.trained_samples,
+            "logprob_tokens": m.logprob_tokens}
+
+
+def meter_job(spec: ProcessGroupSpec, cfg: RunConfig) -> dict[str, int]:
+    """A compute meter on a rank counts the whole step (every rank's rows)."""
+    from scalerl.telemetry.compute import ComputeMeter
+
+    rank = ShardedTrainerRank(cfg, spec, meter=ComputeMeter(1000))
+    rank.step(batch(0))
+    rank.step(batch(1))
+    return meter_counts(rank)
+
+
 def step_suite_job(spec: ProcessGroupSpec, cases: dict[str, tuple[RunConfig, list[Op]]],
-                   nonfinite_cfg: RunConfig) -> dict[str, Any]:
-    """`cases_job` and `nonfinite_job` in one spawn (starting ranks is the slow part)."""
+                   nonfinite_cfg: RunConfig, meter_cfg: RunConfig) -> dict[str, Any]:
+    """`cases_job`, `nonfinite_job` and `meter_job` in one spawn (starting ranks is the slow part)."""
     t0 = time.perf_counter()
-    out = {"cases": cases_job(spec, cases), "nonfinite": nonfinite_job(spec, nonfinite_cfg)}
+    out = {"cases": cases_job(spec, cases), "nonfinite": nonfinite_job(spec, nonfinite_cfg),
+           "meter": meter_job(spec, meter_cfg)}
     out["seconds"] = time.perf_counter() - t0
     return out
 
