@@ -29,3 +29,8 @@ lint: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+
+# Multi-process tests (torch.distributed ranks on gloo; deselected from `make test` by pyproject's addopts).
+.PHONY: test-distributed
+test-distributed: setup
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m distributed tests/distributed
