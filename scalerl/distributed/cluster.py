@@ -1,0 +1,120 @@
+"""Attach to Ray (or start it) and wait on remote calls with a bound that names the peer.
+
+A remote call that never answers (a hung collective, a wedged actor) would otherwise block the
+controller forever; a dead actor raises deep inside Ray. `wait_all` turns both into a `PeerError`
+whose message says which peer, doing what, and after how long, and which kind (`died` or
+`timeout`), so callers can tell an engine to replace from a bug.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from scalerl.config import DistributedConfig
+
+
+class PeerError(RuntimeError):
+    """A remote peer failed: `kind` is "died" (its process is gone), "timeout" or "error"."""
+
+    def __init__(self, peer: str, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.peer = peer
+        self.kind = kind
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ImportError(
+            "distributed.backend=ray needs Ray: pip install -e '.[distributed]' (or `make test-distributed`)"
+        ) from None
+    return ray
+
+
+def connect(cfg: DistributedConfig) -> Any:
+    """`ray.init` per `cfg` (no-op when already connected); returns the `ray` module."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return ray
+    # Workers inherit the driver's environment; without a bound every torch actor would start one
+    # thread per core and the actors sharing a node would oversubscribe it.
+    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TOKENIZERS_PARALLELISM": "false"}
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True,
+                              "runtime_env": {"env_vars": env}}
+    if cfg.address is not None:
+        ray.init(address=cfg.address, **kwargs)
+    else:
+        ray.init(num_cpus=cfg.num_cpus, **kwargs)
+    return ray
+
+
+def classify(err: BaseException) -> str:
+    """"died" for a lost actor process, else "error"."""
+    ray = import_ray()
+    died = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+    return "died" if isinstance(err, died) else "error"
+
+
+def wait_all(refs: Mapping[str, Any], timeout_s: float, what: str) -> dict[str, Any]:
+    """Results of every `{peer name: ObjectRef}`; raises `PeerError` for the first peer that died,
+    failed, or had not answered within `timeout_s` (naming all such peers)."""
+    ray = import_ray()
+    names = {ref: name for name, ref in refs.items()}
+    pending = list(names)
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            late = ", ".join(names[r] for r in pending)
+            raise PeerError(names[pending[0]], "timeout",
+                            f"{what}: no answer from {late} within {timeout_s:g} s (distributed.timeout_s)")
+        ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception as err:
+                kind = classify(err)
+                raise PeerError(names[ref], kind, f"{what}: {names[ref]} {kind}: {_short(err)}") from err
+    return {name: ray.get(ref) for name, ref in refs.items()}
+
+
+def _short(err: BaseException, limit: int = 2000) -> str:
+    text = str(err).strip()
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def free_port() -> int:
+    """A free TCP port on this host (for a process-group rendezvous)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def node_ip() -> str:
+    """This process's node address as Ray sees it (where a rendezvous store can listen)."""
+    ray = import_ray()
+    return str(ray.util.get_node_ip_address())
+
+
+def wait_each(refs: Mapping[str, Any], timeout_s: float) -> dict[str, tuple[str, Any]]:
+    """Every peer's outcome within `timeout_s`: name -> ("ok", value) | (kind, exception), kind
+    "died", "error" or "timeout" (the exception is then a `PeerError`)."""
+    ray = import_ray()
+    names = {ref: name for name, ref in refs.items()}
+    ready, pending = ray.wait(list(names), num_returns=len(names), timeout=timeout_s)
+    out: dict[str, tuple[str, Any]] = {}
+    for ref in ready:
+        try:
+            out[names[ref]] = ("ok", ray.get(ref))
+        except Exception as err:
+            out[names[ref]] = (classify(err), err)
+    for ref in pending:
+        out[names[ref]] = ("timeout", PeerError(names[ref], "timeout", f"{names[ref]}: no answer within "
+                                                                        f"{timeout_s:g} s"))
+    return out

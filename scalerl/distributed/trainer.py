@@ -1,0 +1,219 @@
+"""The sharded trainer as Ray actors, and its controller-side `Trainer`.
+
+`TrainerRankWorker` is the body of one rank's actor: it joins the FSDP process group (gloo on CPU,
+NCCL on GPU, with `distributed.timeout_s` as the group timeout, so a lost peer ends a collective
+instead of hanging it for the default 30 minutes), builds its rank of the trainer, and serves the
+controller: `step` (every rank gets the full batch and trains its slice), `gather` (every rank takes
+part in gathering the full weights; rank 0 keeps them, or puts them in the object store in
+buckets), the collective weight-sync endpoints, and checkpoint save / load.
+
+`RayTrainer` implements the pipeline's `Trainer` protocol over those actors. Each call waits on all
+ranks with the timeout; a rank whose process died or that did not answer raises
+`TrainerRankError` naming it (the run stops; `--resume` continues from the last checkpoint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scalerl.config import RunConfig
+from scalerl.distributed.channel import RemoteWeights
+from scalerl.distributed.cluster import PeerError, free_port, import_ray, node_ip, wait_all
+from scalerl.distributed.weights import BucketMeta, WeightGroup, bucket_state, plan_buckets
+from scalerl.telemetry.compute import ComputeMeter
+from scalerl.training.batch import ScoredGroup
+
+RANK_CONCURRENCY = 2  # a step or a sync, plus the controller's liveness questions
+
+
+class TrainerRankError(RuntimeError):
+    """A trainer rank died, failed or timed out; the message names the rank."""
+
+
+@dataclass
+class RankInfo:
+    rank: int
+    pid: int
+    version: int
+    n_params: int
+    step: int | None  # the checkpoint's step when the rank loaded one
+
+
+def _rank_device(num_gpus: float) -> torch.device:
+    # Ray sets CUDA_VISIBLE_DEVICES to the GPUs it granted this actor.
+    return torch.device("cuda", 0) if num_gpus > 0 and torch.cuda.is_available() else torch.device("cpu")
+
+
+class TrainerRankWorker:
+    """One trainer rank inside a Ray actor (module docstring)."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.trainer: Any = None
+        self._gathered: dict[str, torch.Tensor] | None = None
+        self._gathered_buckets: list[BucketMeta] = []
+        self._group: WeightGroup | None = None
+
+    def rendezvous(self) -> tuple[str, int]:
+        """An address on this rank's node where a process group's store can listen."""
+        return node_ip(), free_port()
+
+    def setup(self, config: dict[str, Any], host: str, port: int, resume: str | None) -> RankInfo:
+        from scalerl.distributed.fsdp import build_rank
+
+        cfg = RunConfig.model_validate(config)
+        d = cfg.distributed
+        device = _rank_device(d.trainer_num_gpus)
+        self.trainer = build_rank(cfg, rank=self.rank, world_size=self.world_size, host=host, port=port,
+                                  device=device, timeout_s=d.timeout_s)
+        step = None
+        if resume is not None:
+            step = self.trainer.load(resume)
+        return RankInfo(self.rank, os.getpid(), int(self.trainer.version), int(self.trainer.n_params), step)
+
+    def step(self, groups: Sequence[ScoredGroup]) -> dict[str, Any]:
+        before = self.trainer.meter.state_dict()
+        metrics = self.trainer.step(groups)
+        after = self.trainer.meter.state_dict()
+        work = {k: after[k] - before[k] for k in ("trained_tokens", "trained_samples", "logprob_tokens")}
+        return {"metrics": metrics, "work": work, "version": int(self.trainer.version)}
+
+    def gather(self, bucket_bytes: int, put: bool) -> tuple[list[BucketMeta], list[Any] | None] | None:
+        """All ranks gather the full weights (a collective); rank 0 keeps or puts them."""
+        state = self.trainer.full_state_dict()
+        if self.rank != 0:
+            return None
+        assert state is not None
+        buckets = plan_buckets(state, bucket_bytes)
+        if put:
+            ray = import_ray()
+            self._gathered = None
+            return buckets, [ray.put(bucket_state(state, b)) for b in buckets]
+        self._gathered, self._gathered_buckets = state, buckets
+        return buckets, None
+
+    def gathered_state(self) -> dict[str, torch.Tensor]:
+        if self._gathered is None:
+            raise RuntimeError("trainer rank 0 holds no gathered weights")
+        return self._gathered
+
+    def init_weight_group(
+        self, host: str, port: int, world_size: int, backend: str, timeout_s: float
+    ) -> None:
+        if self._group is not None:
+            self._group.close()
+        self._group = WeightGroup(host, port, 0, world_size, backend, timeout_s)
+
+    def broadcast_weights(self, version: int) -> None:
+        if self._group is None or self._gathered is None:
+            raise RuntimeError("trainer rank 0: broadcast_weights before init_weight_group / gather")
+        if int(self.trainer.version) != version:
+            raise RuntimeError(
+                f"trainer rank 0 holds version {self.trainer.version}, asked to send {version}"
+            )
+        self._group.send_state(self._gathered, self._gathered_buckets)
+
+    def save(self, path: str) -> None:
+        self.trainer.save(path)
+
+    def state(self) -> dict[str, Any]:
+        return self.trainer.state_dict()
+
+
+class RayTrainer:
+    """`Trainer` over `trainer_world_size` rank actors (module docstring)."""
+
+    def __init__(self, config: RunConfig, *, resume: str | Path | None = None,
+                 meter_devices: int | None = None) -> None:
+        ray = import_ray()
+        d = config.distributed
+        self.config = config
+        self.timeout_s = d.timeout_s
+        self.bucket_bytes = int(d.bucket_mb * (1 << 20))
+        self.put_weights = d.weight_sync == "object_store"
+        remote = ray.remote(TrainerRankWorker)
+        self.actors = [
+            remote.options(num_cpus=d.trainer_num_cpus, num_gpus=d.trainer_num_gpus,
+                           max_concurrency=RANK_CONCURRENCY).remote(r, d.trainer_world_size)
+            for r in range(d.trainer_world_size)
+        ]
+        self.names = [f"trainer rank {r}" for r in range(d.trainer_world_size)]
+        try:
+            host, port = self._all(lambda r, a: a.rendezvous.remote() if r == 0 else None,
+                                   "trainer rendezvous", d.startup_timeout_s, ranks=[0])[0]
+            payload = config.model_dump(mode="json")
+            path = None if resume is None else str(resume)
+            infos = self._all(lambda r, a: a.setup.remote(payload, host, port, path), "trainer start-up",
+                              d.startup_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+        self._version = infos[0].version
+        self.resumed_step = infos[0].step
+        self.n_params = infos[0].n_params
+        devices = meter_devices if meter_devices is not None else d.trainer_world_size + d.num_engines
+        self.meter = ComputeMeter(self.n_params, num_devices=devices,
+                                  role_devices={"generator": d.num_engines, "trainer": d.trainer_world_size})
+
+    # ------------------------------------------------------------------------------ plumbing
+    def _all(self, call: Any, what: str, timeout_s: float | None = None,
+             ranks: Sequence[int] | None = None) -> list[Any]:
+        ranks = list(range(len(self.actors))) if ranks is None else list(ranks)
+        refs = {self.names[r]: call(r, self.actors[r]) for r in ranks}
+        try:
+            out = wait_all(refs, timeout_s if timeout_s is not None else self.timeout_s, what)
+        except PeerError as err:
+            raise TrainerRankError(f"{err} -- the run stops; `scalerl train --resume` continues from the "
+                                   "last checkpoint") from err
+        return [out[self.names[r]] for r in ranks]
+
+    # ------------------------------------------------------------------------------ Trainer protocol
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def step(self, groups: Sequence[ScoredGroup]) -> dict[str, float]:
+        ray = import_ray()
+        ref = ray.put(list(groups))  # one copy in the object store, read by every rank
+        with self.meter.busy("trainer"):
+            results = self._all(lambda r, a: a.step.remote(ref), "trainer step")
+        versions = {res["version"] for res in results}
+        if len(versions) != 1:
+            raise TrainerRankError(f"trainer ranks disagree on the version after a step: {sorted(versions)}")
+        self._version = versions.pop()
+        work = results[0]["work"]
+        self.meter.add_training(int(work["trained_tokens"]), int(work["trained_samples"]))
+        # Log-prob passes (reference model, recomputation) run on each rank's own rows.
+        logprob = sum(int(res["work"]["logprob_tokens"]) for res in results)
+        if logprob:
+            self.meter.add_logprob_pass(logprob)
+        return dict(results[0]["metrics"])
+
+    def weights_for_engine(self) -> Mapping[str, torch.Tensor]:
+        """Every rank gathers (a collective on all ranks), then rank 0 holds the weights."""
+        put = self.put_weights
+        results = self._all(lambda r, a: a.gather.remote(self.bucket_bytes, put), "weight gather")
+        buckets, refs = results[0]
+        return RemoteWeights(self._version, buckets, refs, self.actors[0])
+
+    # ------------------------------------------------------------------------------ checkpoints
+    def save_shards(self, path: Path) -> None:
+        """Every rank writes its part of the checkpoint into `path` (DCP shards, HF export on rank 0)."""
+        self._all(lambda r, a: a.save.remote(str(path)), "checkpoint save")
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self._all(lambda r, a: a.state.remote(), "trainer state", ranks=[0])[0])
+
+    def close(self) -> None:
+        ray = import_ray()
+        for a in self.actors:
+            with contextlib.suppress(Exception):  # already gone
+                ray.kill(a)
