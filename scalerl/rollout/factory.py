@@ -4,6 +4,9 @@ An `EngineSpec` is everything an engine needs, as plain picklable values, so the
 an engine in this process (`scalerl train`, `scalerl eval`) or in another one (a Ray engine actor).
 `build_engine(spec, model=...)` takes an already loaded model for the embedded engine (the trainer's
 generation copy) or loads `spec.model_path` itself.
+
+`kind="emulated"` builds `scalerl.rollout.emulated.EmulatedEngine`, a device emulator for benchmarks
+and tests (its timing and length model in `options`); `generation.engine` never selects it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from torch import nn
 
 from scalerl.rollout.protocol import Engine
 
-EngineKind = Literal["embedded", "vllm"]
+EngineKind = Literal["embedded", "vllm", "emulated"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,18 @@ def build_engine(spec: EngineSpec, model: nn.Module | None = None) -> Engine:
             eos_token_ids=spec.eos_token_ids,
             initial_version=spec.initial_version,
             engine_kwargs=spec.options,
+        )
+    if spec.kind == "emulated":
+        if model is not None:
+            raise ValueError("EngineSpec: the emulated engine has no model")
+        from scalerl.rollout.emulated import EmulatedEngine
+
+        return EmulatedEngine(
+            max_batch_size=spec.max_batch_size,
+            seed=spec.seed,
+            eos_token_ids=spec.eos_token_ids or None,
+            initial_version=spec.initial_version,
+            **spec.options,
         )
     raise ValueError(f"generation.engine: unknown engine {spec.kind!r} (expected 'embedded' or 'vllm')")
 
