@@ -12,8 +12,10 @@ from pipeline.fakes import FakeEngine, FakeScorer, FakeSource, FakeTrainer, Rows
 
 from scalerl.config import DistributedConfig, RunConfig
 from scalerl.distributed.channel import RayWeightChannel
+from scalerl.distributed.engine_actor import EngineFactory
 from scalerl.distributed.pool import EnginePool, NoEngineLeftError
 from scalerl.pipeline import Components, Driver
+from scalerl.rollout.factory import EngineSpec
 from scalerl.rollout.protocol import GenerationRequest, SamplingParams
 
 from .engines import CrashingEngine
@@ -52,10 +54,14 @@ def lags(trainer: FakeTrainer) -> list[int]:
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_slow_engine_keeps_the_lag_bound(ray_cluster: object, k: int) -> None:
-    fast = functools.partial(FakeEngine, max_batch_size=8, long_tail=0.15, max_len=40, seed=1)
-    slow = functools.partial(FakeEngine, max_batch_size=8, step_sleep=(0.02, 0.03), long_tail=0.15,
-                             max_len=40, seed=2)
-    pool = EnginePool.launch([fast, slow], DIST)
+    # Device emulators: the same timing model, one engine four times slower (sleeps, not CPU).
+    def emulated(seed: int, slowdown: float) -> EngineFactory:
+        options = {"step_s": 0.002, "slowdown": slowdown, "length_median": 12.0,
+                   "length_sample_sigma": 0.8, "vocab_size": 64}
+        return EngineFactory(EngineSpec(kind="emulated", model_path=None, fp32_lm_head=False, seed=seed,
+                                        max_batch_size=8, eos_token_ids=(63,), options=options))
+
+    pool = EnginePool.launch([emulated(1, 1.0), emulated(2, 4.0)], DIST)
     try:
         cfg = make_config("pipeline", k, b=2, steps=15)
         trainer = FakeTrainer(step_time=(0.0, 0.01))
