@@ -35,11 +35,11 @@ def import_ray() -> Any:
     return ray
 
 
-def connect(cfg: DistributedConfig) -> Any:
-    """`ray.init` per `cfg` (no-op when already connected); returns the `ray` module."""
+def connect(cfg: DistributedConfig) -> tuple[Any, bool]:
+    """`ray.init` per `cfg` unless already connected; (the `ray` module, whether this call started it)."""
     ray = import_ray()
     if ray.is_initialized():
-        return ray
+        return ray, False
     # Workers inherit the driver's environment; without a bound every torch actor would start one
     # thread per core and the actors sharing a node would oversubscribe it.
     env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TOKENIZERS_PARALLELISM": "false"}
@@ -49,7 +49,7 @@ def connect(cfg: DistributedConfig) -> Any:
         ray.init(address=cfg.address, **kwargs)
     else:
         ray.init(num_cpus=cfg.num_cpus, **kwargs)
-    return ray
+    return ray, True
 
 
 def classify(err: BaseException) -> str:

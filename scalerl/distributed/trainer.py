@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +28,9 @@ from scalerl.config import RunConfig
 from scalerl.distributed.channel import RemoteWeights
 from scalerl.distributed.cluster import PeerError, free_port, import_ray, node_ip, wait_all
 from scalerl.distributed.weights import BucketMeta, WeightGroup, bucket_state, plan_buckets
-from scalerl.telemetry.compute import ComputeMeter
+from scalerl.telemetry.compute import ComputeMeter, flop_params
 from scalerl.training.batch import ScoredGroup
+from scalerl.training.checkpoint import CheckpointState
 
 RANK_CONCURRENCY = 2  # a step or a sync, plus the controller's liveness questions
 
@@ -43,12 +45,7 @@ class RankInfo:
     pid: int
     version: int
     n_params: int
-    step: int | None  # the checkpoint's step when the rank loaded one
-
-
-def _rank_device(num_gpus: float) -> torch.device:
-    # Ray sets CUDA_VISIBLE_DEVICES to the GPUs it granted this actor.
-    return torch.device("cuda", 0) if num_gpus > 0 and torch.cuda.is_available() else torch.device("cpu")
+    resumed: CheckpointState | None  # what the rank restored, when resuming
 
 
 class TrainerRankWorker:
@@ -67,22 +64,26 @@ class TrainerRankWorker:
         return node_ip(), free_port()
 
     def setup(self, config: dict[str, Any], host: str, port: int, resume: str | None) -> RankInfo:
-        from scalerl.distributed.fsdp import build_rank
+        from scalerl.distributed.fsdp import ShardedTrainerRank
+        from scalerl.distributed.group import ProcessGroupSpec
 
         cfg = RunConfig.model_validate(config)
         d = cfg.distributed
-        device = _rank_device(d.trainer_num_gpus)
-        self.trainer = build_rank(cfg, rank=self.rank, world_size=self.world_size, host=host, port=port,
-                                  device=device, timeout_s=d.timeout_s)
-        step = None
-        if resume is not None:
-            step = self.trainer.load(resume)
-        return RankInfo(self.rank, os.getpid(), int(self.trainer.version), int(self.trainer.n_params), step)
+        gpu = d.trainer_num_gpus > 0 and torch.cuda.is_available()
+        # Ray sets CUDA_VISIBLE_DEVICES to the GPU it granted this actor: it is cuda:0 here.
+        spec = ProcessGroupSpec(self.rank, self.world_size, f"tcp://{host}:{port}", timeout_s=d.timeout_s,
+                                backend="nccl" if gpu else "gloo", device="cuda:0" if gpu else "cpu")
+        self.trainer = ShardedTrainerRank(cfg, spec)
+        # A meter per rank counts the work its trainer does; the controller's meter adds it up.
+        self.meter = ComputeMeter(flop_params(self.trainer.policy.model))
+        self.trainer.trainer.meter = self.meter
+        saved = self.trainer.load(resume) if resume is not None else None
+        return RankInfo(self.rank, os.getpid(), int(self.trainer.version), self.meter.n_params, saved)
 
     def step(self, groups: Sequence[ScoredGroup]) -> dict[str, Any]:
-        before = self.trainer.meter.state_dict()
+        before = self.meter.state_dict()
         metrics = self.trainer.step(groups)
-        after = self.trainer.meter.state_dict()
+        after = self.meter.state_dict()
         work = {k: after[k] - before[k] for k in ("trained_tokens", "trained_samples", "logprob_tokens")}
         return {"metrics": metrics, "work": work, "version": int(self.trainer.version)}
 
@@ -121,8 +122,8 @@ class TrainerRankWorker:
             )
         self._group.send_state(self._gathered, self._gathered_buckets)
 
-    def save(self, path: str) -> None:
-        self.trainer.save(path)
+    def save(self, run_dir: str, step: int, extra: dict[str, Any], keep: int | None) -> str:
+        return str(self.trainer.save(run_dir, step, extra=extra, keep=keep))
 
     def state(self) -> dict[str, Any]:
         return self.trainer.state_dict()
@@ -156,8 +157,9 @@ class RayTrainer:
         except BaseException:
             self.close()
             raise
+        self.last_gather_s = 0.0
         self._version = infos[0].version
-        self.resumed_step = infos[0].step
+        self.resumed: CheckpointState | None = infos[0].resumed
         self.n_params = infos[0].n_params
         devices = meter_devices if meter_devices is not None else d.trainer_world_size + d.num_engines
         self.meter = ComputeMeter(self.n_params, num_devices=devices,
@@ -200,14 +202,21 @@ class RayTrainer:
     def weights_for_engine(self) -> Mapping[str, torch.Tensor]:
         """Every rank gathers (a collective on all ranks), then rank 0 holds the weights."""
         put = self.put_weights
+        start = time.perf_counter()
         results = self._all(lambda r, a: a.gather.remote(self.bucket_bytes, put), "weight gather")
+        self.last_gather_s = time.perf_counter() - start
         buckets, refs = results[0]
         return RemoteWeights(self._version, buckets, refs, self.actors[0])
 
     # ------------------------------------------------------------------------------ checkpoints
-    def save_shards(self, path: Path) -> None:
-        """Every rank writes its part of the checkpoint into `path` (DCP shards, HF export on rank 0)."""
-        self._all(lambda r, a: a.save.remote(str(path)), "checkpoint save")
+    def save(
+        self, run_dir: str | Path, step: int, extra: Mapping[str, Any] | None = None, keep: int | None = None
+    ) -> Path:
+        """Every rank writes its DCP shards (rank 0 also the HF export); once all have, rank 0 writes
+        `state.json` with `extra` (the driver's state) last and renames the checkpoint into place."""
+        payload = dict(extra or {})
+        paths = self._all(lambda r, a: a.save.remote(str(run_dir), step, payload, keep), "checkpoint save")
+        return Path(paths[0])
 
     def state_dict(self) -> dict[str, Any]:
         return dict(self._all(lambda r, a: a.state.remote(), "trainer state", ranks=[0])[0])
