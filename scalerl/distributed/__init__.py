@@ -1,17 +1,28 @@
-"""Scale-out on Ray: a pool of engine actors, FSDP2 trainer ranks as actors, weight sync, checkpoints.
+"""Scale-out: FSDP2-sharded trainer ranks, their distributed checkpoints, and the Ray backend.
 
-Only `distributed.backend: ray` reaches this package (`scalerl.pipeline.assemble` imports it
-lazily); the single-process loop never imports it, and it needs the `distributed` extra (Ray).
+The single-process code never imports this package: only `distributed.backend: ray` reaches it
+(`scalerl.pipeline.assemble` imports `scalerl.distributed.assemble` lazily), and the Ray modules
+need the `distributed` extra. See docs/distributed.md and docs/distributed_fsdp.md.
+
+    from scalerl.distributed import ProcessGroupSpec, ShardedTrainerRank, spawn_ranks
+
 The controller process keeps the driver, the staleness controller, the prompt pool, the metrics
 and the checkpoint state; what moves out sits behind the seams the local loop already has:
 
 * `pool.EnginePool` is an `Engine`: N engine actors (`engine_actor`), groups to the least-loaded
   one, results as they finish, `version` = the minimum over live engines (so the max-lag
   admission proof of `scalerl.pipeline.staleness` holds for any N), dead engines' work re-issued.
-* `trainer.RayTrainer` is a `Trainer`: `trainer_world_size` FSDP2 ranks (`scalerl.distributed.fsdp`)
+* `trainer.RayTrainer` is a `Trainer`: `trainer_world_size` FSDP2 ranks (`fsdp.ShardedTrainerRank`)
   in Ray actors, each training its slice of every step with global denominators.
 * `channel.RayWeightChannel` is a `WeightChannel`: after all ranks gathered the full weights,
   rank 0 sends them, bucketed, over the object store or a gloo/NCCL group (`weights`).
 * `checkpoint` writes the ranks' DCP shards and HF export, then the driver's state last.
 * `cluster` attaches to (or starts) Ray and bounds every wait with a timeout naming the peer.
 """
+
+from scalerl.distributed.checkpoint import CheckpointRankError
+from scalerl.distributed.fsdp import ShardedTrainerRank
+from scalerl.distributed.group import ProcessGroupSpec
+from scalerl.distributed.launch import RankFailedError, spawn_ranks
+
+__all__ = ["CheckpointRankError", "ProcessGroupSpec", "RankFailedError", "ShardedTrainerRank", "spawn_ranks"]

@@ -107,6 +107,52 @@ def _json_dump(obj: Any, path: Path, what: str) -> None:
         os.fsync(f.fileno())
 
 
+def write_state(directory: Path, step: int, trainer_state: Mapping[str, Any] | None,
+                extra: Mapping[str, Any] | None) -> None:
+    """`state.json`: the step, the trainer's counters and the caller's extra state (written last:
+    its presence marks a checkpoint complete)."""
+    _json_dump(
+        {"step": int(step), "trainer": dict(trainer_state or {}), "extra": dict(extra or {})},
+        directory / STATE_FILE,
+        "extra/trainer_state",
+    )
+
+
+def begin_checkpoint(run_dir: str | Path, step: int, keep: int | None, token: str) -> tuple[Path, Path]:
+    """Check the arguments, clear stale temporaries and return `(tmp, final)` for `step`.
+
+    `tmp` is a hidden directory (not created) named with `token`, which must be unique to this
+    save; `final` is `<run_dir>/checkpoints/step_NNNNNN`.
+    """
+    if step < 0:
+        raise ValueError(f"step: expected >= 0, got {step}")
+    if keep is not None and keep < 1:
+        raise ValueError(f"keep: expected >= 1, got {keep}")
+    root = checkpoint_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(f"{_TMP_PREFIX}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    final = root / f"step_{step:06d}"
+    return root / f"{_TMP_PREFIX}{final.name}-{token}", final
+
+
+def finish_checkpoint(tmp: Path, final: Path, run_dir: str | Path, keep: int | None) -> Path:
+    """Move the complete `tmp` to `final`, then delete all but the newest `keep` checkpoints."""
+    if final.exists():
+        # Saving the same step again (e.g. after a resume): the old copy goes only once the new
+        # one is complete.
+        old = final.parent / f"{_TMP_PREFIX}old-{tmp.name.removeprefix(_TMP_PREFIX)}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    if keep is not None:
+        for _, old_path in list_checkpoints(run_dir)[:-keep]:
+            shutil.rmtree(old_path, ignore_errors=True)
+    return final
+
+
 def save_checkpoint(
     run_dir: str | Path,
     step: int,
@@ -123,17 +169,7 @@ def save_checkpoint(
 
     `extra` is the caller's opaque state (prompt pool, counters, compute meter), stored as JSON.
     """
-    if step < 0:
-        raise ValueError(f"step: expected >= 0, got {step}")
-    if keep is not None and keep < 1:
-        raise ValueError(f"keep: expected >= 1, got {keep}")
-    root = checkpoint_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob(f"{_TMP_PREFIX}*"):
-        shutil.rmtree(stale, ignore_errors=True)
-
-    final = root / f"step_{step:06d}"
-    tmp = root / f"{_TMP_PREFIX}{final.name}-{os.getpid()}"
+    tmp, final = begin_checkpoint(run_dir, step, keep, token=str(os.getpid()))
     tmp.mkdir()
     try:
         model.save_pretrained(str(tmp))
@@ -144,27 +180,11 @@ def save_checkpoint(
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         torch.save(rng_state(), tmp / "rng.pt")
-        _json_dump(
-            {"step": int(step), "trainer": dict(trainer_state or {}), "extra": dict(extra or {})},
-            tmp / STATE_FILE,
-            "extra/trainer_state",
-        )
-        if final.exists():
-            # Saving the same step again (e.g. after a resume): the old copy goes only once the new
-            # one is complete.
-            old = root / f"{_TMP_PREFIX}old-{final.name}-{os.getpid()}"
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        write_state(tmp, step, trainer_state, extra)
+        return finish_checkpoint(tmp, final, run_dir, keep)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if keep is not None:
-        for _, old_path in list_checkpoints(run_dir)[:-keep]:
-            shutil.rmtree(old_path, ignore_errors=True)
-    return final
 
 
 def load_model_weights(model: torch.nn.Module, path: str | Path) -> None:

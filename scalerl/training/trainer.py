@@ -14,6 +14,11 @@ is the order of operations of one step:
    step; `max_consecutive_bad_steps` in a row raise `TrainingDivergedError`;
 6. clip, AdamW step, LR schedule step, `version += 1`.
 
+Steps 1-3 always see the whole batch; steps 4-6 go through a `StepCollectives`
+(`training.collectives`), which for one process is the identity and for FSDP2 ranks
+(`scalerl.distributed`) gives each rank its own rows and merges what the ranks computed, so the
+sharded step is the same step.
+
 The importance ratio is pi_train / pi_old with pi_old the generator's behaviour log-probs (ScaleRL
 eq. 2), or, with `recompute_old_logprobs`, the trainer's own log-probs before the update (then TIS
 can correct pi_old / pi_gen).
@@ -25,7 +30,8 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +51,8 @@ from scalerl.models.lm_head import output_head
 from scalerl.telemetry.compute import ComputeMeter
 from scalerl.training.batch import ScoredGroup, TrainBatch, collate
 from scalerl.training.checkpoint import CheckpointState, load_checkpoint, save_checkpoint
-from scalerl.training.forward import EntropyMode, ResponseForward, response_forward
+from scalerl.training.collectives import StepCollectives
+from scalerl.training.forward import EntropyMode, ResponseForward
 from scalerl.training.optim import build_optimizer, build_scheduler
 from scalerl.training.policy import Policy
 
@@ -60,11 +67,6 @@ class TrainingDivergedError(RuntimeError):
 
 class _NonFiniteError(Exception):
     """A NaN/Inf met during a step; the step is abandoned (internal control flow)."""
-
-
-def micro_batches(n: int, size: int) -> Iterator[list[int]]:
-    for start in range(0, n, size):
-        yield list(range(start, min(n, start + size)))
 
 
 def _finite(x: Tensor, where: Tensor | None = None) -> bool:
@@ -94,12 +96,60 @@ class _MeanMax:
     def mean(self) -> float:
         return self.total / self.count if self.count else math.nan
 
+    @classmethod
+    def merge(cls, parts: Sequence[_MeanMax]) -> _MeanMax:
+        out = cls()
+        for part in parts:
+            out.total += part.total
+            out.count += part.count
+            out.max = max(out.max, part.max)
+        return out
+
+
+@dataclass
+class _StepStats:
+    """What one process's micro-batches add up to in a step; `merge` combines processes exactly."""
+
+    loss: float = 0.0
+    policy_loss: float = 0.0
+    kl: _MeanMax = field(default_factory=_MeanMax)
+    entropy: _MeanMax = field(default_factory=_MeanMax)
+    gen_diff: _MeanMax = field(default_factory=_MeanMax)
+    parts: list[dict[str, float]] = field(default_factory=list)  # `reduce_token_stats` per micro-batch
+    problem: str | None = None  # the first non-finite value met (lockstep steps only)
+
+    @classmethod
+    def merge(cls, per_rank: Sequence[_StepStats]) -> _StepStats:
+        problems = [(r, s.problem) for r, s in enumerate(per_rank) if s.problem is not None]
+        problem = None
+        if problems:
+            rank, what = problems[0]
+            problem = what if len(per_rank) == 1 else f"rank {rank}: {what}"
+        return cls(
+            loss=sum(s.loss for s in per_rank),
+            policy_loss=sum(s.policy_loss for s in per_rank),
+            kl=_MeanMax.merge([s.kl for s in per_rank]),
+            entropy=_MeanMax.merge([s.entropy for s in per_rank]),
+            gen_diff=_MeanMax.merge([s.gen_diff for s in per_rank]),
+            parts=[p for s in per_rank for p in s.parts],
+            problem=problem,
+        )
+
+
+def _zero_loss(logprobs: Tensor) -> Tensor:
+    """A loss of exactly 0 whose backward still runs through the whole model (a pass that learns
+    nothing, so that a rank keeps pace with its peers' collectives); non-finite values are masked
+    so that 0 * inf cannot turn into NaN."""
+    return torch.where(torch.isfinite(logprobs), logprobs, 0.0).sum() * 0.0
+
 
 class Trainer:
     """Owns the policy's optimizer and schedule; `step(groups)` performs one update.
 
     `version` counts successful optimizer steps: the version the generator must tag tokens with
     after `engine.update_weights(trainer.weights_for_engine(), trainer.version)`.
+
+    `collectives` spreads the step over processes (`scalerl.distributed`); the default is one process.
     """
 
     def __init__(
@@ -111,6 +161,7 @@ class Trainer:
         temperature: float = 1.0,
         max_new_tokens: int | None = None,
         meter: ComputeMeter | None = None,
+        collectives: StepCollectives | None = None,
     ) -> None:
         if temperature <= 0:
             raise ValueError(
@@ -132,6 +183,7 @@ class Trainer:
         self.temperature = float(temperature)
         self.max_new_tokens = max_new_tokens
         self.meter = meter
+        self.collectives = collectives if collectives is not None else StepCollectives()
         self.optimizer = build_optimizer(policy.model, optim)
         self.scheduler = build_scheduler(self.optimizer, optim.warmup_steps)
         self.version = 0
@@ -141,7 +193,13 @@ class Trainer:
         self._reference: torch.nn.Module | None = None
 
     @classmethod
-    def from_config(cls, cfg: RunConfig, policy: Policy, meter: ComputeMeter | None = None) -> Trainer:
+    def from_config(
+        cls,
+        cfg: RunConfig,
+        policy: Policy,
+        meter: ComputeMeter | None = None,
+        collectives: StepCollectives | None = None,
+    ) -> Trainer:
         return cls(
             policy,
             cfg.algorithm,
@@ -149,6 +207,7 @@ class Trainer:
             temperature=cfg.generation.temperature,
             max_new_tokens=cfg.generation.max_new_tokens,
             meter=meter,
+            collectives=collectives,
         )
 
     # -- model passes ----------------------------------------------------------------------------
@@ -170,7 +229,7 @@ class Trainer:
         if self.algo.keep_sampling_mask:
             support = mb.support_mask(output_head(model).weight.shape[0])
         with self.policy.autocast(), (contextlib.nullcontext() if grad else torch.no_grad()):
-            return response_forward(
+            return self.collectives.forward(
                 model,
                 mb,
                 temperature=self.temperature,
@@ -185,13 +244,14 @@ class Trainer:
         micro-batched, without gradient; 0 at padding."""
         model = model if model is not None else self.policy.model
         out = torch.zeros(batch.response_mask.shape, dtype=torch.float32, device=batch.input_ids.device)
-        for rows in micro_batches(len(batch), self.optim_cfg.micro_batch_size):
-            mb = batch.select(rows).to(self.device)
+        for rows in self.collectives.micro_batch_plan(len(batch), self.optim_cfg.micro_batch_size):
+            mb = batch.select(rows or [0]).to(self.device)
             lp = self._forward(model, mb, grad=False).logprobs
-            out[rows, : lp.shape[1]] = torch.where(mb.token_mask, lp, 0.0).float().to(out.device)
+            if rows:
+                out[rows, : lp.shape[1]] = torch.where(mb.token_mask, lp, 0.0).float().to(out.device)
         if self.meter is not None:
             self.meter.add_logprob_pass(batch.num_tokens)
-        return out
+        return self.collectives.sum_rows(out)
 
     def attach_old_logprobs(self, groups: Sequence[ScoredGroup]) -> None:
         """Fill `group.old_logprobs` with the current policy's log-probs (pi_old, for TIS and for
@@ -293,99 +353,128 @@ class Trainer:
         return batch, weights
 
     def _accumulate(self, batch: TrainBatch, weights: Tensor, metrics: dict[str, float]) -> None:
-        """Forward and backward every micro-batch; gradients accumulate in `.grad`."""
+        """Forward and backward this process's micro-batches; gradients accumulate in `.grad`.
+
+        Every pass runs the same collectives in the same order (policy forward, reference forward
+        if a KL loss is used, one backward), whatever its rows hold, so a lockstep (sharded) step
+        stays in step across ranks even when one rank meets a non-finite value or has no rows left.
+        """
         model = self.policy.model
         model.train()
         self.optimizer.zero_grad(set_to_none=True)
         use_kl_loss = self.algo.kl_coef > 0 and not self.algo.kl_in_reward
         entropy_mode: EntropyMode = "grad" if self.algo.entropy_coef != 0 else "metric"
-        loss_total = 0.0
-        policy_total = 0.0
-        kl_stat, ent_stat, gen_diff = _MeanMax(), _MeanMax(), _MeanMax()
-        parts: list[dict[str, float]] = []
+        local = _StepStats()
 
-        for rows in micro_batches(len(batch), self.optim_cfg.micro_batch_size):
-            mb = batch.select(rows).to(self.device)
-            w = weights[rows][:, : mb.response_width].to(self.device)
+        for rows in self.collectives.micro_batch_plan(len(batch), self.optim_cfg.micro_batch_size):
+            mb = batch.select(rows or [0]).to(self.device)
             out = self._forward(model, mb, grad=True, entropy=entropy_mode)
-            lp = out.logprobs
-            if not _finite(lp.detach(), mb.response_mask):
-                raise _NonFiniteError("non-finite policy log-probs")
-            behaviour = mb.behavior_logprobs
-            old = mb.old_logprobs if mb.old_logprobs is not None else behaviour
-            keep_mask = None
-            if self.algo.offpolicy_mask_delta is not None:
-                keep_mask = off_policy_sequence_mask(
-                    lp.detach(), behaviour, mb.advantages, mb.response_mask, self.algo.offpolicy_mask_delta
-                )
-            per_token, token_stats = per_token_policy_loss(
-                lp,
-                old,
-                mb.advantages,
-                mb.response_mask,
-                loss_type=self.algo.loss_type,
-                eps_low=self.algo.eps_low,
-                eps_high=self.algo.eps_high,
-                eps_max=self.algo.eps_max,
-                dual_clip_c=self.algo.dual_clip_c if self.algo.loss_type != "cispo" else None,
-                behavior_logprobs=behaviour if self.algo.tis.enabled else None,
-                tis_cap=self.algo.tis.cap if self.algo.tis.enabled else None,
-                tis_level=self.algo.tis.level,
-                keep_mask=keep_mask,
-            )
-            policy_part = weighted_token_sum(per_token, w)
-            loss = policy_part
-            if use_kl_loss:
-                ref_lp = self._forward(self.reference, mb, grad=False).logprobs
-                kl = kl_penalty(
-                    lp,
-                    ref_lp,
-                    self.algo.kl_estimator,
-                    old if self.algo.kl_estimator == "unbiased_k3" else None,
-                    mask=mb.response_mask,
-                )
-                loss = loss + self.algo.kl_coef * weighted_token_sum(kl, w)
-                kl_stat.add(kl, mb.response_mask)
-                if self.meter is not None:
-                    self.meter.add_logprob_pass(mb.num_tokens)
-            if out.entropy is not None:
-                ent_stat.add(out.entropy, mb.response_mask)
-                if entropy_mode == "grad":
-                    loss = loss + entropy_bonus(out.entropy, w, self.algo.entropy_coef)
-            loss_value = float(loss.detach())
-            if not math.isfinite(loss_value):
-                raise _NonFiniteError("non-finite loss")
-            loss.backward()
-            loss_total += loss_value
-            policy_total += float(policy_part.detach())
-            parts.append(reduce_token_stats(token_stats))
-            gen_diff.add((lp.detach() - behaviour).abs(), mb.response_mask)
+            ref_lp = self._forward(self.reference, mb, grad=False).logprobs if use_kl_loss else None
+            loss = None
+            if rows and local.problem is None:
+                w = weights[rows][:, : mb.response_width].to(self.device)
+                loss = self._micro_batch_loss(mb, w, out, ref_lp, entropy_mode, local)
+            (loss if loss is not None else _zero_loss(out.logprobs)).backward()
 
-        stats = merge_policy_stats(parts)
+        stats = _StepStats.merge(self.collectives.gather(local))
+        if stats.problem is not None:
+            raise _NonFiniteError(stats.problem)
+        merged = merge_policy_stats(stats.parts)
         metrics.update(
-            loss=loss_total,
-            policy_loss=policy_total,
+            loss=stats.loss,
+            policy_loss=stats.policy_loss,
             response_tokens=float(batch.response_mask.sum()),
-            entropy=ent_stat.mean,
-            kl=kl_stat.mean,
-            logprob_diff_vs_gen=gen_diff.mean,
-            logprob_diff_vs_gen_max=gen_diff.max if gen_diff.count else math.nan,
-            clip_frac_low=stats["clip_frac_low"],
-            clip_frac_high=stats["clip_frac_high"],
-            dual_clip_frac=stats["dual_clip_frac"],
-            is_truncated_frac=stats["is_truncated_frac"],
-            is_ratio_mean=stats["ratio_mean"],
-            is_ratio_max=stats["ratio_max"],
-            is_ratio_min=stats["ratio_min"],
-            tis_weight_mean=stats["tis_weight_mean"],
-            offpolicy_masked_frac=stats["dropped_frac"],
+            entropy=stats.entropy.mean,
+            kl=stats.kl.mean,
+            logprob_diff_vs_gen=stats.gen_diff.mean,
+            logprob_diff_vs_gen_max=stats.gen_diff.max if stats.gen_diff.count else math.nan,
+            clip_frac_low=merged["clip_frac_low"],
+            clip_frac_high=merged["clip_frac_high"],
+            dual_clip_frac=merged["dual_clip_frac"],
+            is_truncated_frac=merged["is_truncated_frac"],
+            is_ratio_mean=merged["ratio_mean"],
+            is_ratio_max=merged["ratio_max"],
+            is_ratio_min=merged["ratio_min"],
+            tis_weight_mean=merged["tis_weight_mean"],
+            offpolicy_masked_frac=merged["dropped_frac"],
         )
+
+    def _problem(self, stats: _StepStats, what: str) -> None:
+        """A non-finite value: ends the step here, or (lockstep) marks it bad for all ranks at the end."""
+        if not self.collectives.lockstep:
+            raise _NonFiniteError(what)
+        stats.problem = what
+
+    def _micro_batch_loss(
+        self,
+        mb: TrainBatch,
+        w: Tensor,
+        out: ResponseForward,
+        ref_lp: Tensor | None,
+        entropy_mode: EntropyMode,
+        stats: _StepStats,
+    ) -> Tensor | None:
+        """The micro-batch's share of the step's loss (its statistics added to `stats`), or None
+        after a non-finite value."""
+        lp = out.logprobs
+        if not _finite(lp.detach(), mb.response_mask):
+            self._problem(stats, "non-finite policy log-probs")
+            return None
+        behaviour = mb.behavior_logprobs
+        old = mb.old_logprobs if mb.old_logprobs is not None else behaviour
+        keep_mask = None
+        if self.algo.offpolicy_mask_delta is not None:
+            keep_mask = off_policy_sequence_mask(
+                lp.detach(), behaviour, mb.advantages, mb.response_mask, self.algo.offpolicy_mask_delta
+            )
+        per_token, token_stats = per_token_policy_loss(
+            lp,
+            old,
+            mb.advantages,
+            mb.response_mask,
+            loss_type=self.algo.loss_type,
+            eps_low=self.algo.eps_low,
+            eps_high=self.algo.eps_high,
+            eps_max=self.algo.eps_max,
+            dual_clip_c=self.algo.dual_clip_c if self.algo.loss_type != "cispo" else None,
+            behavior_logprobs=behaviour if self.algo.tis.enabled else None,
+            tis_cap=self.algo.tis.cap if self.algo.tis.enabled else None,
+            tis_level=self.algo.tis.level,
+            keep_mask=keep_mask,
+        )
+        policy_part = weighted_token_sum(per_token, w)
+        loss = policy_part
+        if ref_lp is not None:
+            kl = kl_penalty(
+                lp,
+                ref_lp,
+                self.algo.kl_estimator,
+                old if self.algo.kl_estimator == "unbiased_k3" else None,
+                mask=mb.response_mask,
+            )
+            loss = loss + self.algo.kl_coef * weighted_token_sum(kl, w)
+            stats.kl.add(kl, mb.response_mask)
+            if self.meter is not None:
+                self.meter.add_logprob_pass(mb.num_tokens)
+        if out.entropy is not None:
+            stats.entropy.add(out.entropy, mb.response_mask)
+            if entropy_mode == "grad":
+                loss = loss + entropy_bonus(out.entropy, w, self.algo.entropy_coef)
+        loss_value = float(loss.detach())
+        if not math.isfinite(loss_value):
+            self._problem(stats, "non-finite loss")
+            return None
+        stats.loss += loss_value
+        stats.policy_loss += float(policy_part.detach())
+        stats.parts.append(reduce_token_stats(token_stats))
+        stats.gen_diff.add((lp.detach() - behaviour).abs(), mb.response_mask)
+        return loss
 
     def _apply(self, batch: TrainBatch, metrics: dict[str, float]) -> None:
         """Clip, check, and take the optimizer and LR-schedule step."""
         params = [p for p in self.policy.model.parameters() if p.grad is not None]
         max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip is not None else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        grad_norm = self.collectives.clip_grad_norm(params, max_norm)
         if not math.isfinite(grad_norm):
             raise _NonFiniteError("non-finite gradient norm")
         metrics["lr"] = self.scheduler.get_last_lr()[0]
