@@ -48,8 +48,22 @@ def connect(cfg: DistributedConfig) -> tuple[Any, bool]:
     if cfg.address is not None:
         ray.init(address=cfg.address, **kwargs)
     else:
-        ray.init(num_cpus=cfg.num_cpus, **kwargs)
+        ray.init(num_cpus=local_num_cpus(cfg), **kwargs)
     return ray, True
+
+
+def requested_cpus(cfg: DistributedConfig) -> float:
+    """Logical CPUs the run's actors ask for (engines and trainer ranks)."""
+    return cfg.num_engines * cfg.engine_num_cpus + cfg.trainer_world_size * cfg.trainer_num_cpus
+
+
+def local_num_cpus(cfg: DistributedConfig) -> float:
+    """A local instance's logical CPUs: `num_cpus`, else enough for every actor of the run (at least
+    this machine's cores). Ray CPUs are a scheduling budget, not a pinning: several actors on two
+    cores time-share them, which is what a one-machine run wants."""
+    if cfg.num_cpus is not None:
+        return cfg.num_cpus
+    return max(float(os.cpu_count() or 1), requested_cpus(cfg))
 
 
 def classify(err: BaseException) -> str:
@@ -73,6 +87,8 @@ def wait_all(refs: Mapping[str, Any], timeout_s: float, what: str) -> dict[str, 
             raise PeerError(names[pending[0]], "timeout",
                             f"{what}: no answer from {late} within {timeout_s:g} s (distributed.timeout_s)")
         ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+        if not ready and pending and deadline - time.monotonic() <= 0:
+            continue
         for ref in ready:
             try:
                 ray.get(ref)
@@ -118,3 +134,12 @@ def wait_each(refs: Mapping[str, Any], timeout_s: float) -> dict[str, tuple[str,
         out[names[ref]] = ("timeout", PeerError(names[ref], "timeout", f"{names[ref]}: no answer within "
                                                                         f"{timeout_s:g} s"))
     return out
+
+
+def startup_hint(what: str, num_cpus: float, num_gpus: float) -> str:
+    """Why an actor may never start: what it asks for against what the cluster has free."""
+    ray = import_ray()
+    free = ray.available_resources()
+    return (f"{what} each ask for {num_cpus:g} CPU(s) and {num_gpus:g} GPU(s); the cluster has "
+            f"{free.get('CPU', 0):g} CPU(s) and {free.get('GPU', 0):g} GPU(s) free: lower "
+            "distributed.*_num_cpus / *_num_gpus, or add nodes")

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from scalerl.config import DistributedConfig
-from scalerl.distributed.cluster import PeerError, classify, import_ray, wait_all, wait_each
+from scalerl.distributed.cluster import PeerError, classify, import_ray, startup_hint, wait_all, wait_each
 from scalerl.distributed.weights import bucket_state, plan_buckets
 from scalerl.rollout.protocol import Completion, Engine, GenerationRequest
 
@@ -122,6 +122,13 @@ class EnginePool:
         try:
             ready = wait_all({f"engine {i}": a.ready.remote() for i, a in enumerate(actors)},
                              cfg.startup_timeout_s, "engine start-up")
+        except PeerError as err:
+            hint = ""
+            if err.kind == "timeout":
+                hint = startup_hint("engines", cfg.engine_num_cpus, cfg.engine_num_gpus)
+            for a in actors:
+                ray.kill(a)
+            raise PeerError(err.peer, err.kind, f"{err}; {hint}" if hint else str(err)) from err
         except BaseException:
             for a in actors:
                 ray.kill(a)

@@ -26,7 +26,7 @@ import torch
 
 from scalerl.config import RunConfig
 from scalerl.distributed.channel import RemoteWeights
-from scalerl.distributed.cluster import PeerError, free_port, import_ray, node_ip, wait_all
+from scalerl.distributed.cluster import PeerError, free_port, import_ray, node_ip, startup_hint, wait_all
 from scalerl.distributed.weights import BucketMeta, WeightGroup, bucket_state, plan_buckets
 from scalerl.telemetry.compute import ComputeMeter, flop_params
 from scalerl.training.batch import ScoredGroup
@@ -148,12 +148,7 @@ class RayTrainer:
         ]
         self.names = [f"trainer rank {r}" for r in range(d.trainer_world_size)]
         try:
-            host, port = self._all(lambda r, a: a.rendezvous.remote() if r == 0 else None,
-                                   "trainer rendezvous", d.startup_timeout_s, ranks=[0])[0]
-            payload = config.model_dump(mode="json")
-            path = None if resume is None else str(resume)
-            infos = self._all(lambda r, a: a.setup.remote(payload, host, port, path), "trainer start-up",
-                              d.startup_timeout_s)
+            infos = self._start(config, resume)
         except BaseException:
             self.close()
             raise
@@ -164,6 +159,21 @@ class RayTrainer:
         devices = meter_devices if meter_devices is not None else d.trainer_world_size + d.num_engines
         self.meter = ComputeMeter(self.n_params, num_devices=devices,
                                   role_devices={"generator": d.num_engines, "trainer": d.trainer_world_size})
+
+    def _start(self, config: RunConfig, resume: str | Path | None) -> list[RankInfo]:
+        d = config.distributed
+        try:
+            host, port = self._all(lambda r, a: a.rendezvous.remote(), "trainer rendezvous",
+                                   d.startup_timeout_s, ranks=[0])[0]
+            payload = config.model_dump(mode="json")
+            path = None if resume is None else str(resume)
+            return self._all(lambda r, a: a.setup.remote(payload, host, port, path), "trainer start-up",
+                             d.startup_timeout_s)
+        except TrainerRankError as err:
+            if not isinstance(err.__cause__, PeerError) or err.__cause__.kind != "timeout":
+                raise
+            hint = startup_hint("trainer ranks", d.trainer_num_cpus, d.trainer_num_gpus)
+            raise TrainerRankError(f"{err}; {hint}") from err
 
     # ------------------------------------------------------------------------------ plumbing
     def _all(self, call: Any, what: str, timeout_s: float | None = None,
