@@ -73,9 +73,15 @@ def classify(err: BaseException) -> str:
     return "died" if isinstance(err, died) else "error"
 
 
+DEATH_GRACE_S = 5.0
+
+
 def wait_all(refs: Mapping[str, Any], timeout_s: float, what: str) -> dict[str, Any]:
     """Results of every `{peer name: ObjectRef}`; raises `PeerError` for the first peer that died,
-    failed, or had not answered within `timeout_s` (naming all such peers)."""
+    failed, or had not answered within `timeout_s` (naming all such peers).
+
+    When a peer fails, the others get `DEATH_GRACE_S` more: peers of a collective fail *because*
+    one of them died (their connection to it closed), and the error must name the dead one."""
     ray = import_ray()
     names = {ref: name for name, ref in refs.items()}
     pending = list(names)
@@ -94,8 +100,26 @@ def wait_all(refs: Mapping[str, Any], timeout_s: float, what: str) -> dict[str, 
                 ray.get(ref)
             except Exception as err:
                 kind = classify(err)
+                if kind != "died" and pending:
+                    dead = _first_death(pending, names)
+                    if dead is not None:
+                        name, cause = dead
+                        raise PeerError(name, "died", f"{what}: {name} died: {_short(cause)} (and so "
+                                                      f"{names[ref]} failed: {_short(err, 300)})") from cause
                 raise PeerError(names[ref], kind, f"{what}: {names[ref]} {kind}: {_short(err)}") from err
     return {name: ray.get(ref) for name, ref in refs.items()}
+
+
+def _first_death(pending: list[Any], names: Mapping[Any, str]) -> tuple[str, BaseException] | None:
+    ray = import_ray()
+    ready, _ = ray.wait(pending, num_returns=len(pending), timeout=DEATH_GRACE_S)
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except Exception as err:
+            if classify(err) == "died":
+                return names[ref], err
+    return None
 
 
 def _short(err: BaseException, limit: int = 2000) -> str:
