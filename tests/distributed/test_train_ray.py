@@ -92,7 +92,7 @@ def test_kill_then_resume_with_other_num_engines(
     proc.send_signal(signal.SIGKILL)
     proc.wait()
 
-    resumed = train(config, "--resume", "distributed.num_engines=1")
+    resumed = train(config, "distributed.num_engines=1", "--resume")
     _, err = resumed.communicate(timeout=400)
     assert resumed.returncode == 0, err.decode()[-3000:]
     check_log(run_dir, max_lag=0)
