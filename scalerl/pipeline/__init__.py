@@ -2,11 +2,13 @@
 
 See docs/pipeline.md. `Driver(config, Components(...)).run()` trains; the pieces it wires are
 usable alone: `StalenessController` (the max-lag admission rule), `Generator` (the rollout loop),
-`GroupScorer` (bounded-parallel verification), `DynamicSampling`, `batch_metrics`.
+`GroupScorer` (bounded-parallel verification), `DynamicSampling`, `batch_metrics`,
+`ThreadedEnginePool` (several engines in this process behind one `Engine`).
 """
 
 from scalerl.pipeline.driver import Components, Driver, RunResult, run_training, success_threshold
 from scalerl.pipeline.dynamic_sampling import DynamicSampling
+from scalerl.pipeline.engine_pool import ThreadedEnginePool
 from scalerl.pipeline.generator import Generator, GeneratorCounters
 from scalerl.pipeline.interfaces import GroupQueue, PromptSource, ReadyGroup, Scorer, Trainer, WeightChannel
 from scalerl.pipeline.local import EngineWeightChannel, LocalGroupQueue
@@ -36,6 +38,7 @@ __all__ = [
     "Scorer",
     "StalenessController",
     "StalenessError",
+    "ThreadedEnginePool",
     "Trainer",
     "WeightChannel",
     "batch_metrics",

@@ -9,7 +9,7 @@ counts, slot occupancy, version lags) plus "positive and finite" for the timed n
 
 Every subprocess gets `SCALERL_CACHE_DIR` in a temporary directory (the SFT warm starts are cached
 there, never in ~/.cache), one OpenMP thread (CI machines are small and shared) and no Hub access
-(nothing here may need a download). Cost on a loaded 2-core machine: about a minute and a half.
+(nothing here may need a download). Cost on a loaded 2-core machine: about two and a half minutes.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ TESTED = {
     "bench_objectives_vs_trl.py",
     "bench_vs_trl.py",
     "predictive_accuracy.py",
+    "simulate_scale.py",
+    "bench_scaleout.py",
 }
 
 
@@ -267,3 +269,68 @@ def test_predictive_accuracy_tiny(cache_dir: Path, tmp_path: Path, warm_start: P
     rows = [json.loads(line) for line in (out_dir / "runs" / "scalerl" / "metrics.jsonl").open()]
     assert sum(r.get("kind") == "eval" for r in rows) == points
     assert max(r["step"] for r in rows if r.get("kind") == "step") == steps
+
+
+# ---------------------------------------------------------------------------------------------- scale-out
+SIM_ROW = (r"^\s*{mode} k={k}\s+(\d+) steps\s+({N})s\s+({N}) samples/s\s+({N}) tok/s\s+gen idle\s+({N})%\s+"
+           r"occupancy\s+({N})%\s+weight loads\s+({N})%\s+trainer idle\s+({N})%\s+lag mean ({N}) max (\d+) "
+           r"\(tokens ({N})\)\s+truncated\s+({N})%$")
+
+
+@pytest.mark.timeout(180)
+def test_simulate_scale_quick(cache_dir: Path) -> None:
+    out = run_script("simulate_scale.py", "--quick", cache_dir=cache_dir, timeout=150)
+    assert "8 engines x 32 slots (group placement), 8 prompts x 8 samples per step" in out
+    rows = {}
+    for mode, k in (("sync", 1), ("ppo_offpolicy", 4), ("pipeline", 4)):
+        m = match(SIM_ROW.format(mode=mode, k=k, N="{N}"), out)
+        assert int(m[1]) == 16
+        for i in (5, 6, 7, 8):
+            assert 0 <= float(m[i]) <= 100
+        rows[mode] = {"sps": positive(m[3]), "idle": float(m[5]), "lag": (float(m[9]), int(m[10]))}
+    # A simulation: no timing noise, so the schedules' order and lags are exact properties of the run.
+    assert rows["sync"]["lag"] == (0.0, 0) and rows["ppo_offpolicy"]["lag"] == (1.5, 3)
+    assert rows["pipeline"]["lag"][0] > 0 and rows["pipeline"]["lag"][1] <= 4
+    assert rows["pipeline"]["sps"] > rows["ppo_offpolicy"]["sps"] > rows["sync"]["sps"]
+    assert rows["pipeline"]["idle"] < rows["ppo_offpolicy"]["idle"] < rows["sync"]["idle"]
+    shares = match(r"^\s*ppo_offpolicy k=4\s+0: ({N})%\s+1: ({N})%\s+2: ({N})%\s+3: ({N})%\s+4:\s+({N})%$",
+                   out)
+    assert [float(x) for x in shares.groups()] == [25.0, 25.0, 25.0, 25.0, 0.0]
+    assert "pipeline max lag" in out and "<= k=4: OK" in out
+    for a, b in (("pipeline", "ppo_offpolicy"), ("pipeline", "sync"), ("ppo_offpolicy", "sync")):
+        kb = 1 if b == "sync" else 4
+        r = match(rf"^{a} k=4 / {b} k={kb}: samples/s x({{N}})\s+generator idle x({{N}})$", out)
+        assert float(r[1]) == pytest.approx(rows[a]["sps"] / rows[b]["sps"], rel=0.01, abs=0.006)
+
+
+@pytest.mark.timeout(240)
+def test_bench_scaleout_quick(cache_dir: Path) -> None:
+    out = run_script("bench_scaleout.py", "--quick", cache_dir=cache_dir, timeout=210)
+    sps: dict[tuple[str, int], float] = {}
+    for engines in (1, 2, 4):
+        for mode, k in (("sync", 1), ("ppo_offpolicy", 2), ("pipeline", 2)):
+            m = match(rf"^engines={engines}\s+{mode} k={k}: (\d+) steps in\s+({{N}})s\s+({{N}}) samples/s\s+"
+                      rf"idle\s+({{N}})%\s+lag mean ({{N}}) max (\d+)\s+\|\s+simulated\s+({{N}}) samples/s\s+"
+                      rf"idle\s+({{N}})%\s+measured/simulated x({{N}})$", out)
+            assert int(m[1]) == 4  # --quick: 4 optimizer steps per run
+            assert positive(m[3]) == pytest.approx(4 * 8 * 4 / positive(m[2]), rel=0.02)
+            assert 0 <= float(m[4]) <= 100 and 0 <= float(m[8]) <= 100
+            positive(m[7])
+            assert positive(m[9]) == pytest.approx(float(m[3]) / float(m[7]), rel=0.02, abs=0.006)
+            lag = (float(m[5]), int(m[6]))
+            # Lags follow from the schedules whatever the timing: sync on-policy, ppo_offpolicy-2
+            # rounds (lags 0 and 1), the pipeline within max_lag, also with a pool of engines.
+            if mode == "sync":
+                assert lag == (0.0, 0)
+            elif mode == "ppo_offpolicy":
+                assert lag == (0.5, 1)
+            else:
+                assert 0 <= lag[0] <= lag[1] <= 2
+            sps[(mode, engines)] = float(m[3])
+    for engines in (1, 2, 4):
+        m = match(rf"^engines={engines}: ppo_offpolicy/sync x({{N}})\s+pipeline/sync x({{N}})\s+"
+                  rf"pipeline/ppo_offpolicy x({{N}})$", out)
+        assert float(m[3]) == pytest.approx(sps[("pipeline", engines)] / sps[("ppo_offpolicy", engines)],
+                                            rel=0.02, abs=0.006)
+    m = match(r"^\s*pipeline k=2: 2 engines x({N})\s+4 engines x({N})$", out)
+    assert positive(m[2]) == pytest.approx(sps[("pipeline", 4)] / sps[("pipeline", 1)], rel=0.02, abs=0.006)

@@ -1,0 +1,129 @@
+"""sync / PPO-off-policy-k / PipelineRL-k at the paper's scale, simulated: the shape of ScaleRL Fig. 4a.
+
+A discrete-event simulation (`scalerl.pipeline.simulate`; virtual clock, nothing sleeps) in which the
+real admission controller (`scalerl.pipeline.staleness.StalenessController`) decides every
+admission, driven by modelled devices: 64 generation engines with continuous batching and a
+per-step decode time, 48 prompts x 16 samples per step, long-tailed (lognormal) lengths up to 12,288
+tokens, a modelled training step and weight transfer. The device times are assumptions (orders of
+magnitude for an 8B model, docs/scaleout_sim.md), not measurements: what the run shows is how the
+three schedules compare under the same devices, not absolute speeds.
+
+Printed per mode: simulated samples/s and tokens/s, generator idle fraction (engine time with
+nothing to run), slot occupancy, trainer idle fraction, the version lag of trained samples and
+tokens (asserted <= k for the pipeline by the controller and by the simulator), then the ratios
+between modes; `--sweep` adds the k sweep of PPO-off-policy-k and PipelineRL-k (cf. Fig. 4b).
+
+    python benchmarks/simulate_scale.py             # paper scale (a few seconds per mode)
+    python benchmarks/simulate_scale.py --sweep     # + k in 1, 2, 4, 8, 16
+    python benchmarks/simulate_scale.py --quick     # small smoke run (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+from scalerl.pipeline.simulate import SimConfig, SimResult, simulate
+from scalerl.rollout.emulated import LengthModel
+
+SWEEP = (1, 2, 4, 8, 16)
+
+
+def base_config(args: argparse.Namespace) -> SimConfig:
+    if args.quick:
+        cfg = SimConfig(num_engines=8, slots=32, prompts_per_step=8, n=8, max_new_tokens=2048,
+                        length=LengthModel(500.0, 0.5, 0.6), steps=16, train_step_s=0.5,
+                        train_token_s=1.5e-5)
+    else:
+        cfg = SimConfig()
+    overrides = {
+        name: value
+        for name, value in (("num_engines", args.engines), ("steps", args.steps), ("seed", args.seed),
+                            ("placement", args.placement))
+        if value is not None
+    }
+    return replace(cfg, **overrides)
+
+
+def run(cfg: SimConfig, mode: str, k: int) -> SimResult:
+    steps = cfg.steps if mode != "ppo_offpolicy" else max(k, cfg.steps - cfg.steps % k)
+    result = simulate(replace(cfg, mode=mode, k=k, steps=steps))  # type: ignore[arg-type]
+    bound = result.config.max_lag
+    if max(result.sample_lags) > bound or max(result.token_lags) > bound:
+        raise AssertionError(f"{mode} k={k}: a trained sample lags more than {bound} versions")
+    return result
+
+
+def row(r: SimResult) -> str:
+    c = r.config
+    lag_max = max(r.sample_lags)
+    return (f"{c.mode:>14} k={c.k:<2d} {r.steps:4d} steps {r.seconds:8.0f}s  "
+            f"{r.samples_per_s:7.2f} samples/s  {r.tokens_per_s:9.0f} tok/s  "
+            f"gen idle {100 * r.generator_idle_frac:5.1f}%  occupancy {100 * r.occupancy:5.1f}%  "
+            f"weight loads {100 * r.update_frac:4.1f}%  trainer idle {100 * r.trainer_idle_frac:5.1f}%  "
+            f"lag mean {r.lag_mean(r.sample_lags):.2f} max {lag_max} "
+            f"(tokens {r.lag_mean(r.token_lags):.2f})  truncated {100 * r.truncated / r.samples:4.1f}%")
+
+
+def lag_distribution(r: SimResult) -> str:
+    total = sum(r.sample_lags.values())
+    lags = range(r.config.k + 1)
+    shares = "  ".join(f"{lag}: {100 * r.sample_lags.get(lag, 0) / total:4.1f}%" for lag in lags)
+    return f"{r.config.mode:>14} k={r.config.k:<2d} {shares}"
+
+
+def ratio(a: SimResult, b: SimResult) -> str:
+    idle = a.generator_idle_frac / b.generator_idle_frac if b.generator_idle_frac else float("nan")
+    return (f"{a.config.mode} k={a.config.k} / {b.config.mode} k={b.config.k}: "
+            f"samples/s x{a.samples_per_s / b.samples_per_s:.2f}  generator idle x{idle:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small setting (CI smoke run)")
+    parser.add_argument("--k", type=int, default=None,
+                        help="k of ppo_offpolicy and pipeline (default 8; quick 4)")
+    parser.add_argument("--engines", type=int, default=None, help="generation engines (default 64)")
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps per mode (default 64)")
+    parser.add_argument("--placement", choices=("group", "sample"), default=None,
+                        help="a group's samples on one engine (default) or each sample placed alone")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--sweep", action="store_true", help=f"also sweep k over {SWEEP}")
+    args = parser.parse_args()
+    k = args.k or (4 if args.quick else 8)
+    cfg = base_config(args)
+    lm = cfg.length
+    print(f"setting: {cfg.num_engines} engines x {cfg.slots} slots ({cfg.placement} placement), "
+          f"{cfg.prompts_per_step} prompts x {cfg.n} samples per step; lengths lognormal "
+          f"(median {lm.median:.0f}, prompt sigma {lm.prompt_sigma}, sample sigma {lm.sample_sigma}) "
+          f"capped at {cfg.max_new_tokens}")
+    print(f"devices: decode step {1e3 * cfg.decode_step_s:.1f} ms + {1e3 * cfg.decode_token_s:.2f} ms "
+          f"per sequence in flight; train step {cfg.train_step_s:.1f} s + {1e6 * cfg.train_token_s:.2f} us "
+          f"per token; "
+          f"weights {cfg.weight_transfer_s:.1f} s transfer + {cfg.weight_update_s:.1f} s load\n")
+
+    modes = ("sync", "ppo_offpolicy", "pipeline")
+    results = {mode: run(cfg, mode, 1 if mode == "sync" else k) for mode in modes}
+    for r in results.values():
+        print(row(r), flush=True)
+    print("\nversion lag of trained samples (share per lag):")
+    for r in results.values():
+        print(lag_distribution(r))
+    sync, ppo, pipe = results["sync"], results["ppo_offpolicy"], results["pipeline"]
+    print(f"\npipeline max lag {max(pipe.sample_lags)} <= k={k}: OK")
+    print("\nratios:")
+    for a, b in ((pipe, ppo), (pipe, sync), (ppo, sync)):
+        print(ratio(a, b))
+
+    if args.sweep:
+        print("\nk sweep (samples/s; generator idle; mean sample lag):")
+        for kk in SWEEP:
+            p, o = run(cfg, "pipeline", kk), run(cfg, "ppo_offpolicy", kk)
+            print(f"k={kk:<2d}  pipeline {p.samples_per_s:7.2f}  idle {100 * p.generator_idle_frac:5.1f}%  "
+                  f"lag {p.lag_mean(p.sample_lags):5.2f}   ppo_offpolicy {o.samples_per_s:7.2f}  "
+                  f"idle {100 * o.generator_idle_frac:5.1f}%  lag {o.lag_mean(o.sample_lags):5.2f}   "
+                  f"pipeline / ppo x{p.samples_per_s / o.samples_per_s:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
