@@ -87,7 +87,8 @@ def ray_backend(config: RunConfig, run_path: Path, resume: str | Path | None) ->
             pad_token_id=int(pad if pad is not None else tokenizer.eos_token_id),
             initial_version=trainer.version,
         )
-        factories = [EngineFactory(replace(spec, seed=spec.seed + i)) for i in range(d.num_engines)]
+        device = "cuda" if d.engine_num_gpus > 0 else None
+        factories = [EngineFactory(replace(spec, seed=spec.seed + i), device) for i in range(d.num_engines)]
         pool = EnginePool.launch(factories, d)
         closers.append(pool.close)
         channel = RayWeightChannel(pool, mode=d.weight_sync, backend=d.collective_backend,

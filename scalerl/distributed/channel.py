@@ -42,6 +42,7 @@ class RemoteWeights(Mapping[str, torch.Tensor]):
     buckets: list[BucketMeta]
     refs: list[Any] | None
     rank0: Any
+    timeout_s: float = 300.0
     _cache: dict[str, torch.Tensor] | None = None
 
     def _load(self) -> dict[str, torch.Tensor]:
@@ -49,10 +50,10 @@ class RemoteWeights(Mapping[str, torch.Tensor]):
             ray = import_ray()
             if self.refs is not None:
                 state: dict[str, torch.Tensor] = {}
-                for bucket in ray.get(list(self.refs)):
+                for bucket in ray.get(list(self.refs), timeout=self.timeout_s):
                     state.update(bucket)
             else:
-                state = ray.get(self.rank0.gathered_state.remote())
+                state = ray.get(self.rank0.gathered_state.remote(), timeout=self.timeout_s)
             self._cache = state
         return self._cache
 

@@ -31,11 +31,21 @@ from scalerl.rollout.protocol import Completion, Engine, GenerationRequest
 
 @dataclass(frozen=True)
 class EngineFactory:
-    """Build an engine through the one engine factory, from plain picklable values."""
+    """Build an engine through the one engine factory, from plain picklable values.
+
+    `device` ("cuda") puts the embedded engine's model there (Ray granted the actor a GPU, which it
+    sees as cuda:0); vLLM places itself.
+    """
 
     spec: EngineSpec
+    device: str | None = None
 
     def __call__(self) -> Engine:
+        if self.spec.kind == "embedded" and self.device is not None and self.spec.model_path is not None:
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(self.spec.model_path, dtype=torch.float32)
+            return build_engine(self.spec, model=model.to(self.device))
         return build_engine(self.spec)
 
 

@@ -216,7 +216,7 @@ class RayTrainer:
         results = self._all(lambda r, a: a.gather.remote(self.bucket_bytes, put), "weight gather")
         self.last_gather_s = time.perf_counter() - start
         buckets, refs = results[0]
-        return RemoteWeights(self._version, buckets, refs, self.actors[0])
+        return RemoteWeights(self._version, buckets, refs, self.actors[0], self.timeout_s)
 
     # ------------------------------------------------------------------------------ checkpoints
     def save(
