@@ -39,7 +39,7 @@ def base_config(args: argparse.Namespace) -> SimConfig:
     overrides = {
         name: value
         for name, value in (("num_engines", args.engines), ("steps", args.steps), ("seed", args.seed),
-                            ("placement", args.placement))
+                            ("placement", args.placement), ("max_new_tokens", args.max_new_tokens))
         if value is not None
     }
     return replace(cfg, **overrides)
@@ -87,6 +87,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps per mode (default 64)")
     parser.add_argument("--placement", choices=("group", "sample"), default=None,
                         help="a group's samples on one engine (default) or each sample placed alone")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="length cap (default 12288)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--sweep", action="store_true", help=f"also sweep k over {SWEEP}")
     args = parser.parse_args()

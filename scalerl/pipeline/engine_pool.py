@@ -87,8 +87,10 @@ class ThreadedEnginePool:
         return min(e.version for e in self.engines)
 
     def num_unfinished(self) -> int:
+        # Finished but not yet handed out by `step()` still counts: a caller that sees 0 must be
+        # able to trust that no completion is waiting for it.
         with self._cond:
-            return sum(self._load)
+            return sum(self._load) + len(self._undelivered)
 
     def submit(self, requests: Sequence[GenerationRequest]) -> None:
         with self._cond:
@@ -141,7 +143,7 @@ class ThreadedEnginePool:
             return list(self._busy_s)
 
     def loads(self) -> list[int]:
-        """Per engine: sequences routed to it and not yet finished."""
+        """Per engine: sequences routed to it and not yet finished (by the engine)."""
         with self._cond:
             return list(self._load)
 

@@ -65,8 +65,10 @@ class SteppingEngine(ABC):
             self._submit_with_serials(requests)
 
     def num_unfinished(self) -> int:
+        # Completions another thread's `generate()` finished for us count until `step()` hands
+        # them out: a caller that sees 0 stops stepping.
         with self._lock:
-            return self._num_unfinished_locked()
+            return self._num_unfinished_locked() + len(self._undelivered)
 
     def step(self) -> list[Completion]:
         self._wait_for_updates()

@@ -56,6 +56,19 @@ def test_step_streams_and_request_ids_may_repeat() -> None:
         ]
 
 
+def test_finished_but_undelivered_counts_as_unfinished() -> None:
+    # The engines finish (their threads deliver) before the caller looks: the caller must still see
+    # work to collect, or a round-mode `fill` would stop stepping and lose the last group.
+    with ThreadedEnginePool([emulated(), emulated()]) as pool:
+        pool.submit([req(0), req(1)])
+        deadline = time.monotonic() + 30
+        while any(pool.loads()):
+            time.sleep(0.001)
+            assert time.monotonic() < deadline
+        assert pool.num_unfinished() == 4
+        assert len(pool.step()) == 4 and pool.num_unfinished() == 0
+
+
 def test_groups_go_to_the_least_loaded_engine() -> None:
     engines = [emulated(step_s=0.05) for _ in range(3)]
     with ThreadedEnginePool(engines) as pool:

@@ -246,3 +246,15 @@ def test_built_from_a_spec_in_another_process() -> None:
     ]
     with pytest.raises(ValueError, match="no model"):
         build_engine(spec, model=object())  # type: ignore[arg-type]
+
+
+def test_completions_finished_by_another_generate_count_until_handed_out() -> None:
+    # A `generate()` call steps the engine and finishes a request it did not submit: that completion
+    # waits for the next `step()`, and `num_unfinished()` must not report 0 before.
+    e = engine(length_median=3, length_sample_sigma=0.0)
+    e.submit([req(0, max_new_tokens=50)])
+    (mine,) = e.generate([req(1, max_new_tokens=50)])
+    assert mine.request_id == "r1"
+    assert e.num_unfinished() == 1
+    (other,) = e.step()
+    assert other.request_id == "r0" and e.num_unfinished() == 0
