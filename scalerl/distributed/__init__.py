@@ -18,11 +18,29 @@ and the checkpoint state; what moves out sits behind the seams the local loop al
   rank 0 sends them, bucketed, over the object store or a gloo/NCCL group (`weights`).
 * `checkpoint` writes the ranks' DCP shards and HF export, then the driver's state last.
 * `cluster` attaches to (or starts) Ray and bounds every wait with a timeout naming the peer.
+
+Names are imported on first use, so a process that only launches ranks (`spawn_ranks`) or joins
+a group does not pay for importing transformers.
 """
 
-from scalerl.distributed.checkpoint import CheckpointRankError
-from scalerl.distributed.fsdp import ShardedTrainerRank
-from scalerl.distributed.group import ProcessGroupSpec
-from scalerl.distributed.launch import RankFailedError, spawn_ranks
+from __future__ import annotations
 
-__all__ = ["CheckpointRankError", "ProcessGroupSpec", "RankFailedError", "ShardedTrainerRank", "spawn_ranks"]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "CheckpointRankError": "scalerl.distributed.checkpoint",
+    "ProcessGroupSpec": "scalerl.distributed.group",
+    "RankFailedError": "scalerl.distributed.launch",
+    "ShardedTrainerRank": "scalerl.distributed.fsdp",
+    "spawn_ranks": "scalerl.distributed.launch",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'scalerl.distributed' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -14,10 +14,10 @@ is the order of operations of one step:
    step; `max_consecutive_bad_steps` in a row raise `TrainingDivergedError`;
 6. clip, AdamW step, LR schedule step, `version += 1`.
 
-Steps 1-3 always see the whole batch; steps 4-6 go through a `StepCollectives`
-(`training.collectives`), which for one process is the identity and for FSDP2 ranks
-(`scalerl.distributed`) gives each rank its own rows and merges what the ranks computed, so the
-sharded step is the same step.
+Steps 1-3 always see the whole batch. The model passes, the merge of their statistics and the
+clipping go through a `StepCollectives` (`training.collectives`): for one process the identity;
+for FSDP2 ranks (`scalerl.distributed`) each rank runs its own rows, and what the ranks computed
+is summed and merged, so the sharded step is this step.
 
 The importance ratio is pi_train / pi_old with pi_old the generator's behaviour log-probs (ScaleRL
 eq. 2), or, with `recompute_old_logprobs`, the trainer's own log-probs before the update (then TIS

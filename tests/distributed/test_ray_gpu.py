@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_ray_trainer import TINY, groups_for
 
 from scalerl.config import RunConfig
 from scalerl.distributed.channel import RayWeightChannel
@@ -19,8 +20,6 @@ from scalerl.distributed.trainer import RayTrainer
 from scalerl.rollout.factory import EngineSpec
 from scalerl.rollout.protocol import GenerationRequest, SamplingParams
 from scalerl.training.sft import SFTConfig, warm_start_default
-
-from .test_trainer import TINY, groups_for
 
 pytestmark = [pytest.mark.distributed, pytest.mark.gpu]
 

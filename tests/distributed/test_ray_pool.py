@@ -9,6 +9,7 @@ import time
 
 import pytest
 from pipeline.fakes import FakeEngine, FakeScorer, FakeSource, FakeTrainer, Rows, decode, encode
+from ray_engines import CrashingEngine
 
 from scalerl.config import DistributedConfig, RunConfig
 from scalerl.distributed.channel import RayWeightChannel
@@ -17,8 +18,6 @@ from scalerl.distributed.pool import EnginePool, NoEngineLeftError
 from scalerl.pipeline import Components, Driver
 from scalerl.rollout.factory import EngineSpec
 from scalerl.rollout.protocol import GenerationRequest, SamplingParams
-
-from .engines import CrashingEngine
 
 pytestmark = pytest.mark.distributed
 
