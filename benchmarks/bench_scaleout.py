@@ -245,8 +245,9 @@ def weight_sync_rows(sizes: list[str], repeats: int, num_engines: int = 2) -> No
     from scalerl.distributed.trainer import RayTrainer
     from scalerl.rollout.factory import EngineSpec
 
-    print(f"\nweight sync, trainer rank 0 -> {num_engines} engine actors (median of {repeats}; "
-          "engine-side load into a model excluded: the emulated engines only stage the tensors):")
+    print(f"\nweight sync, trainer rank 0 -> {num_engines} engine actors (median of {repeats} after one "
+          "warm-up that sets the gloo group up; engine-side load into a model excluded: the emulated "
+          "engines only stage the tensors):")
     print(f"{'model':>6} {'params':>12} {'MB':>8} {'gather s':>9} {'object store s':>15} {'gloo s':>8} "
           f"{'store/gloo':>10}")
     spec = EngineSpec(kind="emulated", model_path=None, fp32_lm_head=False, seed=0, max_batch_size=1,
@@ -260,11 +261,15 @@ def weight_sync_rows(sizes: list[str], repeats: int, num_engines: int = 2) -> No
         try:
             seconds: dict[str, list[float]] = {"object_store": [], "collective": [], "gather": []}
             nbytes = 0
-            for _ in range(repeats):
-                for mode in ("object_store", "collective"):
-                    channel = RayWeightChannel(pool, mode=mode, timeout_s=cfg.distributed.timeout_s)
+            channels = {mode: RayWeightChannel(pool, mode=mode, timeout_s=cfg.distributed.timeout_s)
+                        for mode in ("object_store", "collective")}
+            for rep in range(repeats + 1):  # the first round (the gloo group's set-up) is not counted
+                for mode, channel in channels.items():
                     trainer.put_weights = mode == "object_store"
                     weights = trainer.weights_for_engine()
+                    if rep == 0:
+                        channel.publish(weights, trainer.version)
+                        continue
                     seconds["gather"].append(trainer.last_gather_s)
                     nbytes = sum(b.numel * (4 if b.dtype.is_floating_point else 8) for b in weights.buckets)  # type: ignore[attr-defined]
                     channel.publish(weights, trainer.version)
@@ -288,6 +293,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ray", action="store_true",
                         help="also run every row with the engines as Ray actors, and the weight-sync table")
+    parser.add_argument("--weight-sync-only", action="store_true",
+                        help="only the Ray weight-sync table (no pool rows)")
     parser.add_argument("--weight-sync-sizes", default="1M,16M,100M", metavar="LIST",
                         help="with --ray: model sizes for the weight-sync table "
                              f"({', '.join(WEIGHT_SYNC_MODELS)})")
@@ -305,6 +312,9 @@ def main() -> None:
           f"{args.steps} steps per run")
 
     modes = (("sync", 1), ("ppo_offpolicy", args.k), ("pipeline", args.k))
+    if args.weight_sync_only:
+        main_ray(args, modes, {})
+        return
     runs: dict[tuple[str, int], Run] = {}
     for count in ENGINE_COUNTS:
         for mode, k in modes:
@@ -339,8 +349,9 @@ def main_ray(args: argparse.Namespace, modes: Any, local: dict[tuple[str, int], 
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
     try:
-        print("\nRay engine actors (same devices, same seeds); ray/in-process is the cost of the processes:")
-        for count in ENGINE_COUNTS:
+        if local:
+            print("\nRay engine actors (same devices, same seeds); ray/in-process is the cost of the processes:")
+        for count in ENGINE_COUNTS if local else ():
             for mode, k in modes:
                 r = run_ray(args, mode, k, count)
                 lo = local[(mode, count)]
