@@ -350,7 +350,8 @@ def main_ray(args: argparse.Namespace, modes: Any, local: dict[tuple[str, int], 
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
     try:
         if local:
-            print("\nRay engine actors (same devices, same seeds); ray/in-process is the cost of the processes:")
+            print("\nRay engine actors (same devices, same seeds); ray/in-process is the cost of the "
+                  "processes:")
         for count in ENGINE_COUNTS if local else ():
             for mode, k in modes:
                 r = run_ray(args, mode, k, count)

@@ -51,8 +51,8 @@ def lags(trainer: FakeTrainer) -> list[int]:
     return [u - c.start_version for u, groups in trainer.batches for g in groups for c in g.completions]
 
 
-@pytest.mark.parametrize("k", [1, 3])
-def test_slow_engine_keeps_the_lag_bound(ray_cluster: object, k: int) -> None:
+def test_slow_engine_keeps_the_lag_bound(ray_cluster: object) -> None:
+    k = 1  # the tightest bound: one version of slack
     # Device emulators: the same timing model, one engine four times slower (sleeps, not CPU).
     def emulated(seed: int, slowdown: float) -> EngineFactory:
         options = {"step_s": 0.002, "slowdown": slowdown, "length_median": 12.0,

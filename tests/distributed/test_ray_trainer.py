@@ -90,32 +90,35 @@ def _logprobs(engine: object, prompt: list[int], copies: int = 1) -> list[list[f
             for r in requests]
 
 
-@pytest.mark.parametrize("sync", ["object_store", "collective"])
-def test_weights_reach_every_engine(ray_cluster: object, model_dir: str, sync: str) -> None:
-    cfg = run_config(model_dir, world=2, sync=sync, bucket_mb=0.01)  # several buckets
+def test_weights_reach_every_engine_over_both_transports(ray_cluster: object, model_dir: str) -> None:
+    cfg = run_config(model_dir, world=2, bucket_mb=0.01)  # several buckets
     trainer = RayTrainer(cfg)
     spec = EngineSpec(kind="embedded", model_path=model_dir, fp32_lm_head=True, seed=0, max_batch_size=4,
                       eos_token_ids=(0,))
     pool = EnginePool.launch([EngineFactory(spec), EngineFactory(spec)], cfg.distributed)
+    reference = EmbeddedEngine(load_model(cfg.model, torch.device("cpu")), max_batch_size=4,
+                               fp32_lm_head=True, eos_token_ids=(0,))
+    [before] = _logprobs(reference, [5, 6, 7])
     try:
-        channel = RayWeightChannel(pool, mode=sync, timeout_s=60)
-        trainer.step(groups_for(model_dir))
-        weights = trainer.weights_for_engine()
-        channel.publish(weights, trainer.version)
-        assert pool.version == 1 and all(m.version == 1 for m in pool.members)
-        assert channel.last_seconds > 0 and channel.syncs == 1
+        for version, sync in enumerate(("object_store", "collective"), start=1):
+            channel = RayWeightChannel(pool, mode=sync, timeout_s=60)
+            trainer.put_weights = sync == "object_store"
+            trainer.step(groups_for(model_dir, version))
+            weights = trainer.weights_for_engine()
+            assert (weights.refs is not None) == (sync == "object_store")  # type: ignore[attr-defined]
+            channel.publish(weights, trainer.version)
+            assert pool.version == version and all(m.version == version for m in pool.members)
+            assert channel.last_seconds > 0 and channel.syncs == 1
 
-        reference = EmbeddedEngine(load_model(cfg.model, torch.device("cpu")), max_batch_size=4,
-                                   fp32_lm_head=True, eos_token_ids=(0,))
-        [before] = _logprobs(reference, [5, 6, 7])
-        reference.update_weights(dict(weights), 1)
-        [after] = _logprobs(reference, [5, 6, 7])
-        assert before != after
-        # Two requests at once: least-loaded placement puts one on each engine; both sample exactly
-        # as the reference does with the trainer's weights.
-        for got in _logprobs(pool, [5, 6, 7], copies=2):
-            assert got == pytest.approx(after, abs=1e-6)
-        assert [m.samples for m in pool.members] == [2, 2]
+            reference.update_weights(dict(weights), version)
+            [after] = _logprobs(reference, [5, 6, 7])
+            assert after != before
+            before = after
+            # Two requests at once: least-loaded placement puts one on each engine; both sample
+            # exactly as the reference does with the trainer's weights.
+            for got in _logprobs(pool, [5, 6, 7], copies=2):
+                assert got == pytest.approx(after, abs=1e-6), sync
+            assert [m.samples for m in pool.members] == [2 * version, 2 * version]
     finally:
         pool.close()
         trainer.close()
