@@ -81,6 +81,13 @@ def _on_all_ranks(what: str, fn: Callable[[], T]) -> T:
     return result
 
 
+def _from_rank0(value: T) -> T:
+    """Rank 0's `value` on every rank."""
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def _rng_file(directory: Path, rank: int) -> Path:
     return directory / RNG_DIR / f"rank_{rank:05d}.pt"
 
@@ -119,6 +126,12 @@ def save_sharded_checkpoint(
 ) -> Path:
     """Write the checkpoint of `step` from every rank (collective); return its final path."""
     rank = dist.get_rank()
+    # The caller's state must be JSON; checked first, on every rank, before anything is written.
+    try:
+        json.dumps({"trainer": dict(trainer_state), "extra": dict(extra or {})}, allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"extra/trainer_state: checkpoint state must be JSON (finite numbers, str keys): "
+                         f"{err}") from None
 
     def stage() -> tuple[Path, Path]:
         tmp, final = begin_checkpoint(run_dir, step, keep, token=f"{os.getpid()}-sharded")
@@ -127,7 +140,7 @@ def save_sharded_checkpoint(
 
     # Rank 0 clears stale temporaries and creates the directory before anyone writes into it.
     staged = _on_all_ranks("checkpoint staging", stage if rank == 0 else lambda: None)
-    tmp, final = dist_broadcast(staged)
+    tmp, final = _from_rank0(staged)
     try:
         # An optimizer that never stepped has no state; asking DCP for it would initialise it
         # (an AdamW step with zero gradients), changing the run being saved.
@@ -170,13 +183,6 @@ def save_sharded_checkpoint(
         raise
     barrier(device)
     return final
-
-
-def dist_broadcast(value: T) -> T:
-    """Rank 0's `value` on every rank."""
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def load_sharded_checkpoint(

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -36,6 +37,7 @@ from scalerl.distributed.checkpoint import load_sharded_checkpoint, save_sharded
 from scalerl.distributed.collectives import RankCollectives
 from scalerl.distributed.group import ProcessGroupSpec, barrier, init_process_group
 from scalerl.distributed.sharding import shard_causal_lm
+from scalerl.telemetry.compute import ComputeMeter
 from scalerl.training.batch import ScoredGroup
 from scalerl.training.checkpoint import CheckpointState
 from scalerl.training.policy import Policy, load_model, load_policy
@@ -43,21 +45,31 @@ from scalerl.training.trainer import Trainer
 
 
 def batch_fingerprint(groups: Sequence[ScoredGroup]) -> str:
-    """A digest of what a step trains on (token ids, rewards, log-probs), to check that every
-    rank was given the same batch."""
+    """A digest of what a step trains on (prompt and token ids, loss masks, behaviour log-probs,
+    rewards), to check that every rank was given the same batch."""
     h = hashlib.sha256()
     for group in groups:
-        h.update(repr((group.record.id, list(group.rewards), group.old_logprobs is not None)).encode())
+        h.update(group.record.id.encode())
+        h.update(np.asarray(group.rewards, dtype=np.float64).tobytes())
+        h.update(b"old" if group.old_logprobs is not None else b"-")
         for c in group.completions:
-            h.update(repr((c.prompt_ids, c.token_ids, c.loss_mask, c.logprobs)).encode())
+            for values, dtype in ((c.prompt_ids, np.int64), (c.token_ids, np.int64),
+                                  (c.loss_mask, np.bool_), (c.logprobs, np.float32)):
+                array = np.asarray(values, dtype=dtype)
+                h.update(np.int64(array.size).tobytes())
+                h.update(array.tobytes())
     return h.hexdigest()
 
 
 class ShardedTrainerRank:
     """One FSDP2 rank of the trainer (see module docstring). Satisfies the pipeline's `Trainer`
-    protocol on every rank, except that `weights_for_engine` returns None off rank 0."""
+    protocol on every rank, except that `weights_for_engine` returns None off rank 0.
 
-    def __init__(self, cfg: RunConfig, group: ProcessGroupSpec) -> None:
+    A `meter` counts what the whole step processed (every rank's rows), so one rank's meter
+    (rank 0's) is the run's; its busy time is that rank's wall time.
+    """
+
+    def __init__(self, cfg: RunConfig, group: ProcessGroupSpec, meter: ComputeMeter | None = None) -> None:
         self.cfg = cfg
         self.group = group
         self._owns_group = init_process_group(group)
@@ -74,7 +86,7 @@ class ShardedTrainerRank:
             reference_factory=self._sharded_reference,
         )
         self.collectives = RankCollectives(group.rank, group.world_size, self.device)
-        self.trainer = Trainer.from_config(cfg, self.policy, collectives=self.collectives)
+        self.trainer = Trainer.from_config(cfg, self.policy, meter=meter, collectives=self.collectives)
 
     def _sharded_reference(self) -> torch.nn.Module:
         ref = load_model(self.cfg.model, torch.device("cpu"))

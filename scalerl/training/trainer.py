@@ -377,6 +377,9 @@ class Trainer:
             (loss if loss is not None else _zero_loss(out.logprobs)).backward()
 
         stats = _StepStats.merge(self.collectives.gather(local))
+        if use_kl_loss and self.meter is not None:
+            # The reference passes over the whole batch (all ranks together).
+            self.meter.add_logprob_pass(batch.num_tokens)
         if stats.problem is not None:
             raise _NonFiniteError(stats.problem)
         merged = merge_policy_stats(stats.parts)
@@ -454,8 +457,6 @@ class Trainer:
             )
             loss = loss + self.algo.kl_coef * weighted_token_sum(kl, w)
             stats.kl.add(kl, mb.response_mask)
-            if self.meter is not None:
-                self.meter.add_logprob_pass(mb.num_tokens)
         if out.entropy is not None:
             stats.entropy.add(out.entropy, mb.response_mask)
             if entropy_mode == "grad":

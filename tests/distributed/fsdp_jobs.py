@@ -94,9 +94,18 @@ def nonfinite_job(spec: ProcessGroupSpec, cfg: RunConfig) -> dict[str, Any]:
     except FloatingPointError as err:
         error = str(err)
     good = rank.step(batch(1))
+    # A driver bug that hands the ranks different batches is refused on every rank, before any
+    # model pass, so the ranks stay in step.
+    try:
+        rank.step(batch(spec.rank))
+        mismatch = None
+    except ValueError as err:
+        mismatch = str(err)
+    after_mismatch = rank.step(batch(2))
     return {
         "skipped": skipped, "good": good, "error": error, "bad_steps": rank.trainer.bad_steps,
-        "version": rank.version, "before": before, "after_skip": after_skip,
+        "version": rank.version, "before": before, "after_skip": after_skip, "mismatch": mismatch,
+        "after_mismatch": after_mismatch,
     }
 
 
@@ -146,6 +155,11 @@ def checkpoint_job(spec: ProcessGroupSpec, cfg: RunConfig, run_dir: str) -> dict
         ckpt_mod.torch.save = real_save  # type: ignore[assignment]
     barrier(b.device)
     out["after_failed_save"] = sorted(p.name for p in (Path(run_dir) / "checkpoints").iterdir())
+    try:
+        b.save(run_dir, 7, extra={"loss": float("nan")})
+        out["bad_extra"] = None
+    except ValueError as err:
+        out["bad_extra"] = str(err)
     b.save(run_dir, 6, keep=2)
     barrier(b.device)
     out["after_next_save"] = sorted(p.name for p in (Path(run_dir) / "checkpoints").iterdir())
@@ -161,11 +175,28 @@ def resume_job(spec: ProcessGroupSpec, cfg: RunConfig, checkpoint: str) -> dict[
     return {"step": state.step, "version": rank.version, "metrics": metrics, "weights": weights}
 
 
+def meter_counts(trainer: Any) -> dict[str, int]:
+    m = trainer.trainer.meter if isinstance(trainer, ShardedTrainerRank) else trainer.meter
+    return {"trained_tokens": m.trained_tokens, "trained_samples": m.trained_samples,
+            "logprob_tokens": m.logprob_tokens}
+
+
+def meter_job(spec: ProcessGroupSpec, cfg: RunConfig) -> dict[str, int]:
+    """A compute meter on a rank counts the whole step (every rank's rows)."""
+    from scalerl.telemetry.compute import ComputeMeter
+
+    rank = ShardedTrainerRank(cfg, spec, meter=ComputeMeter(1000))
+    rank.step(batch(0))
+    rank.step(batch(1))
+    return meter_counts(rank)
+
+
 def step_suite_job(spec: ProcessGroupSpec, cases: dict[str, tuple[RunConfig, list[Op]]],
-                   nonfinite_cfg: RunConfig) -> dict[str, Any]:
-    """`cases_job` and `nonfinite_job` in one spawn (starting ranks is the slow part)."""
+                   nonfinite_cfg: RunConfig, meter_cfg: RunConfig) -> dict[str, Any]:
+    """`cases_job`, `nonfinite_job` and `meter_job` in one spawn (starting ranks is the slow part)."""
     t0 = time.perf_counter()
-    out = {"cases": cases_job(spec, cases), "nonfinite": nonfinite_job(spec, nonfinite_cfg)}
+    out = {"cases": cases_job(spec, cases), "nonfinite": nonfinite_job(spec, nonfinite_cfg),
+           "meter": meter_job(spec, meter_cfg)}
     out["seconds"] = time.perf_counter() - t0
     return out
 

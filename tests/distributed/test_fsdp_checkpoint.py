@@ -67,6 +67,9 @@ def test_failed_save_fails_on_every_rank_and_leaves_no_checkpoint(run):
         assert message is not None and message.startswith("CheckpointRankError")
         assert "rank(s) [1]" in message and "disk full (injected)" in message
     assert run["rank0"]["after_failed_save"] == ["step_000002"]
+    # State that is not JSON is refused on every rank before anything is written.
+    for r in ("rank0", "rank1"):
+        assert "checkpoint state must be JSON" in (run[r]["bad_extra"] or "")
     # The next save works; keep=2 pruned nothing else.
     assert run["rank0"]["after_next_save"] == ["step_000002", "step_000006"]
     assert [s for s, _ in list_checkpoints(run["dir"])] == [2, 6]

@@ -65,12 +65,14 @@ def _cases() -> dict[str, tuple]:
 
 CASES = _cases()
 BF16 = {"bf16-fp32-head"}
+# Every pass the meter counts: training, recomputed pi_old, KL reference.
+METER_CFG = run_config(**_objective("cispo", "prompt", True, kl_coef=0.05))
 
 
 @pytest.fixture(scope="module")
 def suite() -> dict:
     sharded = {name: (cfg, ops) for name, (cfg, _, ops) in CASES.items()}
-    ranks = spawn_ranks(step_suite_job, 2, args=(sharded, run_config()), timeout_s=120)
+    ranks = spawn_ranks(step_suite_job, 2, args=(sharded, run_config(), METER_CFG), timeout_s=120)
     return {"rank0": ranks[0], "rank1": ranks[1]}
 
 
@@ -125,12 +127,28 @@ def test_full_state_dict_loads_strictly_into_hf_model_and_engine(suite):
         torch.testing.assert_close(value, state[name], rtol=0, atol=0)
 
 
-def test_nonfinite_on_one_rank_skips_the_step_on_every_rank(suite):
+def test_nonfinite_on_one_rank_skips_the_step_on_every_rank_and_batches_must_match(suite):
     for r in (0, 1):
         out = suite[f"rank{r}"]["nonfinite"]
         assert out["skipped"]["skipped_nonfinite"] == 1.0 and math.isnan(out["skipped"]["loss"])
         assert out["error"] == "rank 1: non-finite policy log-probs"
         assert out["good"]["skipped_nonfinite"] == 0.0
-        assert out["bad_steps"] == 1 and out["version"] == 1
+        assert out["bad_steps"] == 1 and out["version"] == 2
+        assert out["mismatch"] is not None and "ranks [1] were given a different batch" in out["mismatch"]
+        assert out["after_mismatch"]["skipped_nonfinite"] == 0.0
     before, after = suite["rank0"]["nonfinite"]["before"], suite["rank0"]["nonfinite"]["after_skip"]
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_a_rank_meter_counts_the_whole_step(suite):
+    from fsdp_jobs import batch, meter_counts
+
+    from scalerl.telemetry.compute import ComputeMeter
+    from scalerl.training.trainer import Trainer
+
+    local = Trainer.from_config(METER_CFG, load_policy(METER_CFG.model, device="cpu"), ComputeMeter(1000))
+    local.step(batch(0))
+    local.step(batch(1))
+    want = meter_counts(local)
+    assert want["logprob_tokens"] > want["trained_tokens"] > 0
+    assert suite["rank0"]["meter"] == want and suite["rank1"]["meter"] == want
