@@ -189,7 +189,8 @@ class _Sample:
 
 class _Engine:
     """One generation device. `clock` is when its next decode step can start; `steps` counts its
-    steps; `history[j] = (s, v)`: from its step `s + 1` on, tokens carry version `v`."""
+    steps; `(history_steps[j], history_versions[j]) = (s, v)`: from its step `s + 1` on, tokens
+    carry version `v`."""
 
     def __init__(self, index: int, slots: int, step_s: float, token_s: float, version: int) -> None:
         self.index = index
