@@ -74,7 +74,8 @@ class TrainerRankWorker:
         spec = ProcessGroupSpec(self.rank, self.world_size, f"tcp://{host}:{port}", timeout_s=d.timeout_s,
                                 backend="nccl" if gpu else "gloo", device="cuda:0" if gpu else "cpu")
         self.trainer = ShardedTrainerRank(cfg, spec)
-        # A meter per rank counts the work its trainer does; the controller's meter adds it up.
+        # The rank's trainer counts the step's work (the whole batch); the controller's meter takes
+        # rank 0's counts.
         self.meter = ComputeMeter(flop_params(self.trainer.policy.model))
         self.trainer.trainer.meter = self.meter
         saved = self.trainer.load(resume) if resume is not None else None
@@ -201,12 +202,11 @@ class RayTrainer:
         if len(versions) != 1:
             raise TrainerRankError(f"trainer ranks disagree on the version after a step: {sorted(versions)}")
         self._version = versions.pop()
+        # Every rank's meter counts the whole step (all ranks' rows): rank 0's is the run's.
         work = results[0]["work"]
         self.meter.add_training(int(work["trained_tokens"]), int(work["trained_samples"]))
-        # Log-prob passes (reference model, recomputation) run on each rank's own rows.
-        logprob = sum(int(res["work"]["logprob_tokens"]) for res in results)
-        if logprob:
-            self.meter.add_logprob_pass(logprob)
+        if work["logprob_tokens"]:
+            self.meter.add_logprob_pass(int(work["logprob_tokens"]))
         return dict(results[0]["metrics"])
 
     def weights_for_engine(self) -> Mapping[str, torch.Tensor]:
