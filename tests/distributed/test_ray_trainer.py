@@ -37,9 +37,11 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(warm_start_default(base, SFTConfig(steps=2, batch_size=4), cache_dir=cache))
 
 
-def run_config(model_dir: str, world: int, sync: str = "object_store", **dist: object) -> RunConfig:
+def run_config(model_dir: str, world: int, sync: str = "object_store", algorithm: dict | None = None,
+               **dist: object) -> RunConfig:
     return RunConfig.model_validate({
         "model": {"name_or_path": model_dir},
+        "algorithm": algorithm or {},
         "generation": {"n": 4, "max_new_tokens": 16},
         "optim": {"lr": 1e-3, "warmup_steps": 0, "micro_batch_size": 3},
         "distributed": {"backend": "ray", "trainer_world_size": world, "trainer_num_cpus": 0.5,
@@ -59,7 +61,8 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 
 def test_two_rank_step_equals_one_process(ray_cluster: object, model_dir: str) -> None:
-    cfg = run_config(model_dir, world=2)
+    # With a KL term: the sharded reference model runs too, and its log-prob pass is metered.
+    cfg = run_config(model_dir, world=2, algorithm={"kl_coef": 0.05})
     policy = load_policy(cfg.model, device="cpu")
     meter = ComputeMeter(flop_params(policy.model))
     local = Trainer.from_config(cfg, policy, meter)
@@ -70,12 +73,13 @@ def test_two_rank_step_equals_one_process(ray_cluster: object, model_dir: str) -
             want = local.step(groups)
             got = trainer.step(groups)
             assert got["version"] == want["version"] == seed + 1 and trainer.version == seed + 1
-            for key in ("loss", "policy_loss", "grad_norm", "batch_tokens", "kept_samples"):
+            for key in ("loss", "policy_loss", "kl", "grad_norm", "batch_tokens", "kept_samples"):
                 assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
         assert max_diff(dict(trainer.weights_for_engine()), policy.weights_for_engine()) < 1e-5
         # The controller's meter counted the steps' work as the local trainer's meter did.
         assert trainer.meter.n_params == meter.n_params
         assert trainer.meter.trained_tokens == meter.trained_tokens > 0
+        assert trainer.meter.logprob_tokens == meter.logprob_tokens > 0
         assert trainer.meter.flops == pytest.approx(meter.flops)
     finally:
         trainer.close()
