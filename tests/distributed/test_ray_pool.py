@@ -51,8 +51,8 @@ def lags(trainer: FakeTrainer) -> list[int]:
     return [u - c.start_version for u, groups in trainer.batches for g in groups for c in g.completions]
 
 
-def test_slow_engine_keeps_the_lag_bound(ray_cluster: object) -> None:
-    k = 1  # the tightest bound: one version of slack
+@pytest.mark.parametrize("k", [1, 3])
+def test_slow_engine_keeps_the_lag_bound(ray_cluster: object, k: int) -> None:
     # Device emulators: the same timing model, one engine four times slower (sleeps, not CPU).
     def emulated(seed: int, slowdown: float) -> EngineFactory:
         options = {"step_s": 0.002, "slowdown": slowdown, "length_median": 12.0,
@@ -70,8 +70,11 @@ def test_slow_engine_keeps_the_lag_bound(ray_cluster: object) -> None:
         assert result.steps == 15
         assert max(lags(trainer)) <= k and result.max_version_lag <= k
         fast_m, slow_m = pool.members
-        # Least-loaded placement: the slow engine answered fewer groups but did take part.
-        assert 0 < slow_m.samples < fast_m.samples
+        assert slow_m.samples > 0 and fast_m.samples > 0
+        if k == 3:
+            # With slack, groups queue behind the slow engine: least-loaded placement then gives the
+            # fast one more (at k=1 admission hands out so few groups that both engines idle-tie).
+            assert slow_m.samples < fast_m.samples
         # In flight: some samples span more than one version (weights landed mid-generation).
         assert any(len(set(c.versions)) > 1 for _, gs in trainer.batches for g in gs for c in g.completions)
         trained = [g.record.id for _, gs in trainer.batches for g in gs]
