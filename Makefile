@@ -31,6 +31,12 @@ clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
 
 # Multi-process tests (torch.distributed ranks on gloo; deselected from `make test` by pyproject's addopts).
+# The Ray backend's tests need the `distributed` extra, installed here only: `make test` stays lean.
+DIST_STAMP := $(VENV)/.installed-distributed
+$(DIST_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[dev,distributed]"
+	touch $(DIST_STAMP)
+
 .PHONY: test-distributed
-test-distributed: setup
+test-distributed: $(DIST_STAMP)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m distributed tests/distributed

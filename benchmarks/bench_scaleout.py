@@ -14,6 +14,7 @@ ratios between modes and over engine counts.
 
     python benchmarks/bench_scaleout.py            # k=4, 16 steps per run (about a minute)
     python benchmarks/bench_scaleout.py --quick    # k=2, 4 steps per run (CI smoke run)
+    python benchmarks/bench_scaleout.py --ray      # + engines as Ray actors, weight sync vs model size
 """
 
 from __future__ import annotations
@@ -166,6 +167,122 @@ def run_local(args: argparse.Namespace, mode: str, k: int, num_engines: int) -> 
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# Ray (`--ray`): the same emulated devices as engine actors (scalerl.distributed.EnginePool), and
+# weight-sync seconds against model size over the object store and a gloo group. Needs the
+# `distributed` extra; every figure is printed beside its in-process counterpart or its peer.
+
+WEIGHT_SYNC_MODELS = {  # tiny Qwen2 shapes (char vocabulary) of about 1M, 16M and 100M parameters
+    "1M": {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 384},
+    "16M": {"hidden_size": 512, "num_layers": 5, "num_heads": 8, "num_kv_heads": 2,
+            "intermediate_size": 1536},
+    "100M": {"hidden_size": 1024, "num_layers": 7, "num_heads": 8, "num_kv_heads": 2,
+             "intermediate_size": 4096},
+}
+
+
+def _ray_dist(num_engines: int, **extra: Any) -> Any:
+    from scalerl.config import DistributedConfig
+
+    # Emulated engines sleep instead of computing: a small logical CPU share each is honest.
+    return DistributedConfig(backend="ray", num_engines=num_engines, engine_num_cpus=0.1,
+                             trainer_num_cpus=0.5, timeout_s=120, startup_timeout_s=300, **extra)
+
+
+def run_ray(args: argparse.Namespace, mode: str, k: int, num_engines: int) -> Run:
+    """`run_local` with the engines in Ray actors: polls, placement and weights cross processes."""
+    from scalerl.distributed.channel import RayWeightChannel
+    from scalerl.distributed.engine_actor import EngineFactory
+    from scalerl.distributed.pool import EnginePool
+    from scalerl.rollout.factory import EngineSpec
+
+    d: Devices = args.devices
+    options = {"step_s": d.step_s, "token_s": d.token_s, "update_s": d.update_s,
+               "length_median": d.length.median, "length_prompt_sigma": d.length.prompt_sigma,
+               "length_sample_sigma": d.length.sample_sigma, "vocab_size": VOCAB}
+    specs = [EngineSpec(kind="emulated", model_path=None, fp32_lm_head=False, seed=i, max_batch_size=d.slots,
+                        eos_token_ids=(VOCAB - 1,), options=options) for i in range(num_engines)]
+    factories = [EngineFactory(spec) for spec in specs]
+    dist = _ray_dist(num_engines)
+    pool = EnginePool.launch(factories, dist)
+    rows = _Rows()
+    components = Components(
+        engine=pool,
+        trainer=EmulatedTrainer(step_s=d.train_step_s, token_s=d.train_token_s),
+        source=PromptPool(make_synthetic("math", 4096, args.seed), args.seed),
+        scorer=_HashScorer(), encode=_encode, decode=_decode,
+        params=SamplingParams(n=args.n, max_new_tokens=d.max_new_tokens),
+        metrics=rows, channel=RayWeightChannel(pool, mode="object_store", timeout_s=dist.timeout_s),
+    )
+    try:
+        driver = Driver(_config(args, mode, k), components)
+        start = time.perf_counter()
+        result = driver.run()
+        seconds = time.perf_counter() - start
+        pool.step()  # one more poll: each engine's clocks as of the end of the run
+    finally:
+        pool.close()
+    sim_sps, sim_idle = _simulated(args, mode, k, num_engines)
+    return Run(
+        mode=mode, k=k, engines=num_engines, steps=result.steps, seconds=seconds,
+        samples=int(sum(r["batch_samples"] for r in rows.steps)),
+        engine_busy_s=sum(m.busy_s for m in pool.members),
+        lag_mean=sum(r["version_lag_mean"] for r in rows.steps) / len(rows.steps),
+        lag_max=int(max(r["version_lag_max"] for r in rows.steps)),
+        sim_samples_per_s=sim_sps, sim_idle=sim_idle,
+    )
+
+
+def weight_sync_rows(sizes: list[str], repeats: int, num_engines: int = 2) -> None:
+    """Seconds to gather a model on the trainer (FSDP2, 1 rank) and to load it into `num_engines`
+    engine actors, over the object store and over a gloo group, median of `repeats`."""
+    import statistics
+
+    from scalerl.config import RunConfig
+    from scalerl.distributed.channel import RayWeightChannel
+    from scalerl.distributed.engine_actor import EngineFactory
+    from scalerl.distributed.pool import EnginePool
+    from scalerl.distributed.trainer import RayTrainer
+    from scalerl.rollout.factory import EngineSpec
+
+    print(f"\nweight sync, trainer rank 0 -> {num_engines} engine actors (median of {repeats} after one "
+          "warm-up that sets the gloo group up; engine-side load into a model excluded: the emulated "
+          "engines only stage the tensors):")
+    print(f"{'model':>6} {'params':>12} {'MB':>8} {'gather s':>9} {'object store s':>15} {'gloo s':>8} "
+          f"{'store/gloo':>10}")
+    spec = EngineSpec(kind="emulated", model_path=None, fp32_lm_head=False, seed=0, max_batch_size=1,
+                      eos_token_ids=(1,), options={"vocab_size": 2})
+    for size in sizes:
+        tiny = dict(WEIGHT_SYNC_MODELS[size], max_position_embeddings=512)
+        dist = _ray_dist(num_engines).model_dump()
+        cfg = RunConfig.model_validate({"model": {"tiny": tiny}, "distributed": dist})
+        trainer = RayTrainer(cfg)
+        pool = EnginePool.launch([EngineFactory(spec) for _ in range(num_engines)], cfg.distributed)
+        try:
+            seconds: dict[str, list[float]] = {"object_store": [], "collective": [], "gather": []}
+            nbytes = 0
+            channels = {mode: RayWeightChannel(pool, mode=mode, timeout_s=cfg.distributed.timeout_s)
+                        for mode in ("object_store", "collective")}
+            for rep in range(repeats + 1):  # the first round (the gloo group's set-up) is not counted
+                for mode, channel in channels.items():
+                    trainer.put_weights = mode == "object_store"
+                    weights = trainer.weights_for_engine()
+                    if rep == 0:
+                        channel.publish(weights, trainer.version)
+                        continue
+                    seconds["gather"].append(trainer.last_gather_s)
+                    nbytes = sum(b.numel * (4 if b.dtype.is_floating_point else 8) for b in weights.buckets)  # type: ignore[attr-defined]
+                    channel.publish(weights, trainer.version)
+                    seconds[mode].append(channel.last_seconds)
+            med = {key: statistics.median(v) for key, v in seconds.items()}
+            print(f"{size:>6} {trainer.n_params:>12,d} {nbytes / 2**20:>8.1f} {med['gather']:>9.3f} "
+                  f"{med['object_store']:>15.3f} {med['collective']:>8.3f} "
+                  f"x{med['object_store'] / med['collective']:>9.2f}", flush=True)
+        finally:
+            pool.close()
+            trainer.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps (CI smoke run)")
@@ -174,6 +291,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="B: prompts per step")
     parser.add_argument("--n", type=int, default=4, help="samples per prompt")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ray", action="store_true",
+                        help="also run every row with the engines as Ray actors, and the weight-sync table")
+    parser.add_argument("--weight-sync-only", action="store_true",
+                        help="only the Ray weight-sync table (no pool rows)")
+    parser.add_argument("--weight-sync-sizes", default="1M,16M,100M", metavar="LIST",
+                        help="with --ray: model sizes for the weight-sync table "
+                             f"({', '.join(WEIGHT_SYNC_MODELS)})")
     args = parser.parse_args()
     args.steps = args.steps or (4 if args.quick else 16)
     args.k = args.k or (2 if args.quick else 4)
@@ -188,6 +312,9 @@ def main() -> None:
           f"{args.steps} steps per run")
 
     modes = (("sync", 1), ("ppo_offpolicy", args.k), ("pipeline", args.k))
+    if args.weight_sync_only:
+        main_ray(args, modes, {})
+        return
     runs: dict[tuple[str, int], Run] = {}
     for count in ENGINE_COUNTS:
         for mode, k in modes:
@@ -212,6 +339,35 @@ def main() -> None:
             f"{c} engines x{runs[(mode, c)].samples_per_s / one:.2f}" for c in ENGINE_COUNTS[1:]
         )
         print(f"{mode:>14} k={k}: {scaled}")
+    if args.ray:
+        main_ray(args, modes, runs)
+
+
+def main_ray(args: argparse.Namespace, modes: Any, local: dict[tuple[str, int], Run]) -> None:
+    import ray
+
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    try:
+        if local:
+            print("\nRay engine actors (same devices, same seeds); ray/in-process is the cost of the "
+                  "processes:")
+        for count in ENGINE_COUNTS if local else ():
+            for mode, k in modes:
+                r = run_ray(args, mode, k, count)
+                lo = local[(mode, count)]
+                print(f"ray engines={count} {mode:>14} k={k}: {r.steps} steps in {r.seconds:6.2f}s  "
+                      f"{r.samples_per_s:7.2f} samples/s  idle {100 * r.idle:5.1f}%  lag mean "
+                      f"{r.lag_mean:.2f} max {r.lag_max}  |  ray/in-process "
+                      f"x{r.samples_per_s / lo.samples_per_s:.2f}",
+                      flush=True)
+        sizes = [s.strip() for s in args.weight_sync_sizes.split(",") if s.strip()]
+        unknown = [s for s in sizes if s not in WEIGHT_SYNC_MODELS]
+        if unknown:
+            raise SystemExit(f"--weight-sync-sizes: unknown {unknown} (from {list(WEIGHT_SYNC_MODELS)})")
+        weight_sync_rows(sizes, repeats=1 if args.quick else 3)
+    finally:
+        ray.shutdown()
 
 
 if __name__ == "__main__":

@@ -226,6 +226,34 @@ class RewardConfig(Section):
         return self
 
 
+class DistributedConfig(Section):
+    """Scale-out on Ray (`scalerl.distributed`): engine actors, FSDP2 trainer ranks, weight sync.
+
+    `backend: local` (the default) is the single-process loop and reads nothing else here. With
+    `ray`, `address` attaches to a running cluster ("auto", "ray://head:10001") or, when None,
+    starts a local Ray instance with `num_cpus` logical CPUs. Ray resources are logical: fractional
+    CPUs let several actors share a core. Every wait on a remote actor is bounded by `timeout_s`
+    (actor start-up, which loads torch and a model, by `startup_timeout_s`), so a dead or hung peer
+    becomes an error naming it instead of a hang.
+    """
+
+    backend: Literal["local", "ray"] = "local"
+    address: str | None = None
+    num_cpus: float | None = Field(None, gt=0.0, description="local Ray instance only (address: null)")
+    num_engines: int = Field(1, ge=1)
+    engine_num_cpus: float = Field(1.0, ge=0.0)
+    engine_num_gpus: float = Field(0.0, ge=0.0)
+    trainer_world_size: int = Field(1, ge=1, description="FSDP2 ranks (one Ray actor each)")
+    trainer_num_cpus: float = Field(1.0, ge=0.0, description="per trainer rank")
+    trainer_num_gpus: float = Field(0.0, ge=0.0, description="per trainer rank")
+    weight_sync: Literal["object_store", "collective"] = "object_store"
+    # Collective weight sync: gloo moves CPU tensors, NCCL GPU ones (engines and rank 0 on GPUs).
+    collective_backend: Literal["gloo", "nccl"] = "gloo"
+    bucket_mb: float = Field(64.0, gt=0.0, description="weight-sync bucket size")
+    timeout_s: float = Field(300.0, gt=0.0, description="bound on any wait for a remote actor")
+    startup_timeout_s: float = Field(600.0, gt=0.0)
+
+
 class RunConfig(Section):
     name: str = "run"
     recipe: str | None = None
@@ -243,6 +271,28 @@ class RunConfig(Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     logging: LoggingConfig = LoggingConfig()
     rewards: RewardConfig = RewardConfig()
+    distributed: DistributedConfig = DistributedConfig()
+
+    @model_validator(mode="after")
+    def _distributed_combinations(self) -> RunConfig:
+        d = self.distributed
+        if d.backend == "local":
+            return self
+        if self.pipeline.off_policy == "pipeline" and self.pipeline.schedule == "interleaved":
+            raise ValueError(
+                "pipeline.schedule: 'interleaved' (a reproducible single-thread schedule) is local-only; "
+                "use 'threaded' with distributed.backend=ray"
+            )
+        if d.weight_sync == "collective" and d.collective_backend == "nccl" and (
+            d.engine_num_gpus <= 0 or d.trainer_num_gpus <= 0
+        ):
+            raise ValueError(
+                "distributed.collective_backend: 'nccl' moves GPU tensors; it needs "
+                "distributed.engine_num_gpus > 0 and distributed.trainer_num_gpus > 0 (else use 'gloo')"
+            )
+        if self.generation.engine == "vllm" and d.engine_num_gpus <= 0:
+            raise ValueError("distributed.engine_num_gpus: vLLM engine actors need a GPU each (> 0)")
+        return self
 
 
 # ---------------------------------------------------------------------------------------------

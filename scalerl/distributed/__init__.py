@@ -1,8 +1,23 @@
-"""Scale-out: FSDP2-sharded trainer ranks and their distributed checkpoints (torch.distributed).
+"""Scale-out: FSDP2-sharded trainer ranks, their distributed checkpoints, and the Ray backend.
 
-The single-process code never imports this package. See docs/distributed_fsdp.md.
+The single-process code never imports this package: only `distributed.backend: ray` reaches it
+(`scalerl.pipeline.assemble` imports `scalerl.distributed.assemble` lazily), and the Ray modules
+need the `distributed` extra. See docs/distributed.md and docs/distributed_fsdp.md.
 
     from scalerl.distributed import ProcessGroupSpec, ShardedTrainerRank, spawn_ranks
+
+The controller process keeps the driver, the staleness controller, the prompt pool, the metrics
+and the checkpoint state; what moves out sits behind the seams the local loop already has:
+
+* `pool.EnginePool` is an `Engine`: N engine actors (`engine_actor`), groups to the least-loaded
+  one, results as they finish, `version` = the minimum over live engines (so the max-lag
+  admission proof of `scalerl.pipeline.staleness` holds for any N), dead engines' work re-issued.
+* `trainer.RayTrainer` is a `Trainer`: `trainer_world_size` FSDP2 ranks (`fsdp.ShardedTrainerRank`)
+  in Ray actors, each training its slice of every step with global denominators.
+* `channel.RayWeightChannel` is a `WeightChannel`: after all ranks gathered the full weights,
+  rank 0 sends them, bucketed, over the object store or a gloo/NCCL group (`weights`).
+* `checkpoint` writes the ranks' DCP shards and HF export, then the driver's state last.
+* `cluster` attaches to (or starts) Ray and bounds every wait with a timeout naming the peer.
 
 Names are imported on first use, so a process that only launches ranks (`spawn_ranks`) or joins
 a group does not pay for importing transformers.

@@ -106,17 +106,27 @@ class Training:
         self.close()
 
 
-def build_training(
-    config: RunConfig,
-    run_dir: str | Path | None = None,
-    *,
-    device: str | None = None,
-    resume: str | Path | None = None,
-    log: bool = True,
-    checkpoints: bool = True,
-) -> Training:
-    """Everything `Driver.run()` needs, from `config` (see module docstring)."""
-    run_path = Path(run_dir if run_dir is not None else config.output_dir)
+@dataclass
+class Backend:
+    """Where training and generation run: this process (`local_backend`) or a Ray cluster
+    (`scalerl.distributed.assemble.ray_backend`, for `distributed.backend: ray`)."""
+
+    trainer: Any  # the pipeline's `Trainer` protocol
+    engine: Engine
+    tokenizer: Any
+    meter: ComputeMeter
+    start_step: int
+    resume_state: dict[str, Any] | None
+    checkpoint: Any  # (step, pipeline state) -> None
+    channel: Any = None  # a `WeightChannel`; None: straight into the engine
+    wrap_metrics: Any = None  # sink -> sink that adds the backend's per-step figures
+    closers: list[Any] = field(default_factory=list)
+
+
+def local_backend(
+    config: RunConfig, run_path: Path, device: str | None, resume: str | Path | None
+) -> Backend:
+    """The policy and its trainer here, and a generation copy of the model in the embedded engine."""
     policy = load_policy(config.model, device)
     meter = ComputeMeter(flop_params(policy.model))
     trainer = Trainer.from_config(config, policy, meter)
@@ -140,6 +150,45 @@ def build_training(
         initial_version=trainer.version,
     )
     engine = build_engine(spec, model=copy.deepcopy(policy.model) if spec.kind == "embedded" else None)
+
+    def checkpoint(step: int, state: dict[str, Any]) -> None:
+        trainer.save(run_path, step, extra={"pipeline": state}, keep=config.checkpoint.keep)
+
+    return Backend(trainer=trainer, engine=engine, tokenizer=tokenizer, meter=meter, start_step=start_step,
+                   resume_state=resume_state, checkpoint=checkpoint)
+
+
+def build_training(
+    config: RunConfig,
+    run_dir: str | Path | None = None,
+    *,
+    device: str | None = None,
+    resume: str | Path | None = None,
+    log: bool = True,
+    checkpoints: bool = True,
+) -> Training:
+    """Everything `Driver.run()` needs, from `config` (see module docstring)."""
+    run_path = Path(run_dir if run_dir is not None else config.output_dir)
+    if config.distributed.backend == "ray":
+        from scalerl.distributed.assemble import ray_backend
+
+        backend = ray_backend(config, run_path, resume)
+    else:
+        backend = local_backend(config, run_path, device, resume)
+    try:
+        return _build_training(config, run_path, backend, resume=resume, log=log, checkpoints=checkpoints)
+    except BaseException:
+        for closer in backend.closers:
+            closer()
+        raise
+
+
+def _build_training(
+    config: RunConfig, run_path: Path, backend: Backend, *, resume: str | Path | None, log: bool,
+    checkpoints: bool,
+) -> Training:
+    trainer, engine, tokenizer, meter = backend.trainer, backend.engine, backend.tokenizer, backend.meter
+    start_step, resume_state = backend.start_step, backend.resume_state
 
     d = config.data
     records = load_records(config)
@@ -175,7 +224,7 @@ def build_training(
         heldout_ids=split.heldout_ids,
     )
     router = RewardRouter(RewardConfig.from_dict(config.rewards.model_dump()))
-    closers: list[Any] = [router.close]
+    closers: list[Any] = [*backend.closers, router.close]
     extra_sets = {
         name: load_prompts(path, default_task=d.default_task, on_error=on_error).records
         for name, path in config.eval.extra_sets.items()
@@ -203,13 +252,13 @@ def build_training(
         )
         closers.append(telemetry.close)
 
-    def checkpoint(step: int, state: dict[str, Any]) -> None:
-        trainer.save(run_path, step, extra={"pipeline": state}, keep=config.checkpoint.keep)
-
+    metrics = telemetry
+    if backend.wrap_metrics is not None and telemetry is not None:
+        metrics = backend.wrap_metrics(telemetry)
     components = Components(
         engine=engine, trainer=trainer, source=pool, scorer=router, encode=encode, decode=decode,
-        params=params, evaluator=evaluator, metrics=telemetry, checkpoint=checkpoint if checkpoints else None,
-        meter=meter,
+        params=params, evaluator=evaluator, metrics=metrics,
+        checkpoint=backend.checkpoint if checkpoints else None, meter=meter, channel=backend.channel,
     )
     driver = Driver(config, components, start_step=start_step, resume_state=resume_state)
     return Training(driver=driver, trainer=trainer, engine=engine, pool=pool, router=router,
@@ -222,4 +271,6 @@ def train(config: RunConfig, run_dir: str | Path | None = None, **kwargs: Any) -
         return training.driver.run()
 
 
-__all__: Sequence[str] = ("Training", "build_training", "load_records", "sampling_params", "train")
+__all__: Sequence[str] = (
+    "Backend", "Training", "build_training", "load_records", "local_backend", "sampling_params", "train",
+)

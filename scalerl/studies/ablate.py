@@ -10,7 +10,8 @@ Leave-one-out: the base recipe, plus one run per design axis reverted to the pap
 to the base. `KEY=VALUE` overrides (e.g. `max_steps=40`) apply to every run; `--seeds N` repeats
 every variant with N rollout seeds, and the seed-to-seed spread becomes the margin on A and B.
 
-Runs execute in process, one after another, in `OUTPUT_DIR/runs/<name>/`; a rerun of the same
+Runs execute in process, one after another, in `OUTPUT_DIR/runs/<name>/` (with `--ray [ADDRESS]`,
+concurrently as Ray tasks of `--run-cpus` / `--run-gpus` each, `--parallel` at a time); a rerun of the same
 command skips completed runs and resumes or redoes the others (see `scalerl.studies.runs`). A run
 that fails is reported and the study continues; the exit status is 1 if any run failed. Each run
 is then fitted on the first half of its compute (`--fit-fraction`) and the study writes
@@ -227,13 +228,14 @@ def run_ablation(
     device: str | None = None,
     train_fn: Any = None,
     out: Any = None,
+    parallel: int = 1,
 ) -> int:
     """Prepare the shared model, run, fit, write the outputs, print the table. 1 if a run failed."""
     stream = out or sys.stdout
     specs = with_model(plan.specs, shared_model(plan.base_config))
     plan.study_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(plan.study_dir / PLAN_FILE, jsonable(plan.to_dict()))
-    outcomes, run_fits = run_and_fit(specs, settings, device=device, train_fn=train_fn)
+    outcomes, run_fits = run_and_fit(specs, settings, device=device, train_fn=train_fn, parallel=parallel)
     fits = analyze_study(run_fits, settings, order=[v.name for v in plan.variants])
     plot = write_plot(fits, plan.study_dir / PLOT_FILE)
     write_atomic(plan.study_dir / REPORT_FILE, report_markdown(plan, settings, outcomes, fits, plot))
@@ -291,6 +293,16 @@ def register(subparsers: Any) -> None:
     p.add_argument("--output-dir", metavar="DIR",
                    help="study directory (default runs/ablate-<base>-<loo|grid>)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda if available)")
+    ray = p.add_argument_group("concurrent runs on a Ray cluster (the `distributed` extra)")
+    ray.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                     help="run the variants as Ray tasks: on the cluster at ADDRESS ('auto', "
+                          "'ray://head:10001'), or on a local instance without one")
+    ray.add_argument("--parallel", type=int, metavar="N",
+                     help="runs at once (default: 1; with --ray, every run, queued by Ray's scheduler)")
+    ray.add_argument("--run-cpus", type=float, default=1.0, metavar="C",
+                     help="with --ray: logical CPUs one run holds (default 1)")
+    ray.add_argument("--run-gpus", type=float, default=0.0, metavar="G",
+                     help="with --ray: GPUs one run holds (default 0)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the variants and their overrides; run nothing")
     add_fit_args(p, None, "compute column to fit against (default compute_device_hours, the paper's axis; "
@@ -307,7 +319,16 @@ def run_ablate(args: argparse.Namespace) -> int:
     print(render_plan(plan), file=sys.stderr if not args.dry_run else sys.stdout, flush=True)
     if args.dry_run:
         return 0
-    return run_ablation(plan, settings, device=args.device)
+    if args.ray is None:
+        if args.parallel not in (None, 1):
+            raise ValueError("--parallel: runs share this process without --ray; add --ray [ADDRESS]")
+        return run_ablation(plan, settings, device=args.device)
+    from scalerl.distributed.studies import RayRuns
+
+    with RayRuns(None if args.ray == "local" else args.ray, num_cpus=args.run_cpus,
+                 num_gpus=args.run_gpus) as runs:
+        return run_ablation(plan, settings, device=args.device, train_fn=runs.train,
+                            parallel=args.parallel or len(plan.specs))
 
 
 __all__ = ["AblationPlan", "base_config", "plan_ablation", "register", "render_plan", "run_ablation"]

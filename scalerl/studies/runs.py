@@ -189,62 +189,75 @@ def execute_runs(
     device: str | None = None,
     train_fn: TrainFn | None = None,
     say: Callable[[str], None] = _say,
+    parallel: int = 1,
 ) -> list[RunOutcome]:
-    """Train every run in order (see the module docstring); returns one outcome per run.
+    """Train every run (see the module docstring); returns one outcome per run, in `specs` order.
 
     `train_fn(cfg, run_dir, resume=..., device=...) -> int` defaults to `scalerl train`'s
     `train_run`; a non-zero return counts as a failure. `KeyboardInterrupt` stops the study (the
-    interrupted run is resumed or rerun next time).
+    interrupted run is resumed or rerun next time). `parallel` > 1 calls `train_fn` for that many
+    runs at once, from threads: for a `train_fn` that runs each on a cluster
+    (`scalerl.distributed.studies`), whose scheduler queues what does not fit.
     """
-    from scalerl.training.checkpoint import latest_checkpoint
-
     train = train_fn or _default_train
     check_reusable(specs)
-    outcomes = []
-    for i, spec in enumerate(specs, start=1):
-        run_dir = spec.run_dir
-        head = f"[{i}/{len(specs)}] {spec.name}"
-        state = run_state(run_dir)
-        if state == "completed":
-            say(f"{head}: already completed in {run_dir}, skipped")
-            outcomes.append(RunOutcome(spec.name, spec.group, run_dir, "completed", "skipped", 0.0))
-            continue
-        resume = latest_checkpoint(run_dir) if state == "partial" else None
-        if resume is not None and _finished_before(run_dir, resume, spec.config.max_steps):
-            # Killed after its last checkpoint and evaluation, before the status file: nothing is
-            # left to train (resuming would only log a second evaluation of the same step).
-            write_json_atomic(run_dir / STATUS_FILE, {"status": "completed", "action": "recovered",
-                                                       "seconds": 0.0, "error": None})
-            say(f"{head}: had finished (last checkpoint {resume.name}), marked completed")
-            outcomes.append(RunOutcome(spec.name, spec.group, run_dir, "completed", "skipped", 0.0))
-            continue
-        if state == "partial" and resume is None:
-            # No checkpoint to continue from: start over, so the curve is one attempt's.
-            shutil.rmtree(run_dir)
-        action: Literal["trained", "resumed", "rerun"] = (
-            "resumed" if resume is not None else "rerun" if state == "partial" else "trained"
-        )
-        say(f"{head}: {spec.description or spec.group}"
-            + (f" (resuming from {resume})" if resume is not None else " (rerun from scratch)"
-               if action == "rerun" else ""))
-        start = time.perf_counter()
-        error = None
-        try:
-            code = train(spec.config, run_dir, resume=resume, device=device)
-            if code:
-                error = f"training exited with status {code}"
-        except Exception as err:  # one broken run must not end the study; it is reported below
-            error = f"{type(err).__name__}: {err}"
-            traceback.print_exc(file=sys.stderr)
-        seconds = time.perf_counter() - start
-        status: Literal["completed", "failed"] = "failed" if error else "completed"
-        record = {"status": status, "action": action, "seconds": round(seconds, 3), "error": error,
-                  "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(run_dir / STATUS_FILE, record)
-        say(f"{head}: {status} in {seconds:.0f} s" + (f": {error}" if error else ""))
-        outcomes.append(RunOutcome(spec.name, spec.group, run_dir, status, action, seconds, error))
-    return outcomes
+    if parallel < 1:
+        raise ValueError(f"parallel: must be >= 1, got {parallel}")
+    jobs = [(i, spec) for i, spec in enumerate(specs, start=1)]
+    if parallel == 1:
+        return [_execute_one(spec, f"[{i}/{len(specs)}] {spec.name}", train, device, say) for i, spec in jobs]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="scalerl-study") as executor:
+        futures = [executor.submit(_execute_one, spec, f"[{i}/{len(specs)}] {spec.name}", train, device, say)
+                   for i, spec in jobs]
+        return [f.result() for f in futures]
+
+
+def _execute_one(
+    spec: RunSpec, head: str, train: TrainFn, device: str | None, say: Callable[[str], None]
+) -> RunOutcome:
+    from scalerl.training.checkpoint import latest_checkpoint
+
+    run_dir = spec.run_dir
+    state = run_state(run_dir)
+    if state == "completed":
+        say(f"{head}: already completed in {run_dir}, skipped")
+        return RunOutcome(spec.name, spec.group, run_dir, "completed", "skipped", 0.0)
+    resume = latest_checkpoint(run_dir) if state == "partial" else None
+    if resume is not None and _finished_before(run_dir, resume, spec.config.max_steps):
+        # Killed after its last checkpoint and evaluation, before the status file: nothing is
+        # left to train (resuming would only log a second evaluation of the same step).
+        write_json_atomic(run_dir / STATUS_FILE, {"status": "completed", "action": "recovered",
+                                                   "seconds": 0.0, "error": None})
+        say(f"{head}: had finished (last checkpoint {resume.name}), marked completed")
+        return RunOutcome(spec.name, spec.group, run_dir, "completed", "skipped", 0.0)
+    if state == "partial" and resume is None:
+        # No checkpoint to continue from: start over, so the curve is one attempt's.
+        shutil.rmtree(run_dir)
+    action: Literal["trained", "resumed", "rerun"] = (
+        "resumed" if resume is not None else "rerun" if state == "partial" else "trained"
+    )
+    say(f"{head}: {spec.description or spec.group}"
+        + (f" (resuming from {resume})" if resume is not None else " (rerun from scratch)"
+           if action == "rerun" else ""))
+    start = time.perf_counter()
+    error = None
+    try:
+        code = train(spec.config, run_dir, resume=resume, device=device)
+        if code:
+            error = f"training exited with status {code}"
+    except Exception as err:  # one broken run must not end the study; it is reported below
+        error = f"{type(err).__name__}: {err}"
+        traceback.print_exc(file=sys.stderr)
+    seconds = time.perf_counter() - start
+    status: Literal["completed", "failed"] = "failed" if error else "completed"
+    record = {"status": status, "action": action, "seconds": round(seconds, 3), "error": error,
+              "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / STATUS_FILE, record)
+    say(f"{head}: {status} in {seconds:.0f} s" + (f": {error}" if error else ""))
+    return RunOutcome(spec.name, spec.group, run_dir, status, action, seconds, error)
 
 
 __all__ = [

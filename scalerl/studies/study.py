@@ -90,9 +90,10 @@ def run_and_fit(
     *,
     device: str | None = None,
     train_fn: Callable[..., int] | None = None,
+    parallel: int = 1,
 ) -> tuple[list[RunOutcome], list[RunFit]]:
-    """Train every run (skipping completed ones), then fit each completed run."""
-    outcomes = execute_runs(specs, device=device, train_fn=train_fn)
+    """Train every run (skipping completed ones; `parallel` at once), then fit each completed run."""
+    outcomes = execute_runs(specs, device=device, train_fn=train_fn, parallel=parallel)
     fits = [
         fit_run(o.run_dir, o.name, o.group, settings) if o.status == "completed"
         else RunFit(o.name, o.group, o.run_dir, error=f"run failed: {o.error}")

@@ -1,0 +1,112 @@
+"""`distributed.backend: ray`: the trainer ranks, the engine pool and the weight channel of a run.
+
+`ray_backend(config, run_dir, resume)` is what `scalerl.pipeline.assemble.build_training` calls
+instead of building the policy and the engine in this process. It attaches to Ray (or starts it),
+starts the FSDP2 trainer ranks (restoring the checkpoint on resume: DCP reshards, so the number of
+engines and even the trainer's world size may differ from the run that wrote it), starts
+`num_engines` engine actors through `scalerl.rollout.factory`, and loads the trainer's weights into
+every engine before the first prompt is admitted (an engine built from `model.name_or_path` holds
+the initial weights, not a resumed run's). Everything else (prompts, curriculum, verifier,
+evaluator, metrics, driver) is the local wiring, in this controller process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from scalerl.config import RunConfig
+from scalerl.distributed.channel import RayWeightChannel
+from scalerl.distributed.cluster import connect
+from scalerl.distributed.engine_actor import EngineFactory
+from scalerl.distributed.pool import EnginePool
+from scalerl.distributed.trainer import RayTrainer
+from scalerl.pipeline.assemble import Backend
+from scalerl.rollout.factory import EngineSpec
+from scalerl.training.policy import load_tokenizer
+
+
+class StepFigures:
+    """A metrics sink that adds the pool's and the channel's figures to every step row."""
+
+    def __init__(self, sink: Any, pool: EnginePool, channel: RayWeightChannel,
+                 gather_seconds: Any = lambda: 0.0) -> None:
+        self.sink = sink
+        self.gather_seconds = gather_seconds
+        self.pool = pool
+        self.channel = channel
+        self._busy = 0.0
+        self._idle = 0.0
+
+    def log_step(self, step: int, metrics: Mapping[str, Any]) -> Any:
+        row = dict(metrics)
+        stats = self.pool.stats()
+        busy, idle = stats["pool_engine_busy_s"], stats["pool_engine_idle_s"]
+        # Per-engine device time since the last row (as of each engine's last poll).
+        d_busy, d_idle = busy - self._busy, idle - self._idle
+        self._busy, self._idle = busy, idle
+        row.update(stats)
+        row["pool_engine_idle_frac"] = d_idle / (d_busy + d_idle) if d_busy + d_idle > 0 else 0.0
+        row.update(self.channel.metrics())
+        row["weight_gather_s"] = self.gather_seconds()
+        return self.sink.log_step(step, row)
+
+    def log_eval(self, step: int, metrics: Mapping[str, Any]) -> Any:
+        return self.sink.log_eval(step, metrics)
+
+
+def ray_backend(config: RunConfig, run_path: Path, resume: str | Path | None) -> Backend:
+    d = config.distributed
+    if config.model.name_or_path is None:
+        raise ValueError(
+            "model.name_or_path: distributed engines load the model from a path every node can read "
+            "(`scalerl train` sets it to the tiny model's warm start when none is given)"
+        )
+    ray, started = connect(d)
+    closers: list[Any] = []
+    try:
+        trainer = RayTrainer(config, resume=resume)
+        closers.append(trainer.close)
+        start_step, resume_state = 0, None
+        if trainer.resumed is not None:
+            start_step = trainer.resumed.step
+            resume_state = trainer.resumed.extra.get("pipeline")
+            if resume_state is None:
+                raise ValueError(f"{resume}: checkpoint has no pipeline state (not from scalerl train?)")
+        tokenizer = load_tokenizer(config.model)
+        pad = tokenizer.pad_token_id
+        spec = EngineSpec(
+            kind=config.generation.engine,
+            model_path=config.model.name_or_path,
+            fp32_lm_head=config.model.fp32_lm_head,
+            seed=config.generation.seed,
+            max_batch_size=config.generation.max_batch_size,
+            eos_token_ids=(int(tokenizer.eos_token_id),),
+            pad_token_id=int(pad if pad is not None else tokenizer.eos_token_id),
+            initial_version=trainer.version,
+        )
+        device = "cuda" if d.engine_num_gpus > 0 else None
+        factories = [EngineFactory(replace(spec, seed=spec.seed + i), device) for i in range(d.num_engines)]
+        pool = EnginePool.launch(factories, d)
+        closers.append(pool.close)
+        channel = RayWeightChannel(pool, mode=d.weight_sync, backend=d.collective_backend,
+                                   timeout_s=d.timeout_s)
+        channel.publish(trainer.weights_for_engine(), trainer.version)
+    except BaseException:
+        for closer in reversed(closers):
+            closer()
+        raise
+
+    def checkpoint(step: int, state: dict[str, Any]) -> None:
+        trainer.save(run_path, step, extra={"pipeline": state}, keep=config.checkpoint.keep)
+
+    if started:
+        closers.append(ray.shutdown)
+    return Backend(
+        trainer=trainer, engine=pool, tokenizer=tokenizer, meter=trainer.meter, start_step=start_step,
+        resume_state=resume_state, checkpoint=checkpoint, channel=channel,
+        wrap_metrics=lambda sink: StepFigures(sink, pool, channel, lambda: trainer.last_gather_s),
+        closers=closers,
+    )

@@ -1,0 +1,159 @@
+"""The distributed `WeightChannel`: the trainer's weights to every engine of the pool.
+
+`RayTrainer.weights_for_engine()` has every FSDP rank gather the full weights first and returns a
+`RemoteWeights` handle held by rank 0 (nothing crosses to the controller); `publish` then sends:
+
+* `object_store`: rank 0 already `ray.put` one object per bucket; each engine fetches them (Ray
+  moves them node to node) and loads them in flight.
+* `collective`: rank 0 and the live engines form one group (`weights.WeightGroup`, gloo on CPU,
+  NCCL on GPU); rank 0 broadcasts bucket by bucket while every engine receives. Gathering
+  finished on all ranks before this starts, so the FSDP collectives and the sync never interleave
+  (the deadlock of gathering on some ranks while rank 0 already sends). If an engine died, the
+  group is rebuilt among the survivors and the broadcast retried once.
+
+A plain mapping of tensors (a local trainer) goes through the object store from this process.
+Every wait is bounded by `distributed.timeout_s`; `publish_seconds` / `last_seconds` time each sync.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from scalerl.distributed.cluster import PeerError, import_ray, wait_each
+from scalerl.distributed.pool import EngineMember, EnginePool
+from scalerl.distributed.weights import BucketMeta
+
+
+@dataclass
+class RemoteWeights(Mapping[str, torch.Tensor]):
+    """Full weights of `version`, gathered on the trainer's rank 0 (a lazy mapping).
+
+    `buckets` is the plan; `refs` the object-store objects of the buckets (object-store sync) or
+    None (collective: rank 0 keeps the tensors until the broadcast). Reading it as a mapping fetches
+    the tensors into this process (for a local consumer; the channel never does).
+    """
+
+    version: int
+    buckets: list[BucketMeta]
+    refs: list[Any] | None
+    rank0: Any
+    timeout_s: float = 300.0
+    _cache: dict[str, torch.Tensor] | None = None
+
+    def _load(self) -> dict[str, torch.Tensor]:
+        if self._cache is None:
+            ray = import_ray()
+            if self.refs is not None:
+                state: dict[str, torch.Tensor] = {}
+                for bucket in ray.get(list(self.refs), timeout=self.timeout_s):
+                    state.update(bucket)
+            else:
+                state = ray.get(self.rank0.gathered_state.remote(), timeout=self.timeout_s)
+            self._cache = state
+        return self._cache
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self._load()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for b in self.buckets for name, _ in b.entries)
+
+    def __len__(self) -> int:
+        return sum(len(b.entries) for b in self.buckets)
+
+
+class RayWeightChannel:
+    """`WeightChannel` onto an `EnginePool` (module docstring)."""
+
+    def __init__(
+        self, pool: EnginePool, *, mode: str, backend: str = "gloo", timeout_s: float = 300.0
+    ) -> None:
+        if mode not in ("object_store", "collective"):
+            raise ValueError(f"distributed.weight_sync: unknown {mode!r} (object_store or collective)")
+        self.pool = pool
+        self.mode = mode
+        self.backend = backend
+        self.timeout_s = timeout_s
+        self.published_version: int | None = None
+        self.publish_seconds = 0.0
+        self.last_seconds = 0.0
+        self.syncs = 0
+        self._group_members: tuple[int, ...] | None = None
+        self._group_rank0: Any = None
+
+    def publish(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        start = time.perf_counter()
+        if isinstance(state, RemoteWeights):
+            if state.refs is not None:
+                self.pool.load_from_object_store(state.refs, version)
+            else:
+                self._broadcast(state, version)
+        else:
+            self.pool.update_weights(state, version)
+        self.last_seconds = time.perf_counter() - start
+        self.publish_seconds += self.last_seconds
+        self.syncs += 1
+        self.published_version = version
+
+    # ------------------------------------------------------------------------------ collective
+    def _form_group(self, rank0: Any, members: Sequence[EngineMember]) -> None:
+        ray = import_ray()
+        host, port = ray.get(rank0.rendezvous.remote(), timeout=self.timeout_s)
+        world = len(members) + 1
+        calls = {"trainer rank 0": rank0.init_weight_group.remote(host, port, world, self.backend,
+                                                                   self.timeout_s)}
+        for i, m in enumerate(members, start=1):
+            calls[m.name] = m.actor.init_weight_group.remote(host, port, i, world, self.backend,
+                                                             self.timeout_s)
+        outcomes = wait_each(calls, self.timeout_s + 30)
+        self._raise_for("weight-group set-up", outcomes, members, version=None)
+        self._group_members = tuple(m.index for m in members)
+        self._group_rank0 = rank0
+
+    def _raise_for(self, what: str, outcomes: Mapping[str, tuple[str, Any]],
+                   members: Sequence[EngineMember], version: int | None) -> list[EngineMember]:
+        """Dead engines are returned; a failed trainer rank 0 or a failed live engine raises."""
+        kind, value = outcomes["trainer rank 0"]
+        dead = [m for m in members if outcomes[m.name][0] == "died"]
+        if kind != "ok" and not dead:
+            raise PeerError("trainer rank 0", kind, f"{what}: trainer rank 0 {kind}: {value}")
+        for m in members:
+            k, v = outcomes[m.name]
+            if k not in ("ok", "died") and not dead:
+                raise PeerError(m.name, k, f"{what} at version {version}: {m.name} {k}: {v}")
+        return dead
+
+    def _broadcast(self, weights: RemoteWeights, version: int) -> None:
+        for attempt in (1, 2):
+            members = self.pool.live()
+            if not members:
+                self.pool.version  # noqa: B018 -- raises NoEngineLeftError
+            same = self._group_members == tuple(m.index for m in members)
+            if not same or self._group_rank0 is not weights.rank0:
+                self._form_group(weights.rank0, members)
+            calls = {"trainer rank 0": weights.rank0.broadcast_weights.remote(weights.version)}
+            for m in members:
+                calls[m.name] = m.actor.receive_weights.remote(weights.buckets, version)
+            outcomes = wait_each(calls, self.timeout_s)
+            dead = self._raise_for("weight sync", outcomes, members, version)
+            if not dead:
+                for m in members:
+                    self.pool.confirm_version(m, version)
+                return
+            # An engine died mid-broadcast: the group is broken for everyone. Drop the dead, rebuild
+            # the group among the survivors and send again (once).
+            for m in dead:
+                self.pool.mark_dead(m, "died during the collective weight sync")
+            self._group_members = None
+            if attempt == 2:
+                raise PeerError(dead[0].name, "died", f"weight sync at version {version}: engines died twice "
+                                                       "in a row during the broadcast")
+
+    def metrics(self) -> dict[str, float]:
+        return {"weight_sync_s": self.last_seconds, "weight_sync_s_total": self.publish_seconds,
+                "weight_syncs": float(self.syncs)}

@@ -1,0 +1,336 @@
+"""A pool of engine actors behind the `Engine` protocol.
+
+* Placement: each request (a group: one prompt, `n` samples) goes whole to the live engine with the
+  fewest samples assigned and not yet returned (least loaded), so a slow engine gets less work.
+* Streaming: every engine always has one `poll` outstanding; `step()` returns the groups whose
+  samples have all come back since the last call (the generator scores whole groups anyway, and
+  holding partial ones is what lets a dead engine's group be re-run whole).
+* Version: `version` is the minimum over live engines of the version each confirmed. An engine's
+  own version is never below what it confirmed and only grows, so a group admitted at the pool's
+  version `v` has `start_version >= v` on whichever engine runs it: the premise of the max-lag
+  admission proof (`scalerl.pipeline.staleness`), for any number of engines. A slow engine holds
+  the minimum down and only throttles admission.
+* Faults: an engine whose process died (seen by a poll or a weight update) is dropped; its
+  in-flight groups are re-issued to the least-loaded survivors, their partial samples discarded,
+  all counted (`counters`). With no engine left, `NoEngineLeftError`. An engine that does not
+  answer a poll within `timeout_s`, or whose loop raised, is an error naming it (a bug, not a
+  fault to paper over).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from scalerl.config import DistributedConfig
+from scalerl.distributed.cluster import PeerError, classify, import_ray, startup_hint, wait_all, wait_each
+from scalerl.distributed.weights import bucket_state, plan_buckets
+from scalerl.rollout.protocol import Completion, Engine, GenerationRequest
+
+logger = logging.getLogger(__name__)
+
+POLL_WAIT_S = 0.5  # how long an engine's poll waits for a completion before answering empty
+ENGINE_CONCURRENCY = 4  # poll + submit + weight update + spare, in parallel inside one actor
+
+
+class NoEngineLeftError(RuntimeError):
+    """Every engine actor of the pool died."""
+
+
+@dataclass
+class _Flight:
+    request: GenerationRequest
+    engine: int
+    received: dict[int, Completion] = field(default_factory=dict)
+
+
+@dataclass
+class EngineMember:
+    """The controller's view of one engine actor."""
+
+    index: int
+    name: str
+    actor: Any
+    version: int
+    alive: bool = True
+    load: int = 0  # samples assigned and not yet returned
+    poll_ref: Any = None
+    poll_since: float = 0.0
+    busy_s: float = 0.0
+    idle_s: float = 0.0
+    steps: int = 0
+    samples: int = 0  # completions returned
+
+
+@dataclass
+class PoolCounters:
+    engine_deaths: int = 0
+    groups_reissued: int = 0  # in-flight groups of a dead engine, sent to another
+    samples_discarded: int = 0  # partial samples of those groups, generated again
+    groups_completed: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(vars(self))
+
+
+class EnginePool:
+    """`Engine` over engine actors (module docstring). Build with `launch`, or from actor handles."""
+
+    def __init__(
+        self,
+        actors: Sequence[Any],
+        versions: Sequence[int],
+        *,
+        timeout_s: float,
+        poll_s: float = 0.05,
+        bucket_bytes: int = 64 << 20,
+    ) -> None:
+        if not actors:
+            raise ValueError("EnginePool: needs at least one engine actor")
+        self.members = [EngineMember(i, f"engine {i}", a, int(v)) for i, (a, v) in
+                        enumerate(zip(actors, versions, strict=True))]
+        self.timeout_s = timeout_s
+        self.poll_s = poll_s
+        self.bucket_bytes = bucket_bytes
+        self.counters = PoolCounters()
+        self._flights: dict[str, _Flight] = {}
+        self._undelivered: list[Completion] = []
+        self._lock = threading.RLock()  # bookkeeping: members, flights, counters
+        self._step_lock = threading.RLock()  # one consumer of polls at a time (step / generate)
+        self._ray = import_ray()
+
+    @classmethod
+    def launch(
+        cls, factories: Sequence[Callable[[], Engine]], cfg: DistributedConfig, poll_s: float = 0.05
+    ) -> EnginePool:
+        """Start one actor per factory with `cfg`'s per-engine resources; wait until all are up."""
+        from scalerl.distributed.engine_actor import EngineWorker
+
+        ray = import_ray()
+        remote = ray.remote(EngineWorker)
+        actors = [
+            remote.options(num_cpus=cfg.engine_num_cpus, num_gpus=cfg.engine_num_gpus,
+                           max_concurrency=ENGINE_CONCURRENCY).remote(factory, f"engine {i}")
+            for i, factory in enumerate(factories)
+        ]
+        try:
+            ready = wait_all({f"engine {i}": a.ready.remote() for i, a in enumerate(actors)},
+                             cfg.startup_timeout_s, "engine start-up")
+        except PeerError as err:
+            hint = ""
+            if err.kind == "timeout":
+                hint = startup_hint("engines", cfg.engine_num_cpus, cfg.engine_num_gpus)
+            for a in actors:
+                ray.kill(a)
+            raise PeerError(err.peer, err.kind, f"{err}; {hint}" if hint else str(err)) from err
+        except BaseException:
+            for a in actors:
+                ray.kill(a)
+            raise
+        versions = [ready[f"engine {i}"]["version"] for i in range(len(actors))]
+        return cls(actors, versions, timeout_s=cfg.timeout_s, poll_s=poll_s,
+                   bucket_bytes=int(cfg.bucket_mb * (1 << 20)))
+
+    # ------------------------------------------------------------------------------ bookkeeping
+    def live(self) -> list[EngineMember]:
+        with self._lock:
+            return [m for m in self.members if m.alive]
+
+    @property
+    def version(self) -> int:
+        live = self.live()
+        if not live:
+            raise NoEngineLeftError("every engine actor of the pool died")
+        return min(m.version for m in live)
+
+    def confirm_version(self, member: EngineMember, version: int) -> None:
+        with self._lock:
+            member.version = max(member.version, int(version))
+
+    def num_unfinished(self) -> int:
+        with self._lock:
+            return sum(f.request.params.n - len(f.received) for f in self._flights.values()) + len(
+                self._undelivered
+            )
+
+    def _least_loaded(self) -> EngineMember:
+        live = [m for m in self.members if m.alive]
+        if not live:
+            raise NoEngineLeftError(
+                f"every engine actor of the pool died ({self.counters.engine_deaths} deaths); the run "
+                "cannot go on (its last checkpoint is intact: fix the cause and --resume)"
+            )
+        return min(live, key=lambda m: (m.load, m.index))
+
+    def _assign_locked(self, requests: Sequence[GenerationRequest]) -> None:
+        per_engine: dict[int, list[GenerationRequest]] = {}
+        for r in requests:
+            if r.request_id in self._flights:
+                raise ValueError(f"request id {r.request_id!r} is already in flight")
+            m = self._least_loaded()
+            m.load += r.params.n
+            self._flights[r.request_id] = _Flight(r, m.index)
+            per_engine.setdefault(m.index, []).append(r)
+        for index, batch in per_engine.items():
+            # Fire and forget: a dead actor shows up at its next poll, which re-issues these.
+            self.members[index].actor.submit.remote(batch)
+
+    def mark_dead(self, member: EngineMember, reason: BaseException | str) -> None:
+        """Drop a dead engine and re-issue its in-flight groups to the others (counted)."""
+        with self._lock:
+            if not member.alive:
+                return
+            member.alive = False
+            member.poll_ref = None
+            self.counters.engine_deaths += 1
+            orphans = [f for f in self._flights.values() if f.engine == member.index]
+            logger.warning("%s died (%s); re-issuing its %d in-flight group(s)", member.name, reason,
+                           len(orphans))
+            for f in orphans:
+                self.counters.samples_discarded += len(f.received)
+                del self._flights[f.request.request_id]
+            self.counters.groups_reissued += len(orphans)
+            self._assign_locked([f.request for f in orphans])
+
+    # ------------------------------------------------------------------------------ Engine protocol
+    def submit(self, requests: Sequence[GenerationRequest]) -> None:
+        with self._lock:
+            self._assign_locked(requests)
+
+    def _ensure_polls(self) -> None:
+        with self._lock:
+            for m in self.members:
+                if m.alive and m.poll_ref is None:
+                    m.poll_ref = m.actor.poll.remote(POLL_WAIT_S)
+                    m.poll_since = time.monotonic()
+
+    def _check_hangs(self) -> None:
+        now = time.monotonic()
+        for m in self.live():
+            if m.poll_ref is not None and now - m.poll_since > POLL_WAIT_S + self.timeout_s:
+                raise PeerError(m.name, "timeout", f"{m.name}: a poll got no answer within "
+                                                   f"{self.timeout_s:g} s (distributed.timeout_s)")
+
+    def _collect(self, member: EngineMember, ref: Any) -> list[Completion]:
+        try:
+            result = self._ray.get(ref)
+        except Exception as err:
+            if classify(err) == "died":
+                self.mark_dead(member, "its process is gone")
+                return []
+            raise PeerError(member.name, "error", f"{member.name} failed: {err}") from err
+        done: list[Completion] = []
+        with self._lock:
+            if member.poll_ref is ref:
+                member.poll_ref = None
+            member.version = max(member.version, result.version)
+            member.busy_s, member.idle_s, member.steps = result.busy_s, result.idle_s, result.steps
+            for c in result.completions:
+                flight = self._flights.get(c.request_id)
+                if flight is None or flight.engine != member.index:
+                    raise RuntimeError(f"{member.name} returned a completion for {c.request_id!r}, "
+                                       "which is not in flight on it")
+                flight.received[c.sample_index] = c
+                member.load -= 1
+                member.samples += 1
+                if len(flight.received) == flight.request.params.n:
+                    del self._flights[c.request_id]
+                    self.counters.groups_completed += 1
+                    done.extend(flight.received[i] for i in range(flight.request.params.n))
+        return done
+
+    def step(self) -> list[Completion]:
+        """Wait up to `poll_s` for engines to answer; return the groups completed since last time."""
+        with self._step_lock:
+            with self._lock:
+                out, self._undelivered = self._undelivered, []
+            self._ensure_polls()
+            refs = {m.poll_ref: m for m in self.live() if m.poll_ref is not None}
+            if not refs:
+                self._least_loaded()  # raises NoEngineLeftError
+                return out
+            ready, rest = self._ray.wait(list(refs), num_returns=1, timeout=self.poll_s)
+            if ready and rest:
+                more, _ = self._ray.wait(rest, num_returns=len(rest), timeout=0)
+                ready += more
+            for ref in ready:
+                out.extend(self._collect(refs[ref], ref))
+            self._check_hangs()
+            return out
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        """Submit and wait for `requests`; other completions are kept for the next `step()`."""
+        wanted = {r.request_id for r in requests}
+        total = sum(r.params.n for r in requests)
+        got: dict[tuple[str, int], Completion] = {}
+        others: list[Completion] = []
+        with self._step_lock:
+            self.submit(requests)
+            while len(got) < total:
+                for c in self.step():
+                    if c.request_id in wanted:
+                        got[(c.request_id, c.sample_index)] = c
+                    else:
+                        others.append(c)
+            with self._lock:
+                self._undelivered.extend(others)
+        return [got[(r.request_id, i)] for r in requests for i in range(r.params.n)]
+
+    def update_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        """Weights held by this process: put them in the object store (bucketed), then load."""
+        buckets = plan_buckets(state, self.bucket_bytes)
+        refs = [self._ray.put(bucket_state(state, b)) for b in buckets]
+        self.load_from_object_store(refs, version)
+
+    def load_from_object_store(self, bucket_refs: Sequence[Any], version: int) -> None:
+        """Every live engine fetches the buckets from the object store and loads them in flight."""
+        members = self.live()
+        calls = {m.name: m.actor.update_weights.remote(version, *bucket_refs) for m in members}
+        self.settle_sync(members, wait_each(calls, self.timeout_s), version, "weight sync")
+
+    def settle_sync(self, members: Sequence[EngineMember], outcomes: Mapping[str, tuple[str, Any]],
+                    version: int, what: str) -> list[EngineMember]:
+        """Confirm the engines that loaded `version`, drop the dead ones; errors and timeouts raise.
+        Returns the dead."""
+        dead = []
+        for m in members:
+            kind, value = outcomes[m.name]
+            if kind == "ok":
+                self.confirm_version(m, version)
+            elif kind == "died":
+                self.mark_dead(m, f"died during {what}")
+                dead.append(m)
+            else:
+                raise PeerError(m.name, kind, f"{what} to {m.name} at version {version}: {value}")
+        if not self.live():
+            self._least_loaded()
+        return dead
+
+    # ------------------------------------------------------------------------------ reporting
+    def stats(self) -> dict[str, float]:
+        """Cumulative pool figures for the step rows (engine times as of each engine's last poll)."""
+        with self._lock:
+            live = [m for m in self.members if m.alive]
+            out = {f"pool_{k}": float(v) for k, v in self.counters.as_dict().items()}
+            out["pool_engines_alive"] = float(len(live))
+            out["pool_version_spread"] = float(max(m.version for m in live) - min(m.version for m in live)
+                                               ) if live else 0.0
+            busy = sum(m.busy_s for m in self.members)
+            idle = sum(m.idle_s for m in self.members)
+            out["pool_engine_busy_s"] = busy
+            out["pool_engine_idle_s"] = idle
+            return out
+
+    def close(self) -> None:
+        for m in self.members:
+            try:
+                self._ray.kill(m.actor)
+            except Exception as err:  # already gone
+                logger.debug("killing %s: %s", m.name, err)
+            m.alive = False

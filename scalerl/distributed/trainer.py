@@ -1,0 +1,238 @@
+"""The sharded trainer as Ray actors, and its controller-side `Trainer`.
+
+`TrainerRankWorker` is the body of one rank's actor: it joins the FSDP process group (gloo on CPU,
+NCCL on GPU, with `distributed.timeout_s` as the group timeout, so a lost peer ends a collective
+instead of hanging it for the default 30 minutes), builds its rank of the trainer, and serves the
+controller: `step` (every rank gets the full batch and trains its slice), `gather` (every rank takes
+part in gathering the full weights; rank 0 keeps them, or puts them in the object store in
+buckets), the collective weight-sync endpoints, and checkpoint save / load.
+
+`RayTrainer` implements the pipeline's `Trainer` protocol over those actors. Each call waits on all
+ranks with the timeout; a rank whose process died or that did not answer raises
+`TrainerRankError` naming it (the run stops; `--resume` continues from the last checkpoint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scalerl.config import RunConfig
+from scalerl.distributed.channel import RemoteWeights
+from scalerl.distributed.cluster import PeerError, free_port, import_ray, node_ip, startup_hint, wait_all
+from scalerl.distributed.weights import BucketMeta, WeightGroup, bucket_state, plan_buckets
+from scalerl.telemetry.compute import ComputeMeter, flop_params
+from scalerl.training.batch import ScoredGroup
+from scalerl.training.checkpoint import CheckpointState
+
+RANK_CONCURRENCY = 2  # a step or a sync, plus the controller's liveness questions
+
+
+class TrainerRankError(RuntimeError):
+    """A trainer rank died, failed or timed out; the message names the rank."""
+
+
+@dataclass
+class RankInfo:
+    rank: int
+    pid: int
+    version: int
+    n_params: int
+    resumed: CheckpointState | None  # what the rank restored, when resuming
+
+
+class TrainerRankWorker:
+    """One trainer rank inside a Ray actor (module docstring)."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.trainer: Any = None
+        self._gathered: dict[str, torch.Tensor] | None = None
+        self._gathered_buckets: list[BucketMeta] = []
+        self._group: WeightGroup | None = None
+
+    def rendezvous(self) -> tuple[str, int]:
+        """An address on this rank's node where a process group's store can listen."""
+        return node_ip(), free_port()
+
+    def setup(self, config: dict[str, Any], host: str, port: int, resume: str | None) -> RankInfo:
+        from scalerl.distributed.fsdp import ShardedTrainerRank
+        from scalerl.distributed.group import ProcessGroupSpec
+
+        cfg = RunConfig.model_validate(config)
+        d = cfg.distributed
+        gpu = d.trainer_num_gpus > 0 and torch.cuda.is_available()
+        # Ray sets CUDA_VISIBLE_DEVICES to the GPU it granted this actor: it is cuda:0 here.
+        spec = ProcessGroupSpec(self.rank, self.world_size, f"tcp://{host}:{port}", timeout_s=d.timeout_s,
+                                backend="nccl" if gpu else "gloo", device="cuda:0" if gpu else "cpu")
+        self.trainer = ShardedTrainerRank(cfg, spec)
+        # The rank's trainer counts the step's work (the whole batch); the controller's meter takes
+        # rank 0's counts.
+        self.meter = ComputeMeter(flop_params(self.trainer.policy.model))
+        self.trainer.trainer.meter = self.meter
+        saved = self.trainer.load(resume) if resume is not None else None
+        return RankInfo(self.rank, os.getpid(), int(self.trainer.version), self.meter.n_params, saved)
+
+    def step(self, groups: Sequence[ScoredGroup]) -> dict[str, Any]:
+        before = self.meter.state_dict()
+        metrics = self.trainer.step(groups)
+        after = self.meter.state_dict()
+        work = {k: after[k] - before[k] for k in ("trained_tokens", "trained_samples", "logprob_tokens")}
+        return {"metrics": metrics, "work": work, "version": int(self.trainer.version)}
+
+    def gather(self, bucket_bytes: int, put: bool) -> tuple[list[BucketMeta], list[Any] | None] | None:
+        """All ranks gather the full weights (a collective); rank 0 keeps or puts them."""
+        state = self.trainer.full_state_dict()
+        if self.rank != 0:
+            return None
+        assert state is not None
+        buckets = plan_buckets(state, bucket_bytes)
+        if put:
+            ray = import_ray()
+            self._gathered = None
+            return buckets, [ray.put(bucket_state(state, b)) for b in buckets]
+        self._gathered, self._gathered_buckets = state, buckets
+        return buckets, None
+
+    def gathered_state(self) -> dict[str, torch.Tensor]:
+        if self._gathered is None:
+            raise RuntimeError("trainer rank 0 holds no gathered weights")
+        return self._gathered
+
+    def init_weight_group(
+        self, host: str, port: int, world_size: int, backend: str, timeout_s: float
+    ) -> None:
+        if self._group is not None:
+            self._group.close()
+        self._group = WeightGroup(host, port, 0, world_size, backend, timeout_s)
+
+    def broadcast_weights(self, version: int) -> None:
+        if self._group is None or self._gathered is None:
+            raise RuntimeError("trainer rank 0: broadcast_weights before init_weight_group / gather")
+        if int(self.trainer.version) != version:
+            raise RuntimeError(
+                f"trainer rank 0 holds version {self.trainer.version}, asked to send {version}"
+            )
+        self._group.send_state(self._gathered, self._gathered_buckets)
+
+    def save(self, run_dir: str, step: int, extra: dict[str, Any], keep: int | None) -> str:
+        return str(self.trainer.save(run_dir, step, extra=extra, keep=keep))
+
+    def state(self) -> dict[str, Any]:
+        return self.trainer.state_dict()
+
+
+class RayTrainer:
+    """`Trainer` over `trainer_world_size` rank actors (module docstring)."""
+
+    def __init__(self, config: RunConfig, *, resume: str | Path | None = None,
+                 meter_devices: int | None = None) -> None:
+        ray = import_ray()
+        d = config.distributed
+        self.config = config
+        self.timeout_s = d.timeout_s
+        self.bucket_bytes = int(d.bucket_mb * (1 << 20))
+        self.put_weights = d.weight_sync == "object_store"
+        remote = ray.remote(TrainerRankWorker)
+        self.actors = [
+            remote.options(num_cpus=d.trainer_num_cpus, num_gpus=d.trainer_num_gpus,
+                           max_concurrency=RANK_CONCURRENCY).remote(r, d.trainer_world_size)
+            for r in range(d.trainer_world_size)
+        ]
+        self.names = [f"trainer rank {r}" for r in range(d.trainer_world_size)]
+        try:
+            infos = self._start(config, resume)
+        except BaseException:
+            self.close()
+            raise
+        self.last_gather_s = 0.0
+        self._version = infos[0].version
+        self.resumed: CheckpointState | None = infos[0].resumed
+        self.n_params = infos[0].n_params
+        devices = meter_devices if meter_devices is not None else d.trainer_world_size + d.num_engines
+        self.meter = ComputeMeter(self.n_params, num_devices=devices,
+                                  role_devices={"generator": d.num_engines, "trainer": d.trainer_world_size})
+
+    def _start(self, config: RunConfig, resume: str | Path | None) -> list[RankInfo]:
+        d = config.distributed
+        try:
+            host, port = self._all(lambda r, a: a.rendezvous.remote(), "trainer rendezvous",
+                                   d.startup_timeout_s, ranks=[0])[0]
+            payload = config.model_dump(mode="json")
+            path = None if resume is None else str(resume)
+            return self._all(lambda r, a: a.setup.remote(payload, host, port, path), "trainer start-up",
+                             d.startup_timeout_s)
+        except TrainerRankError as err:
+            if not isinstance(err.__cause__, PeerError) or err.__cause__.kind != "timeout":
+                raise
+            hint = startup_hint("trainer ranks", d.trainer_num_cpus, d.trainer_num_gpus)
+            raise TrainerRankError(f"{err}; {hint}") from err
+
+    # ------------------------------------------------------------------------------ plumbing
+    def _all(self, call: Any, what: str, timeout_s: float | None = None,
+             ranks: Sequence[int] | None = None) -> list[Any]:
+        ranks = list(range(len(self.actors))) if ranks is None else list(ranks)
+        refs = {self.names[r]: call(r, self.actors[r]) for r in ranks}
+        try:
+            out = wait_all(refs, timeout_s if timeout_s is not None else self.timeout_s, what)
+        except PeerError as err:
+            raise TrainerRankError(f"{err} -- the run stops; `scalerl train --resume` continues from the "
+                                   "last checkpoint") from err
+        return [out[self.names[r]] for r in ranks]
+
+    # ------------------------------------------------------------------------------ Trainer protocol
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def step(self, groups: Sequence[ScoredGroup]) -> dict[str, float]:
+        ray = import_ray()
+        ref = ray.put(list(groups))  # one copy in the object store, read by every rank
+        with self.meter.busy("trainer"):
+            results = self._all(lambda r, a: a.step.remote(ref), "trainer step")
+        versions = {res["version"] for res in results}
+        if len(versions) != 1:
+            raise TrainerRankError(f"trainer ranks disagree on the version after a step: {sorted(versions)}")
+        self._version = versions.pop()
+        # Every rank's meter counts the whole step (all ranks' rows): rank 0's is the run's.
+        work = results[0]["work"]
+        self.meter.add_training(int(work["trained_tokens"]), int(work["trained_samples"]))
+        if work["logprob_tokens"]:
+            self.meter.add_logprob_pass(int(work["logprob_tokens"]))
+        return dict(results[0]["metrics"])
+
+    def weights_for_engine(self) -> Mapping[str, torch.Tensor]:
+        """Every rank gathers (a collective on all ranks), then rank 0 holds the weights."""
+        put = self.put_weights
+        start = time.perf_counter()
+        results = self._all(lambda r, a: a.gather.remote(self.bucket_bytes, put), "weight gather")
+        self.last_gather_s = time.perf_counter() - start
+        buckets, refs = results[0]
+        return RemoteWeights(self._version, buckets, refs, self.actors[0], self.timeout_s)
+
+    # ------------------------------------------------------------------------------ checkpoints
+    def save(
+        self, run_dir: str | Path, step: int, extra: Mapping[str, Any] | None = None, keep: int | None = None
+    ) -> Path:
+        """Every rank writes its DCP shards (rank 0 also the HF export); once all have, rank 0 writes
+        `state.json` with `extra` (the driver's state) last and renames the checkpoint into place."""
+        payload = dict(extra or {})
+        paths = self._all(lambda r, a: a.save.remote(str(run_dir), step, payload, keep), "checkpoint save")
+        return Path(paths[0])
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self._all(lambda r, a: a.state.remote(), "trainer state", ranks=[0])[0])
+
+    def close(self) -> None:
+        ray = import_ray()
+        for a in self.actors:
+            with contextlib.suppress(Exception):  # already gone
+                ray.kill(a)
