@@ -10,6 +10,7 @@ outstanding prompts) and the compute meter, and keeps the original held-out spli
 from __future__ import annotations
 
 import copy
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,7 +34,7 @@ from scalerl.pipeline.driver import Components, Driver, success_threshold
 from scalerl.pipeline.scoring import GroupScorer
 from scalerl.rewards import RewardConfig, RewardRouter
 from scalerl.rollout import Engine, InterruptionSpec, SamplingParams
-from scalerl.rollout.factory import EngineSpec, build_engine
+from scalerl.rollout.factory import build_engine, close_engine, spec_from_config
 from scalerl.telemetry import ComputeMeter, RunTelemetry, flop_params
 from scalerl.training.policy import load_policy
 from scalerl.training.trainer import Trainer
@@ -106,6 +107,33 @@ class Training:
         self.close()
 
 
+def _build_engine(config: RunConfig, trainer: Trainer, closers: list[Any]) -> Engine:
+    """The generation engine, holding the trainer's current weights at the trainer's version.
+
+    The embedded engine gets a copy of the policy. vLLM loads from a directory (the model's, or a
+    temporary save of a policy built from `model.tiny`) and is then sent the trainer's weights: a
+    resumed trainer's differ from the directory's, and sending them always costs one update.
+    """
+    policy = trainer.policy
+    eos, pad = (int(policy.tokenizer.eos_token_id),), policy.pad_token_id
+    if config.generation.engine == "embedded":
+        spec = spec_from_config(config, model_path=config.model.name_or_path, eos_token_ids=eos,
+                                pad_token_id=pad, initial_version=trainer.version)
+        return build_engine(spec, model=copy.deepcopy(policy.model))
+    path = config.model.name_or_path
+    if path is None:
+        scratch = tempfile.TemporaryDirectory(prefix="scalerl-engine-model-")
+        closers.append(scratch.cleanup)
+        policy.save_pretrained(scratch.name)
+        path = scratch.name
+    spec = spec_from_config(config, model_path=path, eos_token_ids=eos, pad_token_id=pad,
+                            initial_version=trainer.version)
+    engine = build_engine(spec)
+    closers.append(lambda: close_engine(engine))
+    engine.update_weights(trainer.weights_for_engine(), trainer.version)
+    return engine
+
+
 def build_training(
     config: RunConfig,
     run_dir: str | Path | None = None,
@@ -129,17 +157,8 @@ def build_training(
             raise ValueError(f"{resume}: checkpoint has no pipeline state (not written by `scalerl train`?)")
 
     tokenizer = policy.tokenizer
-    spec = EngineSpec(
-        kind=config.generation.engine,
-        model_path=config.model.name_or_path,
-        fp32_lm_head=config.model.fp32_lm_head,
-        seed=config.generation.seed,
-        max_batch_size=config.generation.max_batch_size,
-        eos_token_ids=(int(tokenizer.eos_token_id),),
-        pad_token_id=policy.pad_token_id,
-        initial_version=trainer.version,
-    )
-    engine = build_engine(spec, model=copy.deepcopy(policy.model) if spec.kind == "embedded" else None)
+    engine_closers: list[Any] = []
+    engine = _build_engine(config, trainer, engine_closers)
 
     d = config.data
     records = load_records(config)
@@ -182,6 +201,9 @@ def build_training(
     }
     router.check_tasks({r.task for r in records} | {r.task for s in extra_sets.values() for r in s})
     params = sampling_params(config, tokenizer)
+    check_params = getattr(engine, "check_params", None)
+    if callable(check_params):
+        check_params(params)  # settings the engine cannot honour fail before any generation
 
     evaluator = None
     if split.heldout:
@@ -212,6 +234,7 @@ def build_training(
         meter=meter,
     )
     driver = Driver(config, components, start_step=start_step, resume_state=resume_state)
+    closers.extend(engine_closers)  # last: evaluations and the final checkpoint may still generate
     return Training(driver=driver, trainer=trainer, engine=engine, pool=pool, router=router,
                     telemetry=telemetry, heldout=list(split.heldout), closers=closers)
 

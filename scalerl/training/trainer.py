@@ -74,6 +74,15 @@ def _finite(x: Tensor, where: Tensor | None = None) -> bool:
     return bool(ok.all())
 
 
+def same_weights(batch: TrainBatch, version: int) -> Tensor:
+    """`[N]` bool: rows generated entirely by the weights of `version` (prompt prefill and every
+    token), i.e. the rows on which |log pi_engine - log pi_trainer| at trainer version `version` is
+    the train/inference mismatch alone, with no policy lag (PipelineRL in-flight updates, later
+    PPO mini-batches) mixed in."""
+    tokens_ok = ((batch.versions == version) | ~batch.token_mask).all(dim=1)
+    return tokens_ok & (batch.start_version == version)
+
+
 class _MeanMax:
     """Token-weighted mean and max of a per-token quantity, accumulated over micro-batches."""
 
@@ -301,7 +310,7 @@ class Trainer:
         entropy_mode: EntropyMode = "grad" if self.algo.entropy_coef != 0 else "metric"
         loss_total = 0.0
         policy_total = 0.0
-        kl_stat, ent_stat, gen_diff = _MeanMax(), _MeanMax(), _MeanMax()
+        kl_stat, ent_stat, gen_diff, mismatch = _MeanMax(), _MeanMax(), _MeanMax(), _MeanMax()
         parts: list[dict[str, float]] = []
 
         for rows in micro_batches(len(batch), self.optim_cfg.micro_batch_size):
@@ -359,7 +368,9 @@ class Trainer:
             loss_total += loss_value
             policy_total += float(policy_part.detach())
             parts.append(reduce_token_stats(token_stats))
-            gen_diff.add((lp.detach() - behaviour).abs(), mb.response_mask)
+            gap = (lp.detach() - behaviour).abs()
+            gen_diff.add(gap, mb.response_mask)
+            mismatch.add(gap, mb.response_mask & same_weights(mb, self.version)[:, None])
 
         stats = merge_policy_stats(parts)
         metrics.update(
@@ -370,6 +381,9 @@ class Trainer:
             kl=kl_stat.mean,
             logprob_diff_vs_gen=gen_diff.mean,
             logprob_diff_vs_gen_max=gen_diff.max if gen_diff.count else math.nan,
+            logprob_mismatch=mismatch.mean,
+            logprob_mismatch_max=mismatch.max if mismatch.count else math.nan,
+            logprob_mismatch_tokens=float(mismatch.count),
             clip_frac_low=stats["clip_frac_low"],
             clip_frac_high=stats["clip_frac_high"],
             dual_clip_frac=stats["dual_clip_frac"],
