@@ -71,6 +71,7 @@ VLLM_INSTALL_HINT = (
 )
 # Top-p-only keep-sampling-mask asks vLLM for every token's log-prob at every step.
 MAX_FULL_SUPPORT_VOCAB = 4096
+KV_BLOCK_ROUNDING = 256
 
 
 class UnsupportedModelError(ValueError):
@@ -169,11 +170,12 @@ def read_layout(path: str | Path) -> CheckpointLayout:
 def default_kv_cache_bytes(
     layout: CheckpointLayout, dtype: str, max_batch_size: int, max_model_len: int
 ) -> int:
-    """KV-cache bytes for `max_batch_size` sequences of `max_model_len` tokens (plus one 16-token
-    block each for rounding): enough that no request is ever preempted, and no more."""
+    """KV-cache bytes for `max_batch_size` sequences of `max_model_len` tokens, each rounded up to
+    whole blocks plus one spare (blocks of up to `KV_BLOCK_ROUNDING` tokens: vLLM's CPU backend uses
+    128, CUDA 16): enough that no request is ever preempted, and not much more."""
     itemsize = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
-    tokens = max_batch_size * (max_model_len + 16)
-    return layout.kv_elements_per_token * itemsize * tokens
+    per_sequence = -(-max_model_len // KV_BLOCK_ROUNDING) * KV_BLOCK_ROUNDING + KV_BLOCK_ROUNDING
+    return layout.kv_elements_per_token * itemsize * max_batch_size * per_sequence
 
 
 def check_full_update(layout: CheckpointLayout, state: Mapping[str, torch.Tensor]) -> None:
