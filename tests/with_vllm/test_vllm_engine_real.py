@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import replace
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,12 +18,12 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm)")
 
-from transformers import AutoModelForCausalLM, DynamicCache  # noqa: E402
+from transformers import AutoModelForCausalLM, DynamicCache
+from vllm_helpers import vllm_device
 
-from vllm_helpers import vllm_device  # noqa: E402
-from scalerl.rollout import Completion, GenerationRequest, InterruptionSpec, SamplingParams  # noqa: E402
-from scalerl.rollout.protocol import Engine  # noqa: E402
-from scalerl.rollout.vllm_engine import VLLMEngine  # noqa: E402
+from scalerl.rollout import Completion, GenerationRequest, InterruptionSpec, SamplingParams
+from scalerl.rollout.protocol import Engine
+from scalerl.rollout.vllm_engine import VLLMEngine
 
 ATOL = 1e-4  # float32 on both sides (measured: ~1e-6)
 EOS = 1
@@ -205,7 +205,7 @@ def test_partial_update_is_refused_and_changes_nothing(
     greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
     (before,) = engine.generate([GenerationRequest("g", [20, 21], greedy)])
     partial = {k: v for k, v in state_of(models[1]).items() if k != "lm_head.weight"}
-    with pytest.raises(KeyError, match="lm_head.weight"):
+    with pytest.raises(KeyError, match=r"lm_head\.weight"):
         engine.update_weights(partial, engine.version + 1)
     bad = state_of(models[1])
     bad["model.norm.weight"] = torch.ones(3)
@@ -257,5 +257,6 @@ def test_forced_interruption(engine: VLLMEngine, models: tuple[torch.nn.Module, 
         # The answer continues the phrase under the same weights (its prefill recomputed the cache).
         ref = reference(models[0], c, params).gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
         mask = torch.tensor(c.loss_mask)
-        assert torch.allclose(torch.tensor(c.logprobs, dtype=torch.float64)[mask], ref[mask], atol=ATOL, rtol=0)
+        got = torch.tensor(c.logprobs, dtype=torch.float64)[mask]
+        assert torch.allclose(got, ref[mask], atol=ATOL, rtol=0)
     assert interrupted >= 4  # a random model almost never emits </think> by itself

@@ -13,14 +13,14 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm)")
 
-from transformers import AutoModelForCausalLM  # noqa: E402
-from vllm_helpers import save_tiny, vllm_device  # noqa: E402
+from transformers import AutoModelForCausalLM
+from vllm_helpers import save_tiny, vllm_device
 
-from scalerl.cli import main  # noqa: E402
-from scalerl.models.lm_head import sequence_logprobs  # noqa: E402
-from scalerl.models.tiny import TinyModelSpec, build_tiny_model, build_tiny_tokenizer  # noqa: E402
-from scalerl.rollout import GenerationRequest, SamplingParams  # noqa: E402
-from scalerl.rollout.vllm_engine import UnsupportedModelError, VLLMEngine  # noqa: E402
+from scalerl.cli import main
+from scalerl.models.lm_head import sequence_logprobs
+from scalerl.models.tiny import TinyModelSpec, build_tiny_model, build_tiny_tokenizer
+from scalerl.rollout import GenerationRequest, SamplingParams
+from scalerl.rollout.vllm_engine import UnsupportedModelError, VLLMEngine
 
 PROMPTS = [[10, 11, 12, 13], [20, 21], [30, 31, 32, 33, 34, 35], [40]]
 

@@ -17,9 +17,9 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm)")
 
-from vllm_helpers import save_tiny, vllm_device  # noqa: E402
+from vllm_helpers import save_tiny, vllm_device
 
-from scalerl.cli import main  # noqa: E402
+from scalerl.cli import main
 
 K = 2
 FLOAT32_MISMATCH = 1e-4
