@@ -46,8 +46,11 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_PY) -m pip install -q -c $(VLLM_VENV)/held.txt -e . "pytest>=8" "pytest-timeout>=2.2"
 	touch $(VLLM_STAMP)
 
+# OpenMP threads that sleep when idle: spinning ones, on a CPU shared with other jobs, made vLLM's CPU
+# decode steps 10-20x slower (docs/vllm.md).
 test-vllm: $(VLLM_STAMP)
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(VLLM_PY) -m pytest -q $(VLLM_TESTS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} \
+	  $(VLLM_PY) -m pytest -q $(VLLM_TESTS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache build *.egg-info
