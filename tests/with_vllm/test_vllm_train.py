@@ -9,6 +9,7 @@ and closes it at the end, so the runs of the module also check that engines can 
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,25 @@ def test_sync_learns_and_resumes_with_the_trainer_weights(model_dir: Path, tmp_p
         assert s["logprob_mismatch_tokens"] > 0 and s["logprob_mismatch"] < FLOAT32_MISMATCH
         assert s["logprob_mismatch_max"] < 10 * FLOAT32_MISMATCH
         assert s["logprob_diff_vs_gen"] == pytest.approx(s["logprob_mismatch"])
+
+    # `scalerl eval RUN` evaluates the last checkpoint with the run's engine (vLLM, from the checkpoint
+    # directory) and its evaluation seed: the run's last evaluation again.
+    capsys_out = tmp_path / "eval.json"
+    with capsys_out.open("w") as sink, contextlib.redirect_stdout(sink):
+        assert main(["eval", str(run), "--json", "--device", vllm_device()]) == 0
+    metrics = json.loads(capsys_out.read_text())["metrics"]
+    assert metrics["reward_mean"] == pytest.approx(evals[-1]["val_reward_mean"], abs=0.02)
+
+
+def test_keep_sampling_mask_trains_on_the_support_vllm_sampled(model_dir: Path, tmp_path: Path) -> None:
+    # top-k then top-p on vLLM, the support recorded per token and applied by the trainer: the
+    # trainer's renormalised log-probs equal the engine's (one support on both sides).
+    run = tmp_path / "ksm"
+    assert train(model_dir, run, "sync", 2, "algorithm.keep_sampling_mask=true", "generation.top_k=12",
+                 "generation.top_p=0.9") == 0
+    steps, _ = rows(run)
+    for s in steps:
+        assert s["logprob_mismatch_tokens"] > 0 and s["logprob_mismatch"] < FLOAT32_MISMATCH
 
 
 @pytest.mark.parametrize("mode", ["ppo_offpolicy", "pipeline"])
