@@ -326,9 +326,8 @@ class VLLMEngine(SteppingEngine):
         )
         with _process_state_kept():
             core = LLMEngine.from_engine_args(args)
-        self._init_state(core, layout=layout, seed=seed)
+        self._init_state(core, layout=layout, seed=seed, dtype=dtype)
         self.fp32_lm_head = fp32_lm_head
-        self.dtype = dtype
         self.max_model_len = length
         try:
             self._check_attention(model)
@@ -337,9 +336,10 @@ class VLLMEngine(SteppingEngine):
             raise
         self.eos_token_ids = tuple(eos_token_ids) if eos_token_ids is not None else layout.eos_token_ids
 
-    def _init_state(self, core: Any, *, layout: CheckpointLayout, seed: int) -> None:
+    def _init_state(self, core: Any, *, layout: CheckpointLayout, seed: int, dtype: str = "float32") -> None:
         """Engine state around a built vLLM `LLMEngine` (`core`)."""
         self._engine = core
+        self.dtype = dtype
         self.layout = layout
         self.vocab_size = layout.vocab_size
         self.fp32_lm_head = False
@@ -492,8 +492,12 @@ class VLLMEngine(SteppingEngine):
 
     def _load_weights_locked(self, state: Mapping[str, torch.Tensor]) -> None:
         check_full_update(self.layout, state)
+        # In the engine's dtype already (a float32 trainer feeding a bf16 engine): vLLM's loader would
+        # cast each tensor anyway, warning once per tensor and update.
+        dtype = getattr(torch, self.dtype)
+        weights = [(k, v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()]
         self._engine.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": list(state.items()), "is_checkpoint_format": True}
+            "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
         )
 
     # ----------------------------------------------------------------------------- bookkeeping
