@@ -23,6 +23,8 @@ from vllm_helpers import save_tiny, vllm_device
 from scalerl.cli import main
 
 K = 2
+INTERRUPTION = ["generation.length_control.kind=interruption", "generation.length_control.think_budget=[6,8]",
+                "generation.length_control.answer_budget=4", "generation.length_control.phrase=</think>"]
 FLOAT32_MISMATCH = 1e-4
 
 
@@ -31,16 +33,16 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny(tmp_path_factory.mktemp("train_model"), seed=0, std=0.02)
 
 
-def train(model: Path, out: Path, mode: str, steps: int, *extra: str) -> int:
+def train(model: Path, out: Path, mode: str, steps: int, *overrides: str, flags: tuple[str, ...] = ()) -> int:
     return main([
         "train", "--model", str(model), "--output-dir", str(out), "--max-steps", str(steps),
-        "--off-policy", mode, "--max-lag", str(K), "--device", vllm_device(), *extra,
-        "generation.engine=vllm", "logging.progress=false",
+        "--off-policy", mode, "--max-lag", str(K), "--device", vllm_device(), *flags,
+        "generation.engine=vllm", "logging.progress=false", "generation.length_control.kind=none",
         "rewards.verifiers.math=vllm_helpers:digit_share", "rewards.partial_credit=true",
         "generation.n=8", "generation.max_new_tokens=16", "generation.max_batch_size=32",
-        "generation.length_control.kind=none", "pipeline.prompts_per_step=4",
+        "pipeline.prompts_per_step=4",
         "optim.lr=1e-2", "optim.warmup_steps=0", "data.heldout_size=8", "eval.k=2", f"eval.every={steps}",
-        "data.synthetic.num_prompts=200", "data.max_prompt_tokens=96",
+        "data.synthetic.num_prompts=200", "data.max_prompt_tokens=96", *overrides,
     ])
 
 
@@ -65,7 +67,7 @@ def test_sync_learns_and_resumes_with_the_trainer_weights(model_dir: Path, tmp_p
     run = tmp_path / "sync"
     assert train(model_dir, run, "sync", 3, "checkpoint.every=3") == 0
     assert "engine: vllm" in (run / "config.yaml").read_text()
-    assert train(model_dir, run, "sync", 6, "--resume", "latest") == 0
+    assert train(model_dir, run, "sync", 6, flags=("--resume", "latest")) == 0
     steps, evals = rows(run)
     assert [s["step"] for s in steps] == [1, 2, 3, 4, 5, 6]
     assert_learned(steps, evals)
@@ -90,20 +92,28 @@ def test_keep_sampling_mask_trains_on_the_support_vllm_sampled(model_dir: Path, 
     # top-k then top-p on vLLM, the support recorded per token and applied by the trainer: the
     # trainer's renormalised log-probs equal the engine's (one support on both sides).
     run = tmp_path / "ksm"
+    # TIS on top: pi_old (recomputed by the trainer) over pi_gen (vLLM's behaviour log-probs) is 1.
     assert train(model_dir, run, "sync", 2, "algorithm.keep_sampling_mask=true", "generation.top_k=12",
-                 "generation.top_p=0.9") == 0
+                 "generation.top_p=0.9", "algorithm.tis.enabled=true",
+                 "algorithm.recompute_old_logprobs=true") == 0
     steps, _ = rows(run)
     for s in steps:
         assert s["logprob_mismatch_tokens"] > 0 and s["logprob_mismatch"] < FLOAT32_MISMATCH
+        assert s["tis_weight_mean"] == pytest.approx(1.0, abs=1e-3)
 
 
 @pytest.mark.parametrize("mode", ["ppo_offpolicy", "pipeline"])
 def test_off_policy_modes_learn_within_the_lag_bound(model_dir: Path, tmp_path: Path, mode: str) -> None:
     run = tmp_path / mode
-    # pipeline: the threaded schedule, with weights sent to the engine in flight after every step.
-    assert train(model_dir, run, mode, 6, *(["--schedule", "threaded"] if mode == "pipeline" else [])) == 0
+    # pipeline: the threaded schedule, with weights sent to the engine in flight after every step, and
+    # forced interruption (a one-token phrase after 6-8 thinking tokens; the overrides come last).
+    pipeline = mode == "pipeline"
+    assert train(model_dir, run, mode, 6, *(INTERRUPTION if pipeline else ()),
+                 flags=("--schedule", "threaded") if pipeline else ()) == 0
     steps, evals = rows(run)
     assert len(steps) == 6
+    if pipeline:
+        assert min(s["interruption_rate"] for s in steps) > 0.5
     assert_learned(steps, evals)
     assert_lag_bound(steps, lagged=True)
     # Lagged tokens are left out of the mismatch; where some are on-policy it is float32-small,
