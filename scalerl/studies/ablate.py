@@ -319,6 +319,10 @@ def run_ablate(args: argparse.Namespace) -> int:
     print(render_plan(plan), file=sys.stderr if not args.dry_run else sys.stdout, flush=True)
     if args.dry_run:
         return 0
+    from scalerl.rollout.factory import check_engine_available  # torch: imported only when running
+
+    for engine in sorted({s.config.generation.engine for s in plan.specs}):
+        check_engine_available(engine)
     if args.ray is None:
         if args.parallel not in (None, 1):
             raise ValueError("--parallel: runs share this process without --ray; add --ray [ADDRESS]")

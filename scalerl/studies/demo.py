@@ -273,6 +273,9 @@ def run_demo(
     run_dir = Path(output_dir)
     cfg = demo_config(loaded, output_dir=run_dir, quick=quick, seed=seed, max_time_s=max_time_s,
                       overrides=overrides)
+    from scalerl.rollout.factory import check_engine_available  # torch: imported only when running
+
+    check_engine_available(cfg.generation.engine)
     prepare_output_dir(run_dir)
     write_json_atomic(run_dir / MARKER_FILE, {"kind": "scalerl demo", "settings": str(loaded.path),
                                              "quick": quick, "seed": cfg.seed})

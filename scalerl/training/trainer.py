@@ -76,6 +76,15 @@ def _finite(x: Tensor, where: Tensor | None = None) -> bool:
     return bool(ok.all())
 
 
+def same_weights(batch: TrainBatch, version: int) -> Tensor:
+    """`[N]` bool: rows generated entirely by the weights of `version` (prompt prefill and every
+    token), i.e. the rows on which |log pi_engine - log pi_trainer| at trainer version `version` is
+    the train/inference mismatch alone, with no policy lag (PipelineRL in-flight updates, later
+    PPO mini-batches) mixed in."""
+    tokens_ok = ((batch.versions == version) | ~batch.token_mask).all(dim=1)
+    return tokens_ok & (batch.start_version == version)
+
+
 class _MeanMax:
     """Token-weighted mean and max of a per-token quantity, accumulated over micro-batches."""
 
@@ -115,6 +124,7 @@ class _StepStats:
     kl: _MeanMax = field(default_factory=_MeanMax)
     entropy: _MeanMax = field(default_factory=_MeanMax)
     gen_diff: _MeanMax = field(default_factory=_MeanMax)
+    mismatch: _MeanMax = field(default_factory=_MeanMax)  # gen_diff on samples of the current weights only
     parts: list[dict[str, float]] = field(default_factory=list)  # `reduce_token_stats` per micro-batch
     problem: str | None = None  # the first non-finite value met (lockstep steps only)
 
@@ -131,6 +141,7 @@ class _StepStats:
             kl=_MeanMax.merge([s.kl for s in per_rank]),
             entropy=_MeanMax.merge([s.entropy for s in per_rank]),
             gen_diff=_MeanMax.merge([s.gen_diff for s in per_rank]),
+            mismatch=_MeanMax.merge([s.mismatch for s in per_rank]),
             parts=[p for s in per_rank for p in s.parts],
             problem=problem,
         )
@@ -391,6 +402,9 @@ class Trainer:
             kl=stats.kl.mean,
             logprob_diff_vs_gen=stats.gen_diff.mean,
             logprob_diff_vs_gen_max=stats.gen_diff.max if stats.gen_diff.count else math.nan,
+            logprob_mismatch=stats.mismatch.mean,
+            logprob_mismatch_max=stats.mismatch.max if stats.mismatch.count else math.nan,
+            logprob_mismatch_tokens=float(stats.mismatch.count),
             clip_frac_low=merged["clip_frac_low"],
             clip_frac_high=merged["clip_frac_high"],
             dual_clip_frac=merged["dual_clip_frac"],
@@ -468,7 +482,9 @@ class Trainer:
         stats.loss += loss_value
         stats.policy_loss += float(policy_part.detach())
         stats.parts.append(reduce_token_stats(token_stats))
-        stats.gen_diff.add((lp.detach() - behaviour).abs(), mb.response_mask)
+        gap = (lp.detach() - behaviour).abs()
+        stats.gen_diff.add(gap, mb.response_mask)
+        stats.mismatch.add(gap, mb.response_mask & same_weights(mb, self.version)[:, None])
         return loss
 
     def _apply(self, batch: TrainBatch, metrics: dict[str, float]) -> None:

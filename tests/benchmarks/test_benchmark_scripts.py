@@ -100,6 +100,9 @@ def test_bench_engine_quick(cache_dir: Path) -> None:
     # Occupancy does not depend on timing (same seeds, same sampled lengths): continuous batching keeps
     # its slots busier than static batches that decode until their longest row ends.
     assert eng_occ > hf_occ
+    # The vLLM column runs where vLLM is importable (tests/with_vllm checks it) and says why not elsewhere.
+    if re.search(r"^VLLMEngine:", out, flags=re.MULTILINE) is None:
+        assert match(r"^vLLM column: not run \((.+)\)$", out)[1]
 
 
 @pytest.mark.timeout(180)

@@ -1,8 +1,7 @@
-"""VLLMEngine.
-
-Without vLLM (CPU): the module imports, and its own logic (phases of forced interruption, version
-tagging across updates, the fp32 logits function, weight loading in the worker) runs against a small
-fake of vLLM's `LLMEngine` interface. With vLLM and a GPU (`gpu` marker): the real engine end to end.
+"""VLLMEngine's own logic, without vLLM: phases of forced interruption, version tagging across
+updates, request ids, the update and layout checks, run against a small fake of vLLM's `LLMEngine`
+interface. The real engine end to end (CPU or CUDA, whatever vLLM's platform is) is in
+`tests/with_vllm/` (`make test-vllm`).
 """
 
 from __future__ import annotations
@@ -15,16 +14,19 @@ from typing import Any
 import pytest
 import torch
 
-from scalerl.models.lm_head import lm_head_logits, sequence_logprobs
 from scalerl.rollout import GenerationRequest, InterruptionSpec, SamplingParams, VLLMEngine
 from scalerl.rollout.base import SteppingEngine
 from scalerl.rollout.protocol import Completion, Engine
 from scalerl.rollout.vllm_engine import (
-    _fp32_get_logits,
+    MAX_FULL_SUPPORT_VOCAB,
+    CheckpointLayout,
+    check_full_update,
     contains_subsequence,
+    default_kv_cache_bytes,
     import_vllm,
-    load_weights_in_worker,
     phase_seed,
+    read_layout,
+    support_logprobs,
 )
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -48,28 +50,40 @@ def test_helpers() -> None:
     assert phase_seed(-5, 0, 0) >= 0
 
 
-def test_fp32_logits_function_matches_lm_head(make_model) -> None:
-    model = make_model(dtype=torch.bfloat16)
-    proc = types.SimpleNamespace(
-        _scalerl_fp32_weight=None, org_vocab_size=60, _gather_logits=lambda logits: logits
-    )
-    hidden = torch.randn(5, 32, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
-    logits = _fp32_get_logits(proc, hidden, model.lm_head, None)
-    assert logits is not None and logits.dtype == torch.float32 and logits.shape == (5, 60)
-    torch.testing.assert_close(logits, lm_head_logits(model, hidden, fp32=True)[:, :60], rtol=0, atol=0)
-    assert proc._scalerl_fp32_weight is not None  # cached for the next step
+def test_read_layout_of_a_saved_tiny_model(tmp_path: Path) -> None:
+    from scalerl.models.tiny import TinyModelSpec, build_tiny_model
+
+    model = build_tiny_model(TinyModelSpec(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
+                                           intermediate_size=64), vocab_size=50)
+    model.save_pretrained(tmp_path)
+    layout = read_layout(tmp_path)
+    assert layout.tied_head and layout.vocab_size == 50 and layout.head_size == 32
+    assert layout.kv_elements_per_token == 2 * 2 * 1 * 32 and layout.eos_token_ids == (1,)
+    # save_pretrained leaves the tied head out; the trainer's state dict carries it.
+    assert "lm_head.weight" not in layout.shapes
+    state = model.state_dict()
+    check_full_update(layout, state)
+    with pytest.raises(KeyError, match=r"full state dict.*lm_head\.weight"):
+        check_full_update(layout, {k: v for k, v in state.items() if k != "lm_head.weight"})
+    with pytest.raises(KeyError, match="unknown"):
+        check_full_update(layout, {**state, "extra.weight": torch.zeros(1)})
+    with pytest.raises(ValueError, match="shape"):
+        check_full_update(layout, {**state, "model.norm.weight": torch.zeros(3)})
+    with pytest.raises(FileNotFoundError, match=r"config\.json"):
+        read_layout(tmp_path / "missing")
 
 
-def test_load_weights_in_worker_uses_model_loader_and_drops_fp32_cache() -> None:
-    loaded: list[tuple[str, torch.Tensor]] = []
-    head = torch.nn.Module()
-    head._scalerl_fp32_weight = torch.ones(1)
-    model = torch.nn.Sequential(head)
-    model.load_weights = lambda weights: loaded.extend(weights)  # vLLM models take an iterable
-    worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(get_model=lambda: model))
-    assert load_weights_in_worker(worker, [("w", torch.zeros(2))]) == 1
-    assert [name for name, _ in loaded] == ["w"]
-    assert head._scalerl_fp32_weight is None
+def test_kv_cache_fits_every_sequence_in_whole_blocks() -> None:
+    layout = CheckpointLayout({}, True, 100, 32, kv_elements_per_token=2 * 4 * 2 * 32,
+                              max_position_embeddings=1024, eos_token_ids=(1,))
+    # 64 sequences of 416 tokens -> 512 + 256 each, float32 K and V.
+    assert default_kv_cache_bytes(layout, "float32", 64, 416) == 512 * 4 * 64 * 768
+    assert default_kv_cache_bytes(layout, "bfloat16", 1, 256) == 512 * 2 * 512
+
+
+def test_support_logprobs() -> None:
+    assert support_logprobs(SamplingParams(top_k=5, top_p=0.9)) == 5
+    assert support_logprobs(SamplingParams(top_p=0.9)) == -1
 
 
 # ----------------------------------------------------------------------------- fake vLLM core
@@ -87,15 +101,15 @@ class FakeCore:
     def add_request(self, rid: str, prompt: dict, params: Any) -> str:
         self.requests[rid] = {"ids": list(prompt["prompt_token_ids"]), "params": params, "n": 0}
         self.added.append((rid, list(prompt["prompt_token_ids"]), params.max_tokens))
-        return rid
+        return f"{rid}-internal"  # as vLLM 0.32: a randomized internal id; outputs carry ours
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
-    def collective_rpc(self, fn: Any, args: tuple = ()) -> list[Any]:
-        assert fn is load_weights_in_worker
-        self.weights_version = int(dict(args[0])["version"].item())
-        return [len(args[0])]
+    def collective_rpc(self, method: Any, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
+        assert method == "reload_weights" and kwargs is not None and kwargs["is_checkpoint_format"]
+        self.weights_version = int(dict(kwargs["weights_iterator"])["version"].item())
+        return [None]
 
     def step(self) -> list[Any]:
         outputs = []
@@ -121,8 +135,10 @@ def fake_engine(script: Any, eos: tuple[int, ...] = (1,)) -> tuple[VLLMEngine, F
     engine = VLLMEngine.__new__(VLLMEngine)
     SteppingEngine.__init__(engine, 0)
     core = FakeCore(script)
-    engine._init_state(core, seed=0, max_logprobs=20)
-    engine.vocab_size, engine.eos_token_ids = 64, eos
+    layout = CheckpointLayout({"version": ()}, False, 64, 32, kv_elements_per_token=1,
+                              max_position_embeddings=None, eos_token_ids=eos)
+    engine._init_state(core, layout=layout, seed=0)
+    engine.eos_token_ids, engine.max_model_len = eos, 64
 
     def params(self: VLLMEngine, p: SamplingParams, seed: int, max_tokens: int, want_support: bool) -> Any:
         stops = set(p.stop_token_ids) | set(self.eos_token_ids)
@@ -204,108 +220,27 @@ def test_no_room_for_the_phrase_is_length() -> None:
     assert c.num_tokens == 3 and c.finish_reason == "length"
 
 
-def test_support_needs_top_k() -> None:
-    engine, _ = fake_engine(counting)
-    params = SamplingParams(top_p=0.9, return_support=True)
-    with pytest.raises(ValueError, match="top_k"):
-        engine.submit([GenerationRequest("a", [5], params)])
+def test_bad_requests_are_refused_before_anything_is_queued() -> None:
+    engine, core = fake_engine(counting)
     with pytest.raises(ValueError, match="outside"):
         engine.submit([GenerationRequest("a", [5, 99], SamplingParams())])
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.submit([GenerationRequest("a", [5, 6], SamplingParams(max_new_tokens=63))])
+    assert core.added == [] and engine.num_unfinished() == 0
 
 
-# ----------------------------------------------------------------------------- real vLLM (GPU)
+def test_top_p_only_support_is_refused_for_large_vocabularies() -> None:
+    engine, _ = fake_engine(counting)
+    params = SamplingParams(top_p=0.9, return_support=True)
+    engine.check_params(params)  # 64 tokens: full-vocabulary log-probs are cheap
+    engine.vocab_size = MAX_FULL_SUPPORT_VOCAB + 1
+    with pytest.raises(ValueError, match=r"algorithm\.keep_sampling_mask.*generation\.top_k"):
+        engine.check_params(params)
+    engine.check_params(SamplingParams(top_p=0.9, top_k=20, return_support=True))
 
 
-def _save_tiny(path: Path, seed: int) -> torch.nn.Module:
-    from scalerl.models.tiny import TinyModelSpec, build_tiny_model, build_tiny_tokenizer
-
-    tok = build_tiny_tokenizer()
-    # head_dim 64 (hidden 128 / 2 heads): a size every vLLM attention backend supports.
-    spec = TinyModelSpec(hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=256)
-    model = build_tiny_model(spec, vocab_size=len(tok), seed=seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.2)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return model
-
-
-@pytest.fixture(scope="module")
-def vllm_setup(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[VLLMEngine, torch.nn.Module, torch.nn.Module]:
-    path = tmp_path_factory.mktemp("tiny_a")
-    model_a = _save_tiny(path, seed=0)
-    model_b = _save_tiny(tmp_path_factory.mktemp("tiny_b"), seed=1)
-    engine = VLLMEngine(
-        str(path),
-        fp32_lm_head=True,
-        gpu_memory_utilization=0.2,
-        max_batch_size=16,
-        engine_kwargs={"max_model_len": 512, "enforce_eager": True, "dtype": "bfloat16"},
-    )
-    return engine, model_a, model_b
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_VLLM, reason="vllm not installed")
-def test_vllm_logprobs_match_trainer(vllm_setup) -> None:
-    engine, model_a, _b = vllm_setup
-    trainer = model_a.to("cuda", torch.bfloat16)
-    params = SamplingParams(temperature=0.8, top_k=10, max_new_tokens=24, n=4, return_support=True, seed=1)
-    outs = engine.generate([GenerationRequest("q", [10, 11, 12, 13], params)])
-    assert len(outs) == 4
-    diffs = []
-    for c in outs:
-        assert c.support is not None and all(t in s for t, s in zip(c.token_ids, c.support, strict=True))
-        ids = torch.tensor([c.prompt_ids + c.token_ids], device="cuda")
-        support = torch.zeros(1, c.num_tokens, trainer.config.vocab_size, dtype=torch.bool, device="cuda")
-        for t, sup in enumerate(c.support):
-            support[0, t, sup] = True
-        with torch.no_grad():
-            ref = sequence_logprobs(
-                trainer, ids, fp32_lm_head=True, temperature=0.8, response_start=4, support_mask=support
-            )[0]
-        diffs.append((torch.tensor(c.logprobs, device="cuda") - ref).abs())
-    diff = torch.cat(diffs)
-    # bf16 backbones with different kernels: close on average, not bit-equal.
-    assert diff.mean() < 0.02 and diff.max() < 0.2
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_VLLM, reason="vllm not installed")
-def test_vllm_in_flight_update(vllm_setup) -> None:
-    engine, _a, model_b = vllm_setup
-    engine.submit(
-        [GenerationRequest(f"r{i}", [10 + i, 11], SamplingParams(max_new_tokens=32)) for i in range(4)]
-    )
-    done: list[Completion] = []
-    for _ in range(5):
-        done += engine.step()
-    engine.update_weights({k: v.to(torch.bfloat16) for k, v in model_b.state_dict().items()}, version=1)
-    while engine.num_unfinished():
-        done += engine.step()
-    assert sorted(c.request_id for c in done) == [f"r{i}" for i in range(4)]
-    for c in done:
-        assert c.versions == sorted(c.versions) and set(c.versions) <= {0, 1}
-    assert any(c.versions[0] == 0 and c.versions[-1] == 1 for c in done)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_VLLM, reason="vllm not installed")
-def test_vllm_forced_interruption(vllm_setup) -> None:
-    engine, _a, _b = vllm_setup
-    spec = InterruptionSpec(
-        think_budget_lo=4, think_budget_hi=8, answer_budget=5, phrase_ids=(40, 41, 42), think_end_ids=(7, 8)
-    )
-    params = SamplingParams(max_new_tokens=40, n=8, interruption=spec, seed=3)
-    outs = engine.generate([GenerationRequest("q", [10, 11, 12], params)])
-    for c in outs:
-        start = c.metadata["interruption"]["phrase_start"]
-        if start is not None:
-            assert c.token_ids[start : start + 3] == [40, 41, 42]
-            assert c.finish_reason in ("interrupted", "length")
-            assert c.num_tokens <= start + 3 + 5
-            assert c.loss_mask[start : start + 3] == [False] * 3
+def test_a_partial_update_is_refused() -> None:
+    engine, core = fake_engine(counting)
+    with pytest.raises(KeyError, match="missing"):
+        engine.update_weights({}, version=1)
+    assert engine.version == 0 and core.weights_version == 0

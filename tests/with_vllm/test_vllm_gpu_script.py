@@ -1,0 +1,47 @@
+"""`benchmarks/gpu/vllm_gpu.py`, the prepared GPU measurements, run at `--size tiny` on vLLM's device
+here (CPU under `make test-vllm`): every code path of the script but the model size."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm)")
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "gpu" / "vllm_gpu.py"
+NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan"
+SMALL = ["--size", "tiny", "--batch-size", "16", "--n", "4", "--max-new-tokens", "16", "--prompts", "8"]
+
+
+def run(*args: str) -> str:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, str(SCRIPT), *args, *SMALL], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=400, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_throughput_in_training_against_bare_vllm() -> None:
+    out = run("throughput", "--steps", "3", "--dtype", "float32")
+    bare = re.search(rf"^bare vLLM:\s+(\d+) tokens\s+({NUM}) tok/s$", out, re.MULTILINE)
+    train = re.search(rf"^vLLM in training:\s+(\d+) tokens\s+({NUM}) tok/s .*max version lag (\d+) <= 4", out,
+                      re.MULTILINE)
+    ratio = re.search(rf"^throughput ratio \(in training / bare vLLM\): ({NUM})x$", out, re.MULTILINE)
+    assert bare and train and ratio, out
+    assert int(bare[1]) > 0 and int(train[1]) > 0 and int(train[3]) <= 4
+    assert float(ratio[1]) == pytest.approx(float(train[2]) / float(bare[2]), rel=0.02, abs=0.01)
+
+
+def test_mismatch_table_with_and_without_the_fp32_head() -> None:
+    out = run("mismatch", "--steps", "1")
+    rows = re.findall(rf"^(bfloat16|float32)\s+(True|False)\s+({NUM})\s+({NUM})\s+(\d+)$", out, re.MULTILINE)
+    assert [(d, h) for d, h, *_ in rows] == [("bfloat16", "True"), ("bfloat16", "False"), ("float32", "True")]
+    for _, _, mean, worst, tokens in rows:
+        assert int(tokens) > 0 and 0 <= float(mean) <= float(worst)
+    assert float(rows[2][2]) < 1e-4  # float32 on both sides: the floor
