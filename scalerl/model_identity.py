@@ -64,24 +64,15 @@ def model_identity(name_or_path: str | None, tiny: Mapping[str, Any] | None = No
 
 
 def identity_key(identity: Mapping[str, Any]) -> str:
-    """What two identities must share to be the same starting model: the content hash when known,
-    else the config digest, else the name (with the weight files' names and sizes)."""
+    """What two runs must share to have started from the same model, short enough for a table:
+    12 hex digits of the content hash when known (`sha256:1a2b3c4d5e6f`), else of the tiny
+    config's digest, else the name with the weights' total size."""
     if identity.get("sha256"):
-        return f"sha256:{identity['sha256']}"
+        return f"sha256:{str(identity['sha256'])[:12]}"
     if identity.get("config_sha256"):
-        return f"config:{identity['config_sha256']}"
-    return f"name:{identity.get('name_or_path')}:{identity.get('weights_bytes')}"
-
-
-def short_identity(identity: Mapping[str, Any]) -> str:
-    """A few words for a table: `sha256 1a2b3c4d5e6f (tiny-63acb770099ab9e6)`."""
-    name = identity.get("name_or_path")
-    where = Path(name).name if isinstance(name, str) and "/" in name and Path(name).is_absolute() else name
-    if identity.get("sha256"):
-        return f"sha256 {str(identity['sha256'])[:12]} ({where})"
-    if identity.get("config_sha256"):
-        return f"tiny from config {str(identity['config_sha256'])[:12]}"
-    return str(where)
+        return f"tiny-config:{str(identity['config_sha256'])[:12]}"
+    size = identity.get("weights_bytes")
+    return f"{identity.get('name_or_path')}" + (f" ({size} bytes)" if size else "")
 
 
 def read_start_model(run_dir: str | Path) -> dict[str, Any] | None:
@@ -96,4 +87,4 @@ def read_start_model(run_dir: str | Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-__all__ = ["START_MODEL_FILE", "identity_key", "model_identity", "read_start_model", "short_identity"]
+__all__ = ["START_MODEL_FILE", "identity_key", "model_identity", "read_start_model"]

@@ -265,6 +265,7 @@ def run_demo(
     out: Any = None,
 ) -> int:
     """The whole demo (see the module docstring); returns the exit status."""
+    from scalerl.inputs import check_run_inputs
     from scalerl.pipeline.cli import prepare_model, train_run
 
     stream = out or sys.stdout
@@ -273,6 +274,7 @@ def run_demo(
     run_dir = Path(output_dir)
     cfg = demo_config(loaded, output_dir=run_dir, quick=quick, seed=seed, max_time_s=max_time_s,
                       overrides=overrides)
+    check_run_inputs(cfg)  # an override naming a missing file fails here, before any work
     prepare_output_dir(run_dir)
     write_json_atomic(run_dir / MARKER_FILE, {"kind": "scalerl demo", "settings": str(loaded.path),
                                              "quick": quick, "seed": cfg.seed})
@@ -285,8 +287,9 @@ def run_demo(
     text = render_result(result, cfg)
     a = result.analysis
     title = f"scalerl demo: fit on the first {result.fraction:.0%} of the compute"
-    plot_fits([FitPlotItem("demo", a.fit, a.boot)], run_dir / PLOT_FILE, x_label=a.curve.x_name,
-              y_label=a.curve.y_name, title=title, level=a.boot.level if a.boot else 0.95)
+    plot_fits([FitPlotItem("demo", a.fit, a.boot, predictions=a.predictions)], run_dir / PLOT_FILE,
+              x_label=a.curve.x_name, y_label=a.curve.y_name, title=title,
+              level=a.boot.level if a.boot else 0.95)
     write_atomic(run_dir / REPORT_FILE, report_markdown(result, cfg, text, loaded.path))
     p = a.predictions[0]
     write_json_atomic(run_dir / SUMMARY_FILE, jsonable({

@@ -185,9 +185,10 @@ def progress_printer(total: int, prefix: str = "sft", every: int = 25,
     def report(step: int, loss: float) -> None:
         if step == 1 or step % every == 0 or step == total:
             elapsed = time.perf_counter() - start
-            eta = elapsed / step * (total - step)
-            print(f"{prefix}: step {step}/{total}  loss {loss:.4f}  {elapsed:.0f} s elapsed, "
-                  f"about {eta:.0f} s to go", file=stream or sys.stderr, flush=True)
+            # The first step carries start-up costs: no estimate from it alone.
+            eta = f", about {elapsed / step * (total - step):.0f} s to go" if 1 < step < total else ""
+            print(f"{prefix}: step {step}/{total}  loss {loss:.4f}  {elapsed:.0f} s elapsed{eta}",
+                  file=stream or sys.stderr, flush=True)
 
     return report
 

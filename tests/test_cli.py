@@ -1,0 +1,73 @@
+"""The `scalerl` command line: lazy registration (no torch for `fit`, `compare` and any `--help`)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import scalerl.cli
+from scalerl.cli import COMMANDS, build_parser, command_of
+from scalerl.scaling.io import reference_csv
+
+PROBE = """
+import contextlib, io, json, sys
+from scalerl.cli import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+    try:
+        code = main(sys.argv[1:])
+    except SystemExit as exc:
+        code = exc.code
+heavy = sorted(m for m in ("torch", "transformers") if m in sys.modules)
+print(json.dumps({"code": code, "heavy": heavy, "chars": len(out.getvalue())}))
+"""
+
+
+def _probe(*argv: str) -> dict[str, object]:
+    proc = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=120,
+                          check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("argv", [["--help"], *([name, "--help"] for name in COMMANDS),
+                                  ["data", "check", "--help"], ["data", "synth", "--help"]])
+def test_help_never_imports_torch(argv: list[str]) -> None:
+    result = _probe(*argv)
+    assert result["code"] == 0 and result["chars"] > 100
+    assert result["heavy"] == [], f"`scalerl {' '.join(argv)}` imported {result['heavy']}"
+
+
+def test_fit_and_compare_never_import_torch(tmp_path: Path) -> None:
+    ref = str(reference_csv("scalerl_8b_dense_fig1a"))
+    fit = _probe("fit", ref, "--bootstrap", "20", "--plot", str(tmp_path / "fit.png"))
+    assert fit["code"] == 0 and fit["heavy"] == []
+    cmp = _probe("compare", ref, str(reference_csv("scalerl_scout_moe_fig1a")), "--bootstrap", "20", "--json")
+    assert cmp["code"] == 0 and cmp["heavy"] == []
+
+
+def test_only_the_chosen_command_is_registered_in_full() -> None:
+    parser = build_parser(["fit", "x.csv"])
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == set(COMMANDS)
+    # fit and compare come from one module: both in full; the others are one-line entries.
+    assert any(a.dest == "predict_at" for a in sub.choices["fit"]._actions)
+    assert any(a.dest == "margin_a" for a in sub.choices["compare"]._actions)
+    assert not sub.choices["train"]._actions
+    assert command_of(["--version"]) is None and command_of(["train", "--max-steps", "3"]) == "train"
+
+
+def test_one_line_help_matches_each_module() -> None:
+    """The lazy table's help text is what each module registers (so `scalerl --help` cannot drift)."""
+    for name, (module, help_text) in COMMANDS.items():
+        parser = argparse.ArgumentParser()
+        sub = parser.add_subparsers()
+        importlib.import_module(module).register(sub)
+        helps = {a.dest: a.help for a in sub._choices_actions}
+        assert helps[name] == help_text, name
+    assert set(scalerl.cli.COMMAND_MODULES) == {m for m, _ in COMMANDS.values()}
