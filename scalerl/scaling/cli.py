@@ -207,8 +207,13 @@ def _fit_title(analyses: list[RunAnalysis]) -> str:
     names = ", ".join(a.curve.label for a in analyses[:3]) + (" ..." if len(analyses) > 3 else "")
     ends = {float(a.fit.fit_compute.max()) for a in analyses}
     held = any(a.held_out is not None for a in analyses)
-    window = f", fitted up to {next(iter(ends)):.3g}" if len(ends) == 1 and held else ""
-    return f"sigmoid fit: {names}{window}"
+    title = f"sigmoid fit: {names}"
+    if len(ends) == 1 and held:
+        title += f", fitted up to {next(iter(ends)):.3g}"
+    if len(analyses) == 1 and analyses[0].predictions:
+        preds = analyses[0].predictions
+        title += "; predicted " + ", ".join(f"{p.reward:.3f} at {p.compute:.3g}" for p in preds)
+    return title
 
 
 def run_compare(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ A fit figure shows, per run: the points used by the fit (filled circles) and the
 asymptote A (dotted), the fit window shaded, the bounded power law when fitted (dash-dot) and the
 predictions asked for (stars with the band of a new evaluation), on a log-compute axis -- the
 layout of the paper's Fig. 1. The y range follows the data, curves and predictions (an asymptote
-off that range is named at the top, not stretching the axis), and the legend sits outside the
+off that range is named at the top, not stretching the axis), and the legend sits below the
 axes. The comparison figure adds the paper's Fig. 7 view: the efficiency transform of a fixed-A
 refit, where each run is a line of slope B on log-log axes.
 
@@ -59,8 +59,8 @@ class FitPlotItem:
 
 # Sizes for figures saved at 200 dpi: readable when the PNG is shown at its full width.
 FONT = {"tick": 11, "label": 12, "title": 13, "legend": 10}
-FIT_SIZE = (10.0, 5.2)
-COMPARE_SIZE = (15.0, 5.8)
+FIT_SIZE = (10.0, 6.6)
+COMPARE_SIZE = (15.0, 7.0)
 
 
 def _figure(width: float, height: float, ncols: int = 1) -> tuple[Figure, list[Axes]]:
@@ -149,8 +149,9 @@ def _draw_fit(
     ax.axhline(f.A, color=color, linewidth=0.8, linestyle=":", alpha=0.8)
     if item.power_law is not None:
         w = item.power_law
+        bound = " (bound)" if w.A_at_bound else ""
         ax.plot(grid, w.predict(grid), color=color, linewidth=1.3, linestyle="-.", alpha=0.85,
-                label=f"{item.label}: power law A={w.A:.3f}, B={w.B:.2f}")
+                label=f"{item.label}: power law, A={w.A:.3f}{bound}, B={w.B:.2f}")
     ax.scatter(
         f.compute[used],
         f.reward[used],
@@ -202,7 +203,7 @@ def _y_range(ax: Axes, shown: Sequence[float], asymptotes: Sequence[float]) -> N
 def _legend_markers(
     ax: Axes, any_held: bool, any_band: bool, level: float, shaded: bool, any_pred: bool = False
 ) -> None:
-    """The legend, outside the axes on the right so that it never covers data."""
+    """The legend, below the axes (two columns) so that it never covers data."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -218,18 +219,19 @@ def _legend_markers(
         )
     if any_pred:
         extra.append((Line2D([], [], color="0.3", marker="*", linestyle="", markersize=11,
-                             markeredgecolor="black"), f"prediction ({level:.0%} band of a new evaluation)"))
+                             markeredgecolor="black"), f"prediction, {level:.0%} band"))
     if any_band:
-        extra.append((Patch(color="0.3", alpha=0.25), f"{level:.0%} band of the curve (bootstrap)"))
+        extra.append((Patch(color="0.3", alpha=0.25), f"{level:.0%} band of the curve"))
     if shaded:
         extra.append((Patch(color="0.5", alpha=0.15), "fit window"))
-    ax.legend(
+    # A figure legend placed "outside": constrained layout makes room for it under the axes.
+    ax.figure.legend(
         handles + [h for h, _ in extra],
         labels + [t for _, t in extra],
         fontsize=FONT["legend"],
         frameon=False,
-        loc="upper left",
-        bbox_to_anchor=(1.01, 1.0),
+        loc="outside lower center",
+        ncol=2,
     )
 
 
@@ -243,8 +245,22 @@ def plot_fits(
     extend_to: float | None = None,
     level: float = 0.95,
 ) -> Path:
-    """Draw fitted curves with points, extrapolation, band, fit window, power law and predictions;
-    save to ``path``. The legend sits outside the axes, on the right."""
+    """``fit_figure`` saved to ``path`` (atomically)."""
+    return save_figure(fit_figure(items, x_label=x_label, y_label=y_label, title=title, extend_to=extend_to,
+                                  level=level), path)
+
+
+def fit_figure(
+    items: Sequence[FitPlotItem],
+    *,
+    x_label: str = "compute",
+    y_label: str = "reward",
+    title: str | None = None,
+    extend_to: float | None = None,
+    level: float = 0.95,
+) -> Figure:
+    """Fitted curves with points, extrapolation, band, fit window, power law and predictions.
+    The legend sits below the axes."""
     if not items:
         raise ValueError("nothing to plot")
     fig, (ax,) = _figure(*FIT_SIZE)
@@ -267,7 +283,7 @@ def plot_fits(
         shaded=True,
         any_pred=any(i.predictions for i in items),
     )
-    return save_figure(fig, path)
+    return fig
 
 
 def plot_comparison(
@@ -279,6 +295,19 @@ def plot_comparison(
     y_label: str = "reward",
     level: float = 0.95,
 ) -> Path:
+    """``comparison_figure`` saved to ``path`` (atomically)."""
+    fig = comparison_figure(comparison, items, x_label=x_label, y_label=y_label, level=level)
+    return save_figure(fig, path)
+
+
+def comparison_figure(
+    comparison: Comparison,
+    items: Mapping[str, FitPlotItem],
+    *,
+    x_label: str = "compute",
+    y_label: str = "reward",
+    level: float = 0.95,
+) -> Figure:
     """Left: every run's fit, one colour per recipe and one marker per seed. Right: the fixed-A
     efficiency transform, one line of slope B per run (paper Fig. 7); omitted without a refit."""
     refit = comparison.A_fixed_refit
@@ -321,4 +350,4 @@ def plot_comparison(
         ax2.set_ylabel(r"$F(R) = C_{mid}^B / ((A-R_0)/(R-R_0) - 1)$", fontsize=FONT["label"])
         ax2.set_title(f"fixed-A refit (A = {refit.A:.3f}): slope = B", fontsize=FONT["title"])
         ax2.legend(fontsize=FONT["legend"], frameon=False, loc="upper left")
-    return save_figure(fig, path)
+    return fig
