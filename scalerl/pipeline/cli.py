@@ -70,7 +70,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--data", metavar="PATH", help="prompt file or folder (default: the synthetic math task)")
     p.add_argument("--seed", type=int)
     p.add_argument("--name", help="run name (labels in plots and tables)")
-    p.add_argument("--max-time-s", type=float, metavar="S", help="stop after this much wall-clock time")
+    p.add_argument("--max-time-s", "--max-time", dest="max_time_s", type=float, metavar="S",
+                   help="also stop after S seconds of wall clock (default: no limit; --max-steps, "
+                        "default 100, still applies)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda if available)")
     p.add_argument("--resume", nargs="?", const="latest", metavar="CHECKPOINT",
                    help="continue from a checkpoint (default: the run directory's latest)")
@@ -213,5 +215,8 @@ def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, devi
     )
     print(f"train: stopped after step {result.steps} ({result.stop_reason}); max version lag "
           f"{result.max_version_lag}" + (f"; last eval: {summary}" if summary else ""), file=sys.stderr)
+    if result.stop_reason == "max_steps" and cfg.max_time_s is not None:
+        print(f"train: max_steps={cfg.max_steps} was reached before max_time_s={cfg.max_time_s:g}; raise "
+              "--max-steps to train for the whole time", file=sys.stderr)
     print(f"train: fit its curve with `scalerl fit {run_dir} --x flops`", file=sys.stderr)
     return 0

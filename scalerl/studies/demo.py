@@ -1,9 +1,9 @@
 """`scalerl demo`: train the embedded default, fit its curve on the first half, check the prediction.
 
-    scalerl demo                        # about 10 minutes on 2 CPU cores (the README's first command)
+    scalerl demo                        # the README's first command (its time is measured there)
     scalerl demo --quick                # a smoke test: a few steps, just enough points to fit
     scalerl demo --seed 1 --output-dir runs/demo-s1
-    scalerl demo max_steps=300 --max-time 600
+    scalerl demo max_steps=300 --max-time 900
 
 The demo warm-starts the tiny model (cached after the first time), trains it with the `scalerl`
 recipe while evaluating on held-out prompts, fits R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) on the
@@ -331,7 +331,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, help="seed of the run (default: the settings file's, 0)")
     p.add_argument("--quick", action="store_true",
                    help="a smoke test: a few steps, just enough points to fit")
-    p.add_argument("--max-time", type=_positive, metavar="S", help="stop training after S seconds")
+    p.add_argument("--max-time", "--max-time-s", dest="max_time", type=_positive, metavar="S",
+                   help="also stop training after S seconds (default: no limit; max_steps still applies)")
     p.add_argument("--settings", metavar="FILE", help=f"demo settings (default {SETTINGS_FILE})")
     p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda if available)")
     p.set_defaults(func=_run)
