@@ -183,3 +183,17 @@ def test_comparison_figure_labels_runs_by_name(tmp_path: Path, run_writer: Calla
     assert any(t.startswith("cispo:") for t in texts) and any(t.startswith("grpo:") for t in texts)
     assert not any(t.startswith("run") for t in texts)
     assert fig.axes[0].title.get_fontsize() >= 13
+
+
+def test_a_on_its_bound_does_not_ask_to_widen_the_grid() -> None:
+    """The demo's own curve (tests/scaling/data/demo_curve.csv): fitted on its first half, A runs
+    to its bound of 1. The diagnostics say so, and do not suggest widening a grid whose edge is
+    that bound."""
+    from scalerl.scaling.io import read_curves
+
+    (curve,) = read_curves(Path(__file__).parent / "data" / "demo_curve.csv", x="flops")
+    a = analyze_curve(curve, FitOptions(max_x_fraction=0.5, n_boot=0))
+    d = a.fit.diagnostics
+    assert d.A_at_bound and pytest.approx(1.0) == a.fit.A
+    assert any("upper bound 1" in w for w in d.warnings)
+    assert not any("widen the grid" in w for w in d.warnings)
