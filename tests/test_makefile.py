@@ -17,7 +17,7 @@ def _torch_line(tmp_path: Path, *assignments: str) -> str:
     # -n: print the commands only; -B: as if .venv were out of date; VENV: a path that does not exist.
     proc = subprocess.run(["make", "-n", "-B", "setup", f"VENV={tmp_path / 'venv'}", *assignments], cwd=ROOT,
                           capture_output=True, text=True, check=True, timeout=60)
-    return next(line for line in proc.stdout.splitlines() if "install" in line and "torch" in line)
+    return next(line for line in proc.stdout.splitlines() if "pip install" in line and "torch==" in line)
 
 
 def test_default_torch_install_is_the_pinned_version_from_pips_configuration(tmp_path: Path) -> None:

@@ -52,7 +52,7 @@ def test_the_demo_block_matches_the_shipped_settings() -> None:
     assert [int(g) for g in head.groups()] == [steps, steps // every + 1, shipped["data"]["heldout_size"],
                                                shipped["eval"]["k"]]
     assert f"for {steps} steps" in section and f"every {every} steps" in section
-    assert f"{SFTConfig().steps} steps" in section  # the warm start's length, as the code has it
+    assert f"{SFTConfig().steps} SFT steps" in section  # the warm start's length, as the code has it
 
 
 def test_the_loop_commands_parse_and_do_what_they_say() -> None:

@@ -83,8 +83,9 @@ def check_on_error(on_error: str) -> OnError:
 
 
 #: How each interface drops-and-counts bad rows instead of failing.
-SKIP_HINT = ("(to drop and count these rows instead: `data.on_bad_row: skip` in a run config, "
-             "`--skip` for `scalerl data check`, `on_error='skip'` in Python)")
+SKIP_HINT = ("(to drop and count these rows instead: `data.on_bad_row: skip` in a run config or "
+             "`data.on_bad_row=skip` on the command line, `--skip` for `scalerl data check`, "
+             "`on_error='skip'` in Python)")
 
 
 def settle(rejects: RejectLog, on_error: OnError, what: str) -> None:
