@@ -58,6 +58,10 @@ def warm_model(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def test_same_seed_same_rows_on_one_or_two_threads(warm_model: str, tmp_path: Path) -> None:
+    """Two runs of the embedded default's width, one started with 2 threads, one with 1: the same
+    rows. Without the fix the generator's log-probs (so `logprob_diff_vs_gen`, the IS ratios and
+    the loss) differ in the last bits from the first step: the engine's batched decode sums in a
+    thread-dependent order."""
     before = torch.get_num_threads()
     runs = []
     try:
@@ -68,9 +72,11 @@ def test_same_seed_same_rows_on_one_or_two_threads(warm_model: str, tmp_path: Pa
                 "name": "repro", "max_steps": 2, "output_dir": str(out),
                 "model": {"name_or_path": warm_model},
                 "data": {"synthetic": {"num_prompts": 200}, "heldout_size": 8},
-                "generation": {"n": 4, "max_new_tokens": 48, "max_batch_size": 32},
-                "pipeline": {"off_policy": "pipeline", "k": 2, "prompts_per_step": 4,
-                             "schedule": "interleaved"},
+                "generation": {"max_new_tokens": 48},
+                "pipeline": {"off_policy": "pipeline", "k": 2, "schedule": "interleaved"},
+                # A 3-step warm start solves nothing: keep the all-zero groups so the rows carry the
+                # trained samples' log-prob statistics.
+                "algorithm": {"zero_variance_filter": False},
                 "eval": {"every": 2, "k": 1}, "logging": {"progress": False}, "rewards": {"max_workers": 1},
             })
             assert train_run(cfg, out) == 0
@@ -78,5 +84,6 @@ def test_same_seed_same_rows_on_one_or_two_threads(warm_model: str, tmp_path: Pa
     finally:
         torch.set_num_threads(before)
     assert len(runs[0]) == len(runs[1]) >= 4
+    assert "logprob_diff_vs_gen" in runs[0][1]
     for a, b in zip(*runs, strict=True):
         assert a == b
