@@ -9,8 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import scalerl.cli
 from scalerl.cli import COMMANDS, build_parser, command_of
 from scalerl.scaling.io import reference_csv
@@ -18,36 +16,44 @@ from scalerl.scaling.io import reference_csv
 PROBE = """
 import contextlib, io, json, sys
 from scalerl.cli import main
-out = io.StringIO()
-with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-    try:
-        code = main(sys.argv[1:])
-    except SystemExit as exc:
-        code = exc.code
-heavy = sorted(m for m in ("torch", "transformers") if m in sys.modules)
-print(json.dumps({"code": code, "heavy": heavy, "chars": len(out.getvalue())}))
+report = []
+for argv in json.loads(sys.argv[1]):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    heavy = sorted(m for m in ("torch", "transformers") if m in sys.modules)
+    report.append({"argv": argv, "code": code, "heavy": heavy, "chars": len(out.getvalue())})
+print(json.dumps(report))
 """
 
 
-def _probe(*argv: str) -> dict[str, object]:
-    proc = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=120,
-                          check=True)
+def _probe(*commands: list[str]) -> list[dict[str, object]]:
+    """Run `commands` one after the other in one fresh interpreter; after each, which heavy modules
+    are loaded (they stay loaded, so the first command that pulls one in is the culprit)."""
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(list(commands))], capture_output=True,
+                          text=True, timeout=300, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("argv", [["--help"], *([name, "--help"] for name in COMMANDS),
-                                  ["data", "check", "--help"], ["data", "synth", "--help"]])
-def test_help_never_imports_torch(argv: list[str]) -> None:
-    result = _probe(*argv)
-    assert result["code"] == 0 and result["chars"] > 100
-    assert result["heavy"] == [], f"`scalerl {' '.join(argv)}` imported {result['heavy']}"
+HELP = [["--help"], *([name, "--help"] for name in COMMANDS), ["data", "check", "--help"],
+        ["data", "synth", "--help"]]
+
+
+def test_help_never_imports_torch() -> None:
+    for result in _probe(*HELP):
+        assert result["code"] == 0 and result["chars"] > 100, result
+        assert result["heavy"] == [], f"`scalerl {' '.join(result['argv'])}` imported {result['heavy']}"
 
 
 def test_fit_and_compare_never_import_torch(tmp_path: Path) -> None:
     ref = str(reference_csv("scalerl_8b_dense_fig1a"))
-    fit = _probe("fit", ref, "--bootstrap", "20", "--plot", str(tmp_path / "fit.png"))
+    other = str(reference_csv("scalerl_scout_moe_fig1a"))
+    fit, cmp = _probe(["fit", ref, "--bootstrap", "20", "--plot", str(tmp_path / "fit.png")],
+                      ["compare", ref, other, "--bootstrap", "20", "--json"])
     assert fit["code"] == 0 and fit["heavy"] == []
-    cmp = _probe("compare", ref, str(reference_csv("scalerl_scout_moe_fig1a")), "--bootstrap", "20", "--json")
     assert cmp["code"] == 0 and cmp["heavy"] == []
 
 

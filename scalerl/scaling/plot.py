@@ -174,8 +174,9 @@ def _draw_fit(
             shown += [p.obs_lo, p.obs_hi]
         ax.scatter([p.compute], [p.reward], s=170, marker="*", color=color, edgecolors="black",
                    linewidths=0.7, zorder=5)
-        ax.annotate(f"{p.reward:.3f}", (p.compute, p.reward), xytext=(8, -4), textcoords="offset points",
-                    fontsize=FONT["legend"], color=color)
+        ax.annotate(f"{p.reward:.3f}", (p.compute, p.reward), xytext=(9, 6), textcoords="offset points",
+                    fontsize=FONT["legend"], color=color,
+                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85})
         shown.append(p.reward)
     return shown
 
