@@ -6,12 +6,21 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
+# Where torch comes from. By default pip's own configuration decides (on this project's machines
+# that is a local CPU wheel). Elsewhere, PyPI's Linux torch is the CUDA build plus ~20 nvidia-*
+# packages; for the CPU build, name PyTorch's CPU index:
+#   make setup TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# (or a CUDA one, e.g. .../whl/cu128). TORCH_VERSION picks another release of the supported range.
+TORCH_VERSION   ?= 2.13.0
+TORCH_INDEX_URL ?=
+TORCH_PIP_ARGS  := $(if $(strip $(TORCH_INDEX_URL)),--index-url $(strip $(TORCH_INDEX_URL)))
+
 .PHONY: setup demo test test-fast test-vllm lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q torch==$(TORCH_VERSION) $(TORCH_PIP_ARGS)
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 

@@ -1,8 +1,12 @@
 """The `scalerl` command line.
 
-Each subcommand lives beside the code it drives: a module listed in `COMMAND_MODULES` exposes
+Each subcommand lives beside the code it drives: the module named for it in `COMMANDS` exposes
 `register(subparsers)`, which adds its parsers and sets `func(args) -> int` as their default.
 A subcommand is listed here only once it works end to end.
+
+Registration is lazy: only the module of the command being run is imported (the others appear in
+`scalerl --help` by their one-line help from `COMMANDS`), so `scalerl fit`, `scalerl compare` and
+every `--help` start without importing torch or transformers (seconds of CPU on a small machine).
 """
 
 from __future__ import annotations
@@ -14,37 +18,59 @@ from collections.abc import Sequence
 
 from scalerl import __version__
 
-COMMAND_MODULES: tuple[str, ...] = (
-    "scalerl.scaling.cli",
-    "scalerl.recipes.cli",
-    "scalerl.data.cli",
-    "scalerl.training.cli",
-    "scalerl.pipeline.cli",
-    "scalerl.evaluation.cli",
-    "scalerl.studies.ablate",
-    "scalerl.studies.demo",
-)
+#: subcommand -> (the module that registers it, the one-line help of `scalerl --help`).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "fit": ("scalerl.scaling.cli", "fit the ScaleRL sigmoid to runs and predict where they end"),
+    "compare": ("scalerl.scaling.cli", "compare recipes: asymptote, efficiency, crossover, fixed-A refit"),
+    "recipes": ("scalerl.recipes.cli", "list the named recipes, or print one"),
+    "data": ("scalerl.data.cli", "write a synthetic prompt set, or check a prompt file"),
+    "sft": ("scalerl.training.cli", "supervised fine-tuning (warm start before RL)"),
+    "train": ("scalerl.pipeline.cli", "run RL training (recipe + config + overrides)"),
+    "eval": ("scalerl.evaluation.cli", "mean@k / pass@k of a checkpoint or model on held-out prompts"),
+    "ablate": ("scalerl.studies.ablate",
+               "leave-one-out or grid ablation study: run, fit, tabulate (paper Fig. 7)"),
+    "demo": ("scalerl.studies.demo",
+             "train the tiny default, fit the first half, check the predicted final pass rate"),
+}
+COMMAND_MODULES: tuple[str, ...] = tuple(dict.fromkeys(module for module, _ in COMMANDS.values()))
 
 
 class UserError(Exception):
     """An error caused by the user's input; printed without a traceback, exit status 2."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand `argv` runs: its first word that is not an option (top-level options take no
+    value), or None."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for `argv`: the full parser of its command, one-line entries for the others.
+
+    `argv=None` registers every command in full (for tools that walk the whole parser).
+    """
     parser = argparse.ArgumentParser(
         prog="scalerl",
         description="RL post-training on verifiable rewards, with compute-scaling prediction.",
     )
     parser.add_argument("--version", action="version", version=f"scalerl {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(subparsers)
+    wanted = None if argv is None else COMMANDS.get(command_of(argv) or "", (None, ""))[0]
+    for name, (module, help_text) in COMMANDS.items():
+        if name in subparsers.choices:
+            continue  # registered with an earlier command of the same module
+        if argv is None or module == wanted:
+            importlib.import_module(module).register(subparsers)
+        else:
+            subparsers.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(args_in)
+    args = parser.parse_args(args_in)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

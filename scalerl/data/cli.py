@@ -11,9 +11,12 @@ import argparse
 from collections import Counter
 from typing import Any
 
+from scalerl.config import DataConfig
 from scalerl.data.loaders import FORMATS, load_prompts
 from scalerl.data.synthetic import SYNTHETIC_TASKS, write_synthetic_jsonl
 from scalerl.data.tokenize import encode_prompts, resolve_system_prompt
+
+DEFAULT_MAX_PROMPT_TOKENS = DataConfig().max_prompt_tokens
 
 
 def _field_pair(text: str) -> tuple[str, str]:
@@ -52,18 +55,21 @@ def _check(args: argparse.Namespace) -> int:
         print(loaded.rejects.summary())
     tasks = Counter(r.task for r in records)
     print("tasks: " + ", ".join(f"{task} {n}" for task, n in sorted(tasks.items())))
-    if args.max_prompt_tokens is not None:
-        tokenizer = _load_tokenizer(args.tokenizer)
-        system_prompt = resolve_system_prompt(args.think, args.system_prompt)
-        enc = encode_prompts(records, tokenizer, max_prompt_tokens=args.max_prompt_tokens,
-                             system_prompt=system_prompt, on_error=on_error)
-        lengths = sorted(len(ids) for ids in enc.token_ids.values())
+    # Lengths are always checked, as a training run checks them (data.max_prompt_tokens).
+    tokenizer = _load_tokenizer(args.tokenizer)
+    system_prompt = resolve_system_prompt(args.think, args.system_prompt)
+    enc = encode_prompts(records, tokenizer, max_prompt_tokens=args.max_prompt_tokens,
+                         system_prompt=system_prompt, on_error=on_error)
+    lengths = sorted(len(ids) for ids in enc.token_ids.values())
+    if lengths:
         print(
             f"prompt tokens ({args.tokenizer}): min {lengths[0]}, median {lengths[len(lengths) // 2]}, "
             f"max {lengths[-1]}; {len(enc)} fit max_prompt_tokens={args.max_prompt_tokens}"
         )
-        if enc.rejects:
-            print(enc.rejects.summary())
+    else:
+        print(f"prompt tokens ({args.tokenizer}): no prompt fits max_prompt_tokens={args.max_prompt_tokens}")
+    if enc.rejects:
+        print(enc.rejects.summary())
     return 0
 
 
@@ -88,8 +94,9 @@ def register(subparsers: Any) -> None:
     check.add_argument("--split", help="split of a DatasetDict folder, or file-name prefix in a folder")
     check.add_argument("--format", choices=FORMATS, default="auto")
     check.add_argument("--skip", action="store_true", help="skip and count bad rows instead of failing")
-    check.add_argument("--max-prompt-tokens", type=int, metavar="N",
-                       help="also tokenize with the chat template and check prompt lengths")
+    check.add_argument("--max-prompt-tokens", type=int, default=DEFAULT_MAX_PROMPT_TOKENS, metavar="N",
+                       help="longest prompt, chat template included, in tokens of --tokenizer "
+                            f"(default {DEFAULT_MAX_PROMPT_TOKENS}, the default data.max_prompt_tokens)")
     check.add_argument("--tokenizer", default="tiny",
                        help="'tiny' (embedded default) or a local Hugging Face tokenizer folder")
     check.add_argument("--think", action="store_true", help="include the <think> system prompt")

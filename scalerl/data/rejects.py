@@ -82,6 +82,12 @@ def check_on_error(on_error: str) -> OnError:
     return on_error  # type: ignore[return-value]
 
 
+#: How each interface drops-and-counts bad rows instead of failing.
+SKIP_HINT = ("(to drop and count these rows instead: `data.on_bad_row: skip` in a run config or "
+             "`data.on_bad_row=skip` on the command line, `--skip` for `scalerl data check`, "
+             "`on_error='skip'` in Python)")
+
+
 def settle(rejects: RejectLog, on_error: OnError, what: str) -> None:
     """End of a pass over `what`: raise with every bad row listed, or log the skipped ones.
 
@@ -91,5 +97,5 @@ def settle(rejects: RejectLog, on_error: OnError, what: str) -> None:
     if not rejects:
         return
     if on_error == "error":
-        raise DataError(f"{what}: {rejects.summary()}\n(pass on_error='skip' to drop these rows)")
+        raise DataError(f"{what}: {rejects.summary()}\n{SKIP_HINT}")
     logger.warning("%s: skipped %s", what, rejects.summary())

@@ -6,16 +6,60 @@ usable alone: `StalenessController` (the max-lag admission rule), `Generator` (t
 `ThreadedEnginePool` (several engines in this process behind one `Engine`).
 """
 
-from scalerl.pipeline.driver import Components, Driver, RunResult, run_training, success_threshold
-from scalerl.pipeline.dynamic_sampling import DynamicSampling
-from scalerl.pipeline.engine_pool import ThreadedEnginePool
-from scalerl.pipeline.generator import Generator, GeneratorCounters
-from scalerl.pipeline.interfaces import GroupQueue, PromptSource, ReadyGroup, Scorer, Trainer, WeightChannel
-from scalerl.pipeline.local import EngineWeightChannel, LocalGroupQueue
-from scalerl.pipeline.modes import InterleavedBatches, PipelineBatches, RoundBatches
-from scalerl.pipeline.scoring import GroupScorer, ScoredBatch
-from scalerl.pipeline.staleness import StalenessController, StalenessError
-from scalerl.pipeline.stats import IntervalMeter, batch_metrics
+from typing import TYPE_CHECKING
+
+from scalerl._lazy import lazy_exports
+
+# Imported on first use (scalerl/_lazy.py): the command line imports this package's `cli` module
+# without paying for torch.
+_EXPORTS = {
+    "Components": "scalerl.pipeline.driver",
+    "Driver": "scalerl.pipeline.driver",
+    "DynamicSampling": "scalerl.pipeline.dynamic_sampling",
+    "EngineWeightChannel": "scalerl.pipeline.local",
+    "ThreadedEnginePool": "scalerl.pipeline.engine_pool",
+    "Generator": "scalerl.pipeline.generator",
+    "GeneratorCounters": "scalerl.pipeline.generator",
+    "GroupQueue": "scalerl.pipeline.interfaces",
+    "GroupScorer": "scalerl.pipeline.scoring",
+    "InterleavedBatches": "scalerl.pipeline.modes",
+    "IntervalMeter": "scalerl.pipeline.stats",
+    "LocalGroupQueue": "scalerl.pipeline.local",
+    "PipelineBatches": "scalerl.pipeline.modes",
+    "PromptSource": "scalerl.pipeline.interfaces",
+    "ReadyGroup": "scalerl.pipeline.interfaces",
+    "RoundBatches": "scalerl.pipeline.modes",
+    "RunResult": "scalerl.pipeline.driver",
+    "ScoredBatch": "scalerl.pipeline.scoring",
+    "Scorer": "scalerl.pipeline.interfaces",
+    "StalenessController": "scalerl.pipeline.staleness",
+    "StalenessError": "scalerl.pipeline.staleness",
+    "Trainer": "scalerl.pipeline.interfaces",
+    "WeightChannel": "scalerl.pipeline.interfaces",
+    "batch_metrics": "scalerl.pipeline.stats",
+    "run_training": "scalerl.pipeline.driver",
+    "success_threshold": "scalerl.pipeline.driver",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:
+    from scalerl.pipeline.driver import Components, Driver, RunResult, run_training, success_threshold
+    from scalerl.pipeline.dynamic_sampling import DynamicSampling
+    from scalerl.pipeline.engine_pool import ThreadedEnginePool
+    from scalerl.pipeline.generator import Generator, GeneratorCounters
+    from scalerl.pipeline.interfaces import (
+        GroupQueue,
+        PromptSource,
+        ReadyGroup,
+        Scorer,
+        Trainer,
+        WeightChannel,
+    )
+    from scalerl.pipeline.local import EngineWeightChannel, LocalGroupQueue
+    from scalerl.pipeline.modes import InterleavedBatches, PipelineBatches, RoundBatches
+    from scalerl.pipeline.scoring import GroupScorer, ScoredBatch
+    from scalerl.pipeline.staleness import StalenessController, StalenessError
+    from scalerl.pipeline.stats import IntervalMeter, batch_metrics
 
 __all__ = [
     "Components",

@@ -14,6 +14,8 @@ directory receives `config.yaml` (the resolved config), `metrics.jsonl`, `heldou
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -68,7 +70,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--data", metavar="PATH", help="prompt file or folder (default: the synthetic math task)")
     p.add_argument("--seed", type=int)
     p.add_argument("--name", help="run name (labels in plots and tables)")
-    p.add_argument("--max-time-s", type=float, metavar="S", help="stop after this much wall-clock time")
+    p.add_argument("--max-time-s", "--max-time", dest="max_time_s", type=float, metavar="S",
+                   help="also stop after S seconds of wall clock (default: no limit; --max-steps, "
+                        "default 100, still applies)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda if available)")
     p.add_argument("--resume", nargs="?", const="latest", metavar="CHECKPOINT",
                    help="continue from a checkpoint (default: the run directory's latest)")
@@ -125,20 +129,32 @@ def prepare_model(cfg: RunConfig) -> RunConfig:
     """The embedded default: replace 'no model' by the cached SFT warm start of the tiny model."""
     if cfg.model.name_or_path is not None:
         return cfg
-    from scalerl.training.sft import warm_start_default
+    from scalerl.training.sft import SFTConfig, progress_printer, warm_start_default
 
-    print("warm start: SFT of the tiny model on synthetic reasoning traces (cached after the first run)",
-          file=sys.stderr, flush=True)
-    path = warm_start_default(cfg)
+    sft = SFTConfig(seed=cfg.seed)
+    print(f"warm start: SFT of the tiny model on synthetic reasoning traces ({sft.steps} steps the first "
+          "time, then cached)", file=sys.stderr, flush=True)
+    path = warm_start_default(cfg, sft, on_step=progress_printer(sft.steps, prefix="warm start"))
     print(f"warm start: {path}", file=sys.stderr, flush=True)
     out = cfg.model_copy(deep=True)
     out.model.name_or_path = str(path)
     return out
 
 
+def default_name(cfg: RunConfig) -> RunConfig:
+    """A run not named by the user is named after its output directory (plot and table labels)."""
+    if "name" in cfg.model_fields_set:
+        return cfg
+    out = cfg.model_copy(deep=True)
+    out.name = Path(cfg.output_dir).name or cfg.name
+    return out
+
+
 def run_train(args: argparse.Namespace) -> int:
+    from scalerl.inputs import check_run_inputs
+
     overrides = [*flag_overrides(args), *args.overrides]
-    probe = resolve_run_config(args.recipe, args.config, overrides)
+    probe = default_name(resolve_run_config(args.recipe, args.config, overrides))
     from scalerl.rollout.factory import check_engine_available  # torch: imported only when running
 
     check_engine_available(probe.generation.engine)
@@ -147,30 +163,63 @@ def run_train(args: argparse.Namespace) -> int:
     if args.resume is not None:
         resume = _resume_checkpoint(args.resume, run_dir)
         cfg = resolve_run_config(args.recipe, args.config, overrides, resume_dir=run_dir)
+        check_run_inputs(cfg)
+        finished = _finished_step(resume, cfg)
+        if finished is not None:
+            print(f"train: {run_dir} already finished at step {finished} (max_steps {cfg.max_steps}); "
+                  "nothing to resume (raise max_steps to train further)", file=sys.stderr)
+            return 0
     else:
         if (run_dir / METRICS_FILE).exists():
             raise ValueError(
                 f"output_dir: {run_dir} already holds a run ({METRICS_FILE}); pass --resume to continue it "
                 f"or choose another --output-dir"
             )
+        check_run_inputs(probe)  # before the warm start and before anything is written
         cfg = prepare_model(probe)
     return train_run(cfg, run_dir, resume=resume, device=args.device)
 
 
-def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, device: str | None = None) -> int:
-    from scalerl.pipeline.assemble import train
+def _finished_step(checkpoint: Path, cfg: RunConfig) -> int | None:
+    """The checkpoint's step if it already reached `max_steps` (a finished run), else None."""
+    from scalerl.training.checkpoint import checkpoint_step
 
+    step = checkpoint_step(checkpoint)
+    return step if step is not None and step >= cfg.max_steps else None
+
+
+def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, device: str | None = None) -> int:
+    from scalerl.model_identity import START_MODEL_FILE, model_identity
+    from scalerl.pipeline.assemble import train
+    from scalerl.training.threads import run_threads
+
+    fresh = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     if resume is None:
         write_atomic(run_dir / CONFIG_FILE, config_to_yaml(cfg))
+        identity = model_identity(cfg.model.name_or_path, cfg.model.tiny.model_dump())
+        write_atomic(run_dir / START_MODEL_FILE, json.dumps(identity, indent=2) + "\n")
     print(f"train: {cfg.name} (recipe {cfg.recipe}, {cfg.pipeline.off_policy} k={cfg.pipeline.k}, "
           f"{cfg.algorithm.loss_type}/{cfg.algorithm.aggregation}/{cfg.algorithm.adv_norm}) -> {run_dir}"
           + (f", resuming from {resume}" if resume else ""), file=sys.stderr, flush=True)
-    result = train(cfg, run_dir, resume=resume, device=device)
+    try:
+        with run_threads(cfg.model, device) as threads:
+            if threads is not None:
+                print(f"train: {threads} CPU thread(s) for torch (scalerl/training/threads.py)",
+                      file=sys.stderr, flush=True)
+            result = train(cfg, run_dir, resume=resume, device=device)
+    except BaseException:
+        # A run that failed before its first logged row leaves no directory behind.
+        if fresh and not (run_dir / METRICS_FILE).exists():
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     summary = ", ".join(
         f"{k} {result.last_eval[k]:.3f}" for k in ("val_pass_rate", "val_pass_at_k") if k in result.last_eval
     )
     print(f"train: stopped after step {result.steps} ({result.stop_reason}); max version lag "
           f"{result.max_version_lag}" + (f"; last eval: {summary}" if summary else ""), file=sys.stderr)
-    print(f"train: fit its curve with `scalerl fit {run_dir}`", file=sys.stderr)
+    if result.stop_reason == "max_steps" and cfg.max_time_s is not None:
+        print(f"train: max_steps={cfg.max_steps} was reached before max_time_s={cfg.max_time_s:g}; raise "
+              "--max-steps to train for the whole time", file=sys.stderr)
+    print(f"train: fit its curve with `scalerl fit {run_dir} --x flops`", file=sys.stderr)
     return 0

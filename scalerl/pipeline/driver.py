@@ -118,6 +118,8 @@ class Driver:
         self.clock = clock
         self.step = int(start_step)
         self.evaluated_at: int | None = None
+        # The largest version lag of the run's earlier sessions (restored on resume).
+        self.prior_max_lag = 0
         self.batch_size = pipe.prompts_per_step
         self.queue = c.queue if c.queue is not None else LocalGroupQueue()
         self.channel = c.channel if c.channel is not None else EngineWeightChannel(c.engine)
@@ -173,6 +175,7 @@ class Driver:
             "meter": self.c.meter.state_dict() if self.c.meter is not None else None,
             # The metrics log kept this step's eval row (if any): a resume must not log it twice.
             "evaluated_at": self.evaluated_at,
+            "max_version_lag": max(self.prior_max_lag, self.controller.max_observed_lag),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -180,6 +183,7 @@ class Driver:
             raise ValueError(f"pipeline state: expected version {STATE_VERSION}, got {state.get('version')}")
         self.step = int(state["step"])
         self.evaluated_at = state.get("evaluated_at")
+        self.prior_max_lag = int(state.get("max_version_lag", 0))
         self.generator.load_state_dict(dict(state["generator"]))
         if self.c.meter is not None and state.get("meter") is not None:
             self.c.meter.load_state_dict(state["meter"])
@@ -220,7 +224,8 @@ class Driver:
         cfg = self.config
         deadline = None if cfg.max_time_s is None else self.clock() + cfg.max_time_s
         result = RunResult(steps=self.step, stop_reason="max_steps")
-        saved_at: int | None = None
+        # A resumed run's starting step is already checkpointed: saving it again would rewrite it.
+        saved_at: int | None = self.step if self.step > 0 else None
         # The meter starts before the generator so that every generated token lands in some step's
         # row (and in the compute totals), including those generated during the first evaluation.
         interval = IntervalMeter(self.generator, tick_idle=self.interleaved)
@@ -259,7 +264,7 @@ class Driver:
             self.batches.close()
             self.group_scorer.close()
         result.steps = self.step
-        result.max_version_lag = self.controller.max_observed_lag
+        result.max_version_lag = max(self.prior_max_lag, self.controller.max_observed_lag)
         result.counters = self.generator.counters.as_dict()
         return result
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scalerl.scaling.compare import extrapolation_caveat
 from scalerl.scaling.downsample import record_breaking
 from scalerl.scaling.io import Curve, window_mask
 from scalerl.scaling.power_law import PowerLawFit, fit_power_law
@@ -39,6 +40,20 @@ class FitOptions:
     downsample_bins: int | None = None
     predict_at: tuple[float, ...] = ()
     power_law: bool = False
+    # Fit only x <= this fraction of each run's last x (e.g. 0.5: the first half, the rest held out).
+    max_x_fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        f = self.max_x_fraction
+        if f is not None and not 0 < f <= 1:
+            raise ValueError(f"--fit-fraction must be in (0, 1], got {f}")
+
+    def window_end(self, curve: Curve) -> float | None:
+        """The largest x this curve's fit may use (``max_x`` and ``max_x_fraction`` together)."""
+        ends = [e for e in (self.max_x,) if e is not None]
+        if self.max_x_fraction is not None and curve.x.size:
+            ends.append(self.max_x_fraction * float(curve.x[-1]))
+        return min(ends) if ends else None
 
 
 @dataclass(frozen=True)
@@ -51,6 +66,7 @@ class Prediction:
     hi: float | None = None
     obs_lo: float | None = None
     obs_hi: float | None = None
+    caveat: str | None = None  # set when the compute is far beyond the fitted data
 
 
 @dataclass(frozen=True)
@@ -97,12 +113,15 @@ def _predict(fit: SigmoidFit, boot: Bootstrap | None, at: Sequence[float]) -> tu
     if np.any(~np.isfinite(c)) or np.any(c < 0):
         raise ValueError("--predict-at values must be finite and >= 0")
     pred = fit.predict(c)
+    caveats = [extrapolation_caveat("prediction", fit, float(x)) for x in c]
     if boot is None:
-        return tuple(Prediction(float(x), float(p)) for x, p in zip(c, pred, strict=True))
+        return tuple(Prediction(float(x), float(p), caveat=w)
+                     for x, p, w in zip(c, pred, caveats, strict=True))
     lo, hi = boot.band(c)
     olo, ohi = boot.band(c, observation=True)
     return tuple(
-        Prediction(float(c[i]), float(pred[i]), float(lo[i]), float(hi[i]), float(olo[i]), float(ohi[i]))
+        Prediction(float(c[i]), float(pred[i]), float(lo[i]), float(hi[i]), float(olo[i]), float(ohi[i]),
+                   caveats[i])
         for i in range(c.size)
     )
 
@@ -123,13 +142,14 @@ def _held_out(fit: SigmoidFit, boot: Bootstrap | None) -> HeldOut | None:
 
 def analyze_curve(curve: Curve, opts: FitOptions) -> RunAnalysis:
     """Fit and assess one curve; a ``ValueError`` is re-raised with the run's label and source."""
+    max_x = opts.window_end(curve)
     try:
         fit = fit_sigmoid(
             curve.x,
             curve.y,
             r0=opts.r0,
             min_compute=opts.min_x,
-            max_compute=opts.max_x,
+            max_compute=max_x,
             method=opts.method,
             include=include_mask(curve, opts),
             a_max=opts.a_max,
@@ -148,7 +168,7 @@ def analyze_curve(curve: Curve, opts: FitOptions) -> RunAnalysis:
                 curve.y,
                 a_max=fit.bounds[0][1],
                 min_compute=opts.min_x,
-                max_compute=opts.max_x,
+                max_compute=max_x,
                 include=include_mask(curve, opts),
             )
         predictions = _predict(fit, boot, opts.predict_at)

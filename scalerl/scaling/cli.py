@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
+from scalerl.model_identity import identity_key
 from scalerl.scaling.analysis import FitOptions, RunAnalysis, analyze_curve
 from scalerl.scaling.compare import compare
-from scalerl.scaling.io import DEFAULT_X, DEFAULT_Y, read_many
+from scalerl.scaling.io import DEFAULT_X, DEFAULT_Y, Curve, read_many
 from scalerl.scaling.report import comparison_to_dict, jsonable, render_comparison, render_fit, run_to_dict
 
 
@@ -46,6 +48,12 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--max-x", type=float, metavar="X", help="fit only points with x <= X (later points are held out)"
+    )
+    g.add_argument(
+        "--fit-fraction",
+        type=float,
+        metavar="F",
+        help="fit only points with x <= F x the run's last x (0.5: the first half; the rest is held out)",
     )
     g.add_argument("--min-step", type=float, metavar="S", help="fit only points with step >= S")
     g.add_argument("--max-step", type=float, metavar="S", help="fit only points with step <= S")
@@ -118,6 +126,7 @@ def _options(
         downsample_bins=args.downsample,
         predict_at=predict_at,
         power_law=power_law,
+        max_x_fraction=args.fit_fraction,
     )
 
 
@@ -126,6 +135,26 @@ def _analyze(args: argparse.Namespace, opts: FitOptions) -> list[RunAnalysis]:
         raise ValueError(f"--block must be >= 1, got {args.block}")
     curves = read_many(args.paths, x=args.x, y=args.y)
     return [analyze_curve(c, opts) for c in curves]
+
+
+def _is_run_dir(curve: Curve) -> bool:
+    return Path(curve.source).name == "metrics.jsonl"
+
+
+def axis_notes(analyses: list[RunAnalysis]) -> list[str]:
+    """A note when the x axis is wall-clock based (it moves with the machine and its load)."""
+    timed = [a.curve.label for a in analyses if a.curve.x_name == DEFAULT_X and _is_run_dir(a.curve)]
+    if not timed:
+        return []
+    return [f"note: x = {DEFAULT_X} ({', '.join(timed)}) is wall-clock time x devices: it changes with the "
+            "machine and its load, so reruns and other machines do not line up; --x flops counts the work "
+            "done and is reproducible"]
+
+
+def start_models(analyses: list[RunAnalysis]) -> dict[str, str | None]:
+    """Label -> starting-model key of every scalerl run directory (None: not recorded)."""
+    return {a.curve.label: identity_key(a.curve.start_model) if a.curve.start_model else None
+            for a in analyses if _is_run_dir(a.curve)}
 
 
 def _axis_labels(analyses: list[RunAnalysis]) -> tuple[str, str]:
@@ -151,23 +180,40 @@ def run_fit(args: argparse.Namespace) -> int:
         )
     else:
         text = render_fit(analyses, args.level, args.bootstrap, args.seed)
+        notes = axis_notes(analyses)
+        if notes:
+            text += "\n\n" + "\n".join(notes)
     if args.plot:
         from scalerl.scaling.plot import FitPlotItem, plot_fits
 
         x_label, y_label = _axis_labels(analyses)
         extend = max([*(args.predict_at or ()), *(1.5 * float(a.fit.compute.max()) for a in analyses)])
         plot_fits(
-            [FitPlotItem(a.curve.label, a.fit, a.boot) for a in analyses],
+            [FitPlotItem(a.curve.label, a.fit, a.boot, a.power_law, a.predictions) for a in analyses],
             args.plot,
             x_label=x_label,
             y_label=y_label,
-            extend_to=extend,
+            title=_fit_title(analyses),
+            extend_to=1.15 * extend,
             level=args.level,
         )
         if not args.json:
             text += f"\n\nplot written to {args.plot}"
     sys.stdout.write(text + "\n")
     return 0
+
+
+def _fit_title(analyses: list[RunAnalysis]) -> str:
+    names = ", ".join(a.curve.label for a in analyses[:3]) + (" ..." if len(analyses) > 3 else "")
+    ends = {float(a.fit.fit_compute.max()) for a in analyses}
+    held = any(a.held_out is not None for a in analyses)
+    title = f"sigmoid fit: {names}"
+    if len(ends) == 1 and held:
+        title += f", fitted up to {next(iter(ends)):.3g}"
+    if len(analyses) == 1 and analyses[0].predictions:
+        preds = analyses[0].predictions
+        title += "; predicted " + ", ".join(f"{p.reward:.3f} at {p.compute:.3g}" for p in preds)
+    return title
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -186,12 +232,16 @@ def run_compare(args: argparse.Namespace) -> int:
         recipes={a.curve.label: a.curve.recipe for a in analyses if a.curve.recipe},
         fixed_A=args.fixed_a,
         seed=args.seed,
+        start_models=start_models(analyses),
     )
     if args.json:
         text = json.dumps(comparison_to_dict(cmp, analyses), indent=2, allow_nan=False)
     else:
         fits_text = render_fit(analyses, args.level, args.bootstrap, args.seed, details=False)
         text = fits_text + "\n\n" + render_comparison(cmp, args.level)
+        notes = axis_notes(analyses)
+        if notes:
+            text += "\n\n" + "\n".join(notes)
     if args.plot:
         from scalerl.scaling.plot import FitPlotItem, plot_comparison
 

@@ -9,6 +9,16 @@
   is really ahead of the runner-up (pairing bootstrap replicates of the two at random).
 * Crossover (paper Fig. 13b): the compute at which a slower recipe with a higher asymptote
   overtakes a faster one, with a bootstrap interval.
+* Verdicts are honest: "a has the higher A" (or B) needs both recipes' fits to be *identifiable*
+  (every seed's data reaches ``IDENTIFIABLE_SPAN`` x C_mid, A and B off their bounds, the reward
+  rising, no systematic misfit) *and* the difference to exceed the combined margin; otherwise the
+  verdict is ``undetermined``, with the reasons. A fit whose data stops before its midpoint can
+  put A anywhere along a flat valley (often on its bound of 1), and a difference of two such A's is
+  not a measurement.
+* Predictions (who is ahead) more than ``EXTRAPOLATION_LIMIT`` x beyond a recipe's fitted data,
+  and those of flagged fits, carry caveats.
+* Starting models: runs that started from different weights (``start_model.json`` of a scalerl
+  run) compare the recipes *and* their starting points; the comparison says so.
 * Fixed-A refit (paper Sec. 4 / Fig. 7): refit every run with A fixed to the mean A of all runs,
   so the remaining difference sits in B; ``efficiency_transform`` linearises a curve for that
   plot: ``F(R) = C_mid^B / ((A - R0) / (R - R0) - 1)`` equals ``C^B`` on the sigmoid, so
@@ -20,16 +30,22 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.optimize import brentq
 from scipy.special import expit
 
+from scalerl.scaling.diagnostics import IDENTIFIABLE_SPAN
 from scalerl.scaling.forms import log_compute
 from scalerl.scaling.sigmoid import SigmoidFit, fit_sigmoid
 from scalerl.scaling.uncertainty import Bootstrap, SeedSpread, seed_spread
+
+#: Predictions further than this multiple of a run's largest fitted compute carry a caveat. The
+#: paper's extrapolations (fit to 50k GPU-h, predict 100k) and the demo's (fit the first half)
+#: reach 2x, a little more when the last fitted point falls short of the window's end.
+EXTRAPOLATION_LIMIT = 2.5
 
 _SEED_SUFFIX = re.compile(r"[-_.](?:seed|s)[-_=]?\d+$", re.IGNORECASE)
 
@@ -126,6 +142,27 @@ def make_recipe(
     )
 
 
+def undetermined_reasons(recipe: Recipe, parameter: str) -> tuple[str, ...]:
+    """Why ``recipe``'s ``parameter`` ("A" or "B") cannot carry a verdict (empty: it can)."""
+    reasons: list[str] = []
+    for label, f in zip(recipe.labels, recipe.fits, strict=True):
+        d = f.diagnostics
+        if not d.increasing:
+            reasons.append(f"{label}: the reward does not clearly rise in the fit window")
+        if d.misfit:
+            reasons.append(f"{label}: systematic misfit (the curve is not sigmoid-shaped)")
+        if not d.identifiable and not f.A_fixed:
+            reasons.append(f"{label}: data stops at {d.C_max_over_C_mid:.2f}x C_mid "
+                           f"(A needs >= {IDENTIFIABLE_SPAN:g}x)")
+        if d.A_at_bound and not f.A_fixed:
+            reasons.append(f"{label}: A = {f.A:.4g} is on its bound")
+        if parameter == "B" and d.B_at_bound:
+            reasons.append(f"{label}: B is on its search bound")
+        if d.C_mid_at_bound:
+            reasons.append(f"{label}: C_mid is on its search bound")
+    return tuple(reasons)
+
+
 def crossovers(
     f: Recipe | SigmoidFit, g: Recipe | SigmoidFit, lo: float, hi: float, n: int = 2000
 ) -> list[float]:
@@ -182,6 +219,27 @@ class PairVerdict:
     crossovers: tuple[float, ...]
     crossover_interval: tuple[float, float] | None
     crossover_fraction: float | None
+    A_undetermined: tuple[str, ...] = ()
+    B_undetermined: tuple[str, ...] = ()
+
+    def verdict(self, parameter: str) -> str:
+        """``"a_higher"`` / ``"b_higher"`` (beyond the margin, both fits identifiable),
+        ``"within_margin"``, or ``"undetermined"`` (see ``undetermined_reasons``)."""
+        diff, differs, why = (
+            (self.A_diff, self.A_differs, self.A_undetermined)
+            if parameter == "A"
+            else (self.B_diff, self.B_differs, self.B_undetermined)
+        )
+        if why:
+            return "undetermined"
+        if not differs:
+            return "within_margin"
+        return "a_higher" if diff > 0 else "b_higher"
+
+    def leader(self, parameter: str) -> str | None:
+        """The recipe with the higher ``parameter``, when the verdict names one."""
+        v = self.verdict(parameter)
+        return self.a if v == "a_higher" else self.b if v == "b_higher" else None
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -190,9 +248,15 @@ class PairVerdict:
             "A_diff": self.A_diff,
             "A_margin": self.A_margin,
             "A_differs": self.A_differs,
+            "A_verdict": self.verdict("A"),
+            "A_higher": self.leader("A"),
+            "A_undetermined_because": list(self.A_undetermined),
             "B_diff": self.B_diff,
             "B_margin": self.B_margin,
             "B_differs": self.B_differs,
+            "B_verdict": self.verdict("B"),
+            "B_higher": self.leader("B"),
+            "B_undetermined_because": list(self.B_undetermined),
             "crossovers": list(self.crossovers),
             "crossover_interval": None if self.crossover_interval is None else list(self.crossover_interval),
             "crossover_fraction": self.crossover_fraction,
@@ -217,18 +281,22 @@ def compare_pair(a: Recipe, b: Recipe, lo: float, hi: float, seed: int = 0) -> P
             q = a.boots[0].level
             lo_q, hi_q = np.quantile(crossed, [(1 - q) / 2, (1 + q) / 2])
             interval = (float(lo_q), float(hi_q))
+    why_A = undetermined_reasons(a, "A") + undetermined_reasons(b, "A")
+    why_B = undetermined_reasons(a, "B") + undetermined_reasons(b, "B")
     return PairVerdict(
         a=a.name,
         b=b.name,
         A_diff=dA,
         A_margin=mA,
-        A_differs=abs(dA) > mA,
+        A_differs=abs(dA) > mA and not why_A,
         B_diff=dB,
         B_margin=mB,
-        B_differs=abs(dB) > mB,
+        B_differs=abs(dB) > mB and not why_B,
         crossovers=tuple(roots),
         crossover_interval=interval,
         crossover_fraction=fraction,
+        A_undetermined=why_A,
+        B_undetermined=why_B,
     )
 
 
@@ -239,6 +307,7 @@ class Standing:
     compute: float
     ranking: tuple[tuple[str, float, float | None, float | None], ...]
     p_ahead: float | None
+    caveats: tuple[str, ...] = ()
 
     @property
     def leader(self) -> str:
@@ -249,6 +318,7 @@ class Standing:
             "compute": self.compute,
             "leader": self.leader,
             "p_ahead": self.p_ahead,
+            "caveats": list(self.caveats),
             "ranking": [{"recipe": n, "reward": r, "lo": lo, "hi": hi} for n, r, lo, hi in self.ranking],
         }
 
@@ -272,7 +342,31 @@ def standing_at(recipes: Sequence[Recipe], compute: float, level: float = 0.95, 
         x, y = curves[rows[0][0]], curves[rows[1][0]]
         k = max(x.size, y.size)
         p_ahead = float(np.mean(x[rng.integers(0, x.size, k)] > y[rng.integers(0, y.size, k)]))
-    return Standing(compute=float(compute), ranking=tuple(rows), p_ahead=p_ahead)
+    return Standing(compute=float(compute), ranking=tuple(rows), p_ahead=p_ahead,
+                    caveats=prediction_caveats(recipes, compute))
+
+
+def extrapolation_caveat(label: str, fit: SigmoidFit, compute: float) -> str | None:
+    """A sentence when ``compute`` is more than ``EXTRAPOLATION_LIMIT`` x beyond ``fit``'s data."""
+    top = float(fit.fit_compute.max())
+    if top > 0 and compute > EXTRAPOLATION_LIMIT * top:
+        return (f"{label}: {compute / top:.1f}x beyond its fitted data (up to {top:.4g}); "
+                f"extrapolations past ~{EXTRAPOLATION_LIMIT:g}x are untested")
+    return None
+
+
+def prediction_caveats(recipes: Sequence[Recipe], compute: float) -> tuple[str, ...]:
+    """Caveats on predictions at ``compute``: far extrapolations and flagged fits."""
+    out = []
+    for r in recipes:
+        for label, f in zip(r.labels, r.fits, strict=True):
+            far = extrapolation_caveat(label, f, compute)
+            if far:
+                out.append(far)
+            if not f.diagnostics.reliable:
+                out.append(f"{label}: its fit is flagged ({len(f.diagnostics.warnings)} warning(s)); "
+                           "its band understates the uncertainty")
+    return tuple(out)
 
 
 @dataclass(frozen=True, eq=False)
@@ -339,6 +433,16 @@ class Comparison:
     standings: tuple[Standing, ...]
     A_fixed_refit: FixedARefit | None
     B_at_fixed_A: Mapping[str, float]
+    start_models: Mapping[str, str | None] = field(default_factory=dict)
+
+    @property
+    def same_start_model(self) -> bool | None:
+        """True when every run recorded the same starting model, False when they differ, None when
+        some run did not record one (then nothing is known)."""
+        keys = list(self.start_models.values())
+        if not keys or any(k is None for k in keys):
+            return None
+        return len(set(keys)) == 1
 
 
 def compare(
@@ -352,13 +456,15 @@ def compare(
     fixed_A: float | None = None,
     refit_fixed_A: bool = True,
     seed: int = 0,
+    start_models: Mapping[str, str | None] | None = None,
 ) -> Comparison:
     """Compare runs (labels -> fits): group seeds into recipes, then pairs, standings, fixed-A refit.
 
     ``at`` defaults to the largest compute any run reached. Crossovers are searched from the
     smallest fitted compute to 100x the largest. A run's recipe is ``recipes[label]`` when given
     (e.g. from config.yaml), else its label without a seed tag (``recipe_name``); with
-    ``group_seeds=False`` every run is its own recipe.
+    ``group_seeds=False`` every run is its own recipe. ``start_models`` maps labels to a key of
+    the model each run started from (``scalerl.model_identity.identity_key``; None: unknown).
     """
     if len(fits) < 1:
         raise ValueError("nothing to compare")
@@ -395,4 +501,5 @@ def compare(
         standings=standings,
         A_fixed_refit=refit,
         B_at_fixed_A=refit.recipe_B(grouped) if refit is not None else {},
+        start_models=dict(start_models or {}),
     )

@@ -144,7 +144,8 @@ def build_diagnostics(
             )
         else:
             notes.append(f"A = {A:.4g} sits on its lower bound R0: no growth to model")
-    if A_at_grid_edge and not A_fixed:
+    if A_at_grid_edge and not A_fixed and not A_at_bound:
+        # (On its bound the grid's edge is the bound itself: widening cannot help.)
         notes.append("the best A is at the edge of the A grid; widen the grid")
     if C_mid_at_grid_edge:
         notes.append("the best C_mid is at the edge of the C_mid grid; widen the grid")

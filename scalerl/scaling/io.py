@@ -12,8 +12,9 @@ formats:
 Formats:
 
 * ``RUN_DIR/`` -- a scalerl run: ``metrics.jsonl`` (rows with ``"kind": "eval"`` carry
-  ``compute_device_hours`` and ``val_pass_rate``); ``config.yaml`` names the run (``name``) and
-  may say which recipe it is a seed of (``recipe``).
+  ``compute_device_hours`` and ``val_pass_rate``); ``config.yaml`` names the run (``name``; the
+  folder's name when it is the default ``run``) and may say which recipe it is a seed of
+  (``recipe``); ``start_model.json`` identifies the model it started from.
 * ``*.jsonl`` / ``*.ndjson`` -- one JSON object per line, same rules.
 * ``*.csv`` -- a header row (``#`` comment lines before it are skipped); if it has a ``run``
   column the file holds several runs, split by it.
@@ -58,6 +59,8 @@ class Curve:
     lines: NDArray[np.int64]
     extra: dict[str, NDArray[np.float64]] = field(default_factory=dict)
     recipe: str | None = None  # ``recipe`` from a run's config.yaml: groups seeds in comparisons
+    # The model a scalerl run started from (its ``start_model.json``), None when not recorded.
+    start_model: dict[str, object] | None = None
 
     def where(self, i: int) -> str:
         """``file:line`` of point ``i``."""
@@ -215,7 +218,11 @@ def _run_identity(run_dir: Path) -> tuple[str, str | None]:
         value = data.get(key)
         return value.strip() if isinstance(value, str) and value.strip() else None
 
-    return text("name") or run_dir.resolve().name, text("recipe")
+    name = text("name")
+    # "run" is RunConfig's default name: runs that never chose one are told apart by their folder.
+    if name in (None, "run"):
+        name = run_dir.resolve().name
+    return name, text("recipe")
 
 
 def read_run_dir(path: str | Path, x: str | None = None, y: str | None = None) -> Curve:
@@ -225,7 +232,19 @@ def read_run_dir(path: str | Path, x: str | None = None, y: str | None = None) -
     if not log.is_file():
         raise FileNotFoundError(f"{d}: not a scalerl run directory (no metrics.jsonl)")
     name, recipe = _run_identity(d)
-    return replace(read_jsonl(log, x, y, label=name), recipe=recipe)
+    return replace(read_jsonl(log, x, y, label=name), recipe=recipe, start_model=_start_model(d))
+
+
+START_MODEL_FILE = "start_model.json"  # written by `scalerl train` (scalerl/model_identity.py)
+
+
+def _start_model(run_dir: Path) -> dict[str, object] | None:
+    p = run_dir / START_MODEL_FILE
+    try:
+        data = json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _csv_rows(path: Path) -> tuple[list[str], list[tuple[int, list[str]]]]:

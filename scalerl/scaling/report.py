@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from scalerl.scaling.analysis import RunAnalysis
-from scalerl.scaling.compare import Comparison
+from scalerl.scaling.compare import Comparison, PairVerdict
 
 MODEL = "R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)"
 
@@ -149,6 +149,8 @@ def _run_details(a: RunAnalysis) -> list[str]:
             else f"  curve {interval(p.lo, p.hi)}, new evaluation {interval(p.obs_lo, p.obs_hi)}"
         )
         lines.append(f"  predicted at {num(p.compute)}: {num(p.reward)}{band}")
+        if p.caveat:
+            lines.append(f"    caveat: {p.caveat}")
     if a.power_law is not None:
         w = a.power_law
         bound = f" (ON THE BOUND a_max = {num(w.a_max)})" if w.A_at_bound else ""
@@ -191,6 +193,8 @@ def comparison_to_dict(cmp: Comparison, analyses: Sequence[RunAnalysis]) -> dict
         "runs": [run_to_dict(a) for a in analyses],
         "recipes": recipes,
         "pairs": [p.to_dict() for p in cmp.pairs],
+        "start_models": dict(cmp.start_models),
+        "same_start_model": cmp.same_start_model,
         "standings": [s.to_dict() for s in cmp.standings],
         "fixed_A_refit": None
         if cmp.A_fixed_refit is None
@@ -203,6 +207,37 @@ def comparison_to_dict(cmp: Comparison, analyses: Sequence[RunAnalysis]) -> dict
         },
     }
     return jsonable(out)  # type: ignore[return-value]
+
+
+_VERDICT_TEXT = {
+    "A": ("has the higher asymptote", "asymptotes within margin"),
+    "B": ("has the higher B (steeper in log compute)", "B within margin"),
+}
+
+
+def _verdict_text(p: PairVerdict, param: str) -> str:
+    v = p.verdict(param)
+    higher, within = _VERDICT_TEXT[param]
+    if v == "undetermined":
+        return "undetermined (why: below)"
+    return within if v == "within_margin" else f"{p.leader(param)} {higher}"
+
+
+def start_model_lines(cmp: Comparison) -> list[str]:
+    """A warning (and a blank line) when the runs started from different or unrecorded models."""
+    same = cmp.same_start_model
+    if same is True or not cmp.start_models:
+        return []
+    if same is False:
+        groups: dict[str, list[str]] = {}
+        for label, key in cmp.start_models.items():
+            groups.setdefault(str(key), []).append(label)
+        listing = "; ".join(f"{', '.join(labels)} from {key}" for key, labels in groups.items())
+        return [f"WARNING: the runs started from different models ({listing}): differences below mix the "
+                "recipes with their starting points", ""]
+    unknown = [label for label, key in cmp.start_models.items() if key is None]
+    return [f"note: {', '.join(unknown)} did not record a starting model (start_model.json); "
+            "that all runs started from the same weights is not checked", ""]
 
 
 def render_comparison(cmp: Comparison, level: float) -> str:
@@ -225,7 +260,8 @@ def render_comparison(cmp: Comparison, level: float) -> str:
             ]
         )
     fixed_head = "B @ fixed A" if cmp.A_fixed_refit is None else f"B @ A={cmp.A_fixed_refit.A:.3g}"
-    parts = [
+    parts = [*start_model_lines(cmp)]
+    parts += [
         f"recipes ({level:.0%} intervals; "
         "margin = max(seed-to-seed spread, bootstrap half-width, --margin-*))",
         "",
@@ -243,23 +279,19 @@ def render_comparison(cmp: Comparison, level: float) -> str:
     if cmp.pairs:
         parts += [
             "",
-            "pairwise (a - b; 'differs' when |difference| > the combined margin sqrt(m_a^2 + m_b^2))",
+            "pairwise (a - b; a verdict needs both fits identifiable and |difference| > the combined "
+            "margin sqrt(m_a^2 + m_b^2))",
         ]
         for p in cmp.pairs:
-            a_verdict = (
-                f"{p.a if p.A_diff > 0 else p.b} has the higher asymptote"
-                if p.A_differs
-                else "asymptotes within margin"
-            )
-            b_verdict = (
-                f"{p.a if p.B_diff > 0 else p.b} has the higher B (steeper in log compute)"
-                if p.B_differs
-                else "B within margin"
-            )
             parts.append(
-                f"  {p.a} vs {p.b}: dA = {p.A_diff:+.4f} (margin {num(p.A_margin, 2)}): {a_verdict}; "
-                f"dB = {p.B_diff:+.3f} (margin {num(p.B_margin, 2)}): {b_verdict}"
+                f"  {p.a} vs {p.b}: dA = {p.A_diff:+.4f} (margin {num(p.A_margin, 2)}): "
+                f"{_verdict_text(p, 'A')}; dB = {p.B_diff:+.3f} (margin {num(p.B_margin, 2)}): "
+                f"{_verdict_text(p, 'B')}"
             )
+            why = dict.fromkeys([*p.A_undetermined, *p.B_undetermined])
+            if why:
+                which = " and ".join(k for k, r in (("A", p.A_undetermined), ("B", p.B_undetermined)) if r)
+                parts.append(f"    {which} undetermined: " + "; ".join(why))
             if p.crossovers:
                 where = ", ".join(num(c) for c in p.crossovers)
                 extra = ""
@@ -280,6 +312,7 @@ def render_comparison(cmp: Comparison, level: float) -> str:
             parts.append(f"  {name:<24} {num(reward)} {interval(lo, hi)}".rstrip())
         if s.p_ahead is not None:
             parts.append(f"  P({s.ranking[0][0]} ahead of {s.ranking[1][0]}) = {s.p_ahead:.2f}")
+        parts.extend(f"  caveat: {c}" for c in s.caveats)
     if cmp.A_fixed_refit is not None:
         if any(p.A_differs for p in cmp.pairs):
             parts += [

@@ -1,9 +1,9 @@
 """`scalerl demo`: train the embedded default, fit its curve on the first half, check the prediction.
 
-    scalerl demo                        # about 10 minutes on 2 CPU cores (the README's first command)
+    scalerl demo                        # the README's first command (its time is measured there)
     scalerl demo --quick                # a smoke test: a few steps, just enough points to fit
     scalerl demo --seed 1 --output-dir runs/demo-s1
-    scalerl demo max_steps=300 --max-time 600
+    scalerl demo max_steps=300 --max-time 900
 
 The demo warm-starts the tiny model (cached after the first time), trains it with the `scalerl`
 recipe while evaluating on held-out prompts, fits R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) on the
@@ -265,6 +265,7 @@ def run_demo(
     out: Any = None,
 ) -> int:
     """The whole demo (see the module docstring); returns the exit status."""
+    from scalerl.inputs import check_run_inputs
     from scalerl.pipeline.cli import prepare_model, train_run
 
     stream = out or sys.stdout
@@ -273,6 +274,7 @@ def run_demo(
     run_dir = Path(output_dir)
     cfg = demo_config(loaded, output_dir=run_dir, quick=quick, seed=seed, max_time_s=max_time_s,
                       overrides=overrides)
+    check_run_inputs(cfg)  # an override naming a missing file fails here, before any work
     from scalerl.rollout.factory import check_engine_available  # torch: imported only when running
 
     check_engine_available(cfg.generation.engine)
@@ -288,8 +290,9 @@ def run_demo(
     text = render_result(result, cfg)
     a = result.analysis
     title = f"scalerl demo: fit on the first {result.fraction:.0%} of the compute"
-    plot_fits([FitPlotItem("demo", a.fit, a.boot)], run_dir / PLOT_FILE, x_label=a.curve.x_name,
-              y_label=a.curve.y_name, title=title, level=a.boot.level if a.boot else 0.95)
+    plot_fits([FitPlotItem("demo", a.fit, a.boot, predictions=a.predictions)], run_dir / PLOT_FILE,
+              x_label=a.curve.x_name, y_label=a.curve.y_name, title=title,
+              level=a.boot.level if a.boot else 0.95)
     write_atomic(run_dir / REPORT_FILE, report_markdown(result, cfg, text, loaded.path))
     p = a.predictions[0]
     write_json_atomic(run_dir / SUMMARY_FILE, jsonable({
@@ -331,7 +334,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, help="seed of the run (default: the settings file's, 0)")
     p.add_argument("--quick", action="store_true",
                    help="a smoke test: a few steps, just enough points to fit")
-    p.add_argument("--max-time", type=_positive, metavar="S", help="stop training after S seconds")
+    p.add_argument("--max-time", "--max-time-s", dest="max_time", type=_positive, metavar="S",
+                   help="also stop training after S seconds (default: no limit; max_steps still applies)")
     p.add_argument("--settings", metavar="FILE", help=f"demo settings (default {SETTINGS_FILE})")
     p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda if available)")
     p.set_defaults(func=_run)

@@ -27,6 +27,7 @@ class Progress:
         self.keys = tuple(keys)
         self._shown: dict[str, str] = {}
         self._bar: tqdm | None = None
+        self._file = file
         if enabled:
             self._bar = tqdm(
                 total=total_steps,
@@ -56,11 +57,13 @@ class Progress:
             self._bar.refresh()
 
     def write(self, message: str) -> None:
-        """Print a line without breaking the bar."""
+        """Print a line without breaking the bar, on the bar's stream (stderr: stdout is the
+        command's result)."""
+        stream = self._file if self._file is not None else sys.stderr
         if self._bar is not None:
-            self._bar.write(message)
+            self._bar.write(message, file=stream)
         else:
-            print(message, file=sys.stderr)
+            print(message, file=stream, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -22,6 +22,16 @@ from scalerl.telemetry.sinks import Sink, TensorBoardSink, WandbSink
 EVAL_REQUIRED_KEYS: tuple[str, ...] = ("val_pass_rate",)
 
 
+def eval_line(step: int, row: Mapping[str, Any]) -> str:
+    """One printed line per evaluation, so a long run shows its curve as it goes."""
+    line = f"eval at step {step}: val_pass_rate {float(row['val_pass_rate']):.3f}"
+    n, k, t = row.get("val_num_prompts"), row.get("val_k"), row.get("val_time_s")
+    if isinstance(n, (int, float)) and isinstance(k, (int, float)):
+        took = f", {float(t):.0f} s" if isinstance(t, (int, float)) else ""
+        line += f" ({int(n)} prompts x {int(k)} samples{took})"
+    return line
+
+
 class RunTelemetry:
     def __init__(
         self,
@@ -75,6 +85,7 @@ class RunTelemetry:
         row = self.log.log_eval(step, self._stamp(metrics))
         for sink in self.sinks:
             sink.log("eval", step, row)
+        self.progress.write(eval_line(step, row))
         self.progress.update(step, row)
         return row
 

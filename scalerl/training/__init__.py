@@ -9,17 +9,44 @@
 See docs/training.md.
 """
 
-from scalerl.training.batch import ScoredGroup, TrainBatch, collate
-from scalerl.training.checkpoint import (
-    CheckpointState,
-    latest_checkpoint,
-    list_checkpoints,
-    load_checkpoint,
-    save_checkpoint,
-)
-from scalerl.training.policy import Policy, load_policy
-from scalerl.training.sft import SFTConfig, train_sft, warm_start_default
-from scalerl.training.trainer import Trainer, TrainingDivergedError
+from typing import TYPE_CHECKING
+
+from scalerl._lazy import lazy_exports
+
+# Imported on first use (scalerl/_lazy.py): the command line imports this package's `cli` module
+# without paying for torch.
+_EXPORTS = {
+    "CheckpointState": "scalerl.training.checkpoint",
+    "Policy": "scalerl.training.policy",
+    "SFTConfig": "scalerl.training.sft_config",
+    "ScoredGroup": "scalerl.training.batch",
+    "TrainBatch": "scalerl.training.batch",
+    "Trainer": "scalerl.training.trainer",
+    "TrainingDivergedError": "scalerl.training.trainer",
+    "collate": "scalerl.training.batch",
+    "latest_checkpoint": "scalerl.training.checkpoint",
+    "list_checkpoints": "scalerl.training.checkpoint",
+    "load_checkpoint": "scalerl.training.checkpoint",
+    "load_policy": "scalerl.training.policy",
+    "save_checkpoint": "scalerl.training.checkpoint",
+    "train_sft": "scalerl.training.sft",
+    "warm_start_default": "scalerl.training.sft",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:
+    from scalerl.training.batch import ScoredGroup, TrainBatch, collate
+    from scalerl.training.checkpoint import (
+        CheckpointState,
+        latest_checkpoint,
+        list_checkpoints,
+        load_checkpoint,
+        save_checkpoint,
+    )
+    from scalerl.training.policy import Policy, load_policy
+    from scalerl.training.sft import train_sft, warm_start_default
+    from scalerl.training.sft_config import SFTConfig
+    from scalerl.training.trainer import Trainer, TrainingDivergedError
 
 __all__ = [
     "CheckpointState",

@@ -66,6 +66,15 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return ckpts[-1][1] if ckpts else None
 
 
+def checkpoint_step(path: str | Path) -> int | None:
+    """The step a checkpoint directory was saved at (from its state file), or None if unreadable."""
+    try:
+        step = json.loads((Path(path) / STATE_FILE).read_text()).get("step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return int(step) if isinstance(step, int) else None
+
+
 def rng_state() -> dict[str, Any]:
     np_state = np.random.get_state()
     state: dict[str, Any] = {

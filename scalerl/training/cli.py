@@ -18,19 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerl.config import ConfigError, RunConfig, load_config
-from scalerl.training.policy import load_policy
-from scalerl.training.sft import (
-    INFO_FILE,
-    SFTConfig,
-    default_sft_records,
-    examples_from_records,
-    save_sft_model,
-    solution_pairs,
-    system_prompt_of,
-    train_sft,
-    warm_start_default,
-)
-from scalerl.training.sft_data import read_sft_pairs
+from scalerl.training.sft_config import SFTConfig
 
 
 def _field_map(text: str) -> dict[str, str]:
@@ -76,6 +64,20 @@ def _sft_config(args: argparse.Namespace, cfg: RunConfig) -> SFTConfig:
 
 
 def run_sft(args: argparse.Namespace) -> int:
+    from scalerl.inputs import check_model_source, check_path
+    from scalerl.training.sft import (
+        INFO_FILE,
+        default_sft_records,
+        examples_from_records,
+        progress_printer,
+        save_sft_model,
+        solution_pairs,
+        system_prompt_of,
+        train_sft,
+        warm_start_default,
+    )
+    from scalerl.training.threads import run_threads
+
     try:
         cfg = load_config(*args.config, overrides=list(args.overrides))
     except ConfigError as err:
@@ -83,10 +85,12 @@ def run_sft(args: argparse.Namespace) -> int:
     if args.model:
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"name_or_path": args.model})})
     sft = _sft_config(args, cfg)
-
-    def report(step: int, loss: float) -> None:
-        if step == 1 or step % 25 == 0 or step == sft.steps:
-            print(f"sft step {step}/{sft.steps}  loss {loss:.4f}", file=sys.stderr, flush=True)
+    # Every input is checked before any model is built or trained.
+    check_model_source(cfg.model.name_or_path, "--model / model.name_or_path")
+    check_model_source(cfg.model.tokenizer, "model.tokenizer")
+    if args.data is not None:
+        check_path(args.data, "--data")
+    report = progress_printer(sft.steps)
 
     if cfg.model.name_or_path is None and args.data is None and args.device in (None, "cpu"):
         path = warm_start_default(cfg, sft, on_step=report)
@@ -99,14 +103,17 @@ def run_sft(args: argparse.Namespace) -> int:
         print(path)
         return 0
 
-    policy = load_policy(cfg.model, device=args.device)
-    if args.data:
-        pairs = read_sft_pairs(args.data, args.field_map)
-    else:
-        pairs = solution_pairs(default_sft_records(cfg))
-    examples = examples_from_records(pairs, policy.tokenizer, system_prompt_of(cfg), sft.max_length)
-    print(f"sft: {len(examples)} examples, {sft.steps} steps of {sft.batch_size}", file=sys.stderr)
-    result = train_sft(policy, examples, sft, on_step=report)
+    from scalerl.training.policy import load_policy
+    from scalerl.training.sft_data import read_sft_pairs
+
+    pairs = read_sft_pairs(args.data, args.field_map) if args.data else None
+    with run_threads(cfg.model, args.device):
+        policy = load_policy(cfg.model, device=args.device)
+        if pairs is None:
+            pairs = solution_pairs(default_sft_records(cfg))
+        examples = examples_from_records(pairs, policy.tokenizer, system_prompt_of(cfg), sft.max_length)
+        print(f"sft: {len(examples)} examples, {sft.steps} steps of {sft.batch_size}", file=sys.stderr)
+        result = train_sft(policy, examples, sft, on_step=report)
     out = Path(args.output) if args.output else Path(cfg.output_dir) / "sft"
     save_sft_model(policy, out, {"sft": asdict(sft), "data": args.data, "model": cfg.model.name_or_path,
                                  "final_loss": result.final_loss, "seconds": result.seconds})

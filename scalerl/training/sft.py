@@ -9,7 +9,10 @@ code) as RL training.
 tiny model on the synthetic task's gold traces (`metadata["solution"]`) of the *training* split and
 caches the result (`save_pretrained` model + tokenizer) under `~/.cache/scalerl/sft/` (or
 `$SCALERL_CACHE_DIR/sft/`), keyed by a hash of everything that determines it, so later runs,
-the demo and the tests reuse it. Training is deterministic given the seed.
+the demo and the tests reuse it. The warm start is one model for every RL recipe: it is trained
+in a fixed way (float32, FP32 LM head, one CPU thread) whatever the RL run's `model.dtype`,
+`model.fp32_lm_head` or the machine's cores, so runs that differ only in RL settings start from
+the same weights, and training is deterministic given the seed.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import logging
 import math
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -38,33 +42,15 @@ from scalerl.training.batch import pad_prompt_response
 from scalerl.training.forward import response_forward
 from scalerl.training.optim import build_optimizer, build_scheduler
 from scalerl.training.policy import Policy, load_policy
+from scalerl.training.sft_config import SFTConfig
+from scalerl.training.threads import torch_threads
 
 logger = logging.getLogger(__name__)
 
 # Bump when the warm-start procedure changes, so stale cached models are not reused.
-SFT_RECIPE_VERSION = 1
+# 2: trained on one thread with a fixed precision (not the RL run's fp32_lm_head / dtype).
+SFT_RECIPE_VERSION = 2
 INFO_FILE = "sft_info.json"
-
-
-@dataclass(frozen=True)
-class SFTConfig:
-    """SFT hyper-parameters. The defaults are the tiny model's warm start (see docs/training.md)."""
-
-    steps: int = 400
-    batch_size: int = 32
-    lr: float = 2e-3
-    warmup_steps: int = 20
-    weight_decay: float = 0.01
-    grad_clip: float | None = 1.0
-    seed: int = 0
-    max_length: int = 512
-
-    def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "max_length"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"sft.{name}: must be positive, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise ValueError(f"sft.lr: must be positive, got {self.lr}")
 
 
 @dataclass(frozen=True)
@@ -191,6 +177,22 @@ def train_sft(
     return SFTResult(losses=losses, tokens=seen, seconds=time.perf_counter() - start, examples=len(examples))
 
 
+def progress_printer(total: int, prefix: str = "sft", every: int = 25,
+                     stream: Any = None) -> Callable[[int, float], None]:
+    """An `on_step` callback printing step, loss, elapsed time and ETA every `every` steps."""
+    start = time.perf_counter()
+
+    def report(step: int, loss: float) -> None:
+        if step == 1 or step % every == 0 or step == total:
+            elapsed = time.perf_counter() - start
+            # The first step carries start-up costs: no estimate from it alone.
+            eta = f", about {elapsed / step * (total - step):.0f} s to go" if 1 < step < total else ""
+            print(f"{prefix}: step {step}/{total}  loss {loss:.4f}  {elapsed:.0f} s elapsed{eta}",
+                  file=stream or sys.stderr, flush=True)
+
+    return report
+
+
 # ---------------------------------------------------------------------------------------------
 # The cached default warm start
 
@@ -227,11 +229,19 @@ def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
+#: The warm start's own precision settings; the RL run's `model.dtype` / `model.fp32_lm_head` /
+#: `model.gradient_checkpointing` are RL settings and do not change the starting model.
+WARM_START_MODEL = {"dtype": "float32", "fp32_lm_head": True, "gradient_checkpointing": False}
+#: Threads of the warm start's torch ops: fixed, so the cached weights do not depend on the machine.
+WARM_START_THREADS = 1
+
+
 def warm_start_key(cfg: RunConfig, sft: SFTConfig, examples: Sequence[SFTExample]) -> str:
-    """Hash of everything the warm-started weights depend on."""
+    """Hash of everything the warm-started weights depend on: the tiny model's size and init seed,
+    the SFT settings, the encoded examples and the torch version (no RL-only setting)."""
     return _digest({
         "recipe": SFT_RECIPE_VERSION,
-        "model": cfg.model.model_dump(mode="json", include={"tiny", "init_seed", "fp32_lm_head", "dtype"}),
+        "model": cfg.model.model_dump(mode="json", include={"tiny", "init_seed"}),
         "sft": asdict(sft),
         "examples": _digest([[list(e.prompt_ids), list(e.response_ids)] for e in examples]),
         "torch": torch.__version__.split("+")[0],
@@ -265,7 +275,7 @@ def warm_start_default(
     if cfg.model.name_or_path is not None:
         raise ValueError("warm_start_default: only for the embedded tiny model (model.name_or_path is set)")
     sft = sft or SFTConfig(seed=cfg.seed)
-    policy = load_policy(cfg.model, device="cpu")
+    policy = load_policy(cfg.model.model_copy(update=WARM_START_MODEL), device="cpu")
     pairs = solution_pairs(records if records is not None else default_sft_records(cfg))
     examples = examples_from_records(pairs, policy.tokenizer, system_prompt_of(cfg), sft.max_length)
     key = warm_start_key(cfg, sft, examples)
@@ -277,7 +287,8 @@ def warm_start_default(
         if (target / INFO_FILE).is_file():  # another process finished it while we waited
             return target
         logger.info("SFT warm start of the tiny model (%d steps, cached at %s)", sft.steps, target)
-        result = train_sft(policy, examples, sft, on_step)
+        with torch_threads(WARM_START_THREADS):
+            result = train_sft(policy, examples, sft, on_step)
         save_sft_model(policy, target, {"key": key, "sft": asdict(sft), **_summary(result)})
     return target
 

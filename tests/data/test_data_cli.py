@@ -41,3 +41,19 @@ def test_check_reports_bad_rows(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "2 rows read, 1 records loaded" in text and "empty prompt: 1" in text
     with pytest.raises(SystemExit):
         _run(["data", "check", str(path), "--field-map", "prompt"])
+
+
+def test_check_tokenizes_and_checks_lengths_by_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`data check --tokenizer tiny` checks prompt lengths as a run does, without being asked to."""
+    path = tmp_path / "d.jsonl"
+    rows = [{"prompt": "What is 2+2?", "answer": "4"}, {"prompt": "x" * 400, "answer": "1"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match="max_prompt_tokens") as err:
+        _run(["data", "check", str(path), "--tokenizer", "tiny", "--default-task", "math"])
+    assert "--skip" in str(err.value) and "data.on_bad_row: skip" in str(err.value)
+    assert "on_error='skip'` in Python" in str(err.value)
+    assert _run(["data", "check", str(path), "--default-task", "math", "--skip"]) == 0
+    text = capsys.readouterr().out
+    assert "prompt tokens (tiny)" in text and "1 fit max_prompt_tokens=256" in text

@@ -71,3 +71,32 @@ def test_resume_reissues_outstanding_prompts(mode: str, schedule: str) -> None:
     # A group scored before the checkpoint is not reported to the curriculum a second time.
     assert not reported_before & set(source2.reports)
     assert driver2.generator.counters.prompts_reissued == len(outstanding)
+
+
+def test_resuming_a_finished_run_keeps_its_checkpoint_and_its_lag() -> None:
+    """A finished run resumed trains nothing, does not rewrite its final checkpoint, and reports the
+    largest version lag of the whole run (not 0 for the empty session)."""
+    cfg = make_config("pipeline", 3, 2, steps=6, schedule="interleaved")
+    saved: dict[int, dict[str, Any]] = {}
+
+    def checkpoint(step: int, state: dict[str, Any]) -> None:
+        saved[step] = json.loads(json.dumps(state))
+
+    engine = FakeEngine(max_batch_size=8)
+    trainer = FakeTrainer(engine)
+    comps, _ = build(cfg, engine=engine, trainer=trainer)
+    comps.checkpoint = checkpoint
+    first = Driver(cfg, comps).run()
+    assert sorted(saved) == [6] and first.max_version_lag > 0
+    final = saved.pop(6)
+    assert final["max_version_lag"] == first.max_version_lag
+
+    engine2 = FakeEngine(max_batch_size=8, version=6)
+    trainer2 = FakeTrainer(engine2)
+    trainer2.load_version(6)
+    comps2, rows2 = build(cfg, engine=engine2, trainer=trainer2)
+    comps2.checkpoint = checkpoint
+    again = Driver(cfg, comps2, start_step=6, resume_state=final).run()
+    assert again.steps == 6 and not rows2.steps and not trainer2.batches
+    assert saved == {}, "the final checkpoint was written again"
+    assert again.max_version_lag == first.max_version_lag

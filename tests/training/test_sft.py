@@ -148,3 +148,60 @@ def test_cli_trains_on_a_file_and_saves(tmp_path, tiny):
     assert args.func(args) == 0
     assert (out / "sft_info.json").is_file() and list(out.glob("*.safetensors"))
     AutoModelForCausalLM.from_pretrained(out)
+
+
+def test_one_warm_start_for_every_recipe(tmp_path, monkeypatch, small_run):
+    """RL-only settings (fp32_lm_head, dtype, activation checkpointing) do not make a new warm start:
+    every recipe starts from the same cached model."""
+    from scalerl.pipeline.cli import resolve_run_config
+    from scalerl.recipes import recipe_names
+
+    sft = SFTConfig(steps=2, batch_size=4)
+    first = warm_start_default(small_run, sft, cache_dir=tmp_path)
+
+    def no_training(*a, **k):
+        raise AssertionError("a second warm start was trained")
+
+    monkeypatch.setattr(sft_mod, "train_sft", no_training)
+    flags = [f"model.tiny.{k}={v}" for k, v in small_run.model.tiny.model_dump().items()]
+    flags += ["data.synthetic.num_prompts=40", "data.synthetic.difficulty=[1, 2]", "data.heldout_size=8"]
+    fp32_heads = set()
+    for name in recipe_names():
+        cfg = resolve_run_config(name, [], flags)
+        fp32_heads.add(cfg.model.fp32_lm_head)
+        assert warm_start_default(cfg, sft, cache_dir=tmp_path) == first, name
+    assert fp32_heads == {True, False}  # the recipes do differ in this RL setting
+    for override in ("model.dtype=bfloat16", "model.gradient_checkpointing=true"):
+        cfg = resolve_run_config("scalerl", [], [*flags, override])
+        assert warm_start_default(cfg, sft, cache_dir=tmp_path) == first, override
+
+
+def test_warm_start_weights_do_not_depend_on_the_callers_threads(tmp_path, monkeypatch, small_run):
+    seen = []
+    real = sft_mod.train_sft
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sft_mod, "train_sft", spy)
+    before = torch.get_num_threads()
+    try:
+        for i, threads in enumerate((2, 1)):
+            torch.set_num_threads(threads)
+            warm_start_default(small_run, SFTConfig(steps=2, batch_size=4), cache_dir=tmp_path / str(i))
+            assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [sft_mod.WARM_START_THREADS] * 2 == [1, 1]
+    a, b = (next((tmp_path / str(i)).glob("tiny-*/model.safetensors")).read_bytes() for i in range(2))
+    assert a == b
+
+
+def test_progress_printer_shows_steps_and_time_left(capsys):
+    report = sft_mod.progress_printer(50, prefix="warm start", every=25)
+    for step in range(1, 51):
+        report(step, 1.0 / step)
+    lines = capsys.readouterr().err.splitlines()
+    assert [ln.split()[3] for ln in lines] == ["1/50", "25/50", "50/50"]
+    assert "s to go" in lines[1] and "to go" not in lines[0] and "to go" not in lines[2]

@@ -1,0 +1,120 @@
+"""Check a run's inputs before any work: data files, model folders or Hub ids, evaluation sets.
+
+A training command calls `check_run_inputs(cfg)` before the warm start, before the run directory
+is created: a missing file or a bad row then costs a second, not a warm start, and leaves nothing
+behind. Every error is an `InputError` (a `ValueError`: the command line prints it and exits 2)
+whose message starts with the config key and names the path.
+
+Model names: a name is a local folder when it exists, or when it cannot be a Hugging Face Hub id
+(an absolute or `./` path, more than one `/`, a trailing `/`, characters a repo id cannot hold),
+or when its first component is an existing local folder (`runs/sft` with a `runs/` here). A local
+folder that does not exist is an error at once: it is never looked up on the Hub (which would
+wait ~30 s for the network and end in a traceback about repo ids). A name that can only be a Hub
+id is accepted when it is in the local Hugging Face cache; otherwise the Hub is asked once (10 s
+timeout), and an unknown repo, offline mode or an unreachable Hub is an error.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+HUB_TIMEOUT_S = 10.0
+# Hugging Face repo ids: `name` or `namespace/name`, letters, digits, `-`, `_`, `.` (not leading).
+_HUB_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$")
+_OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+class InputError(ValueError):
+    """A missing or unreadable input; the message names the config key and the path."""
+
+
+def check_path(path: str | os.PathLike[str], key: str) -> Path:
+    """`path` must exist (a file or a folder)."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise InputError(f"{key}: {path}: no such file or directory")
+    return p
+
+
+def could_be_hub_id(name: str) -> bool:
+    """True when `name` is a syntactically valid Hub repo id that is not obviously a local path."""
+    if not _HUB_ID.match(name) or ".." in name or name.endswith(".git"):
+        return False
+    head = name.split("/", 1)[0]
+    return not ("/" in name and Path(head).is_dir())
+
+
+def _offline() -> bool:
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on") for v in _OFFLINE_VARS)
+
+
+def _check_hub_model(name: str, key: str) -> None:
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return
+    if _offline():
+        raise InputError(f"{key}: {name!r} is not a local folder and not in the Hugging Face cache "
+                         "(offline mode is on)")
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        HfApi().model_info(name, timeout=HUB_TIMEOUT_S)
+    except GatedRepoError:
+        return  # it exists; loading says what access it needs
+    except RepositoryNotFoundError:
+        raise InputError(f"{key}: {name!r} is neither a local folder nor a model on the Hugging Face Hub "
+                         "(or it is private and you are not logged in)") from None
+    except Exception as err:  # network errors come from several libraries (httpx, requests, OSError)
+        reason = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
+        raise InputError(f"{key}: {name!r} is not a local folder, and the Hugging Face Hub could not be "
+                         f"reached to look it up ({reason})") from None
+
+
+def check_model_source(name: str | None, key: str, *, need_config: bool = True) -> None:
+    """A model (or tokenizer, `need_config=False`) folder that exists, or a Hub id that resolves."""
+    if name is None:
+        return
+    p = Path(name).expanduser()
+    if p.is_dir():
+        if need_config and not (p / "config.json").is_file():
+            raise InputError(f"{key}: {name}: folder has no config.json (not a saved Hugging Face model)")
+        return
+    if p.exists():
+        raise InputError(f"{key}: {name} is a file; expected a model folder or a Hugging Face Hub id")
+    if not could_be_hub_id(name):
+        raise InputError(f"{key}: {name}: no such directory")
+    _check_hub_model(name, key)
+
+
+def check_prompt_file(path: str, key: str, **load_kwargs: Any) -> int:
+    """The file or folder loads as prompts (every row checked); returns the number of records."""
+    from scalerl.data.loaders import load_prompts
+
+    check_path(path, key)
+    try:
+        return len(load_prompts(path, **load_kwargs).records)
+    except (ValueError, OSError) as err:
+        raise InputError(f"{key}: {err}") from None
+
+
+def check_run_inputs(cfg: Any) -> None:
+    """Every input of a `RunConfig`: model and tokenizer, training prompts, extra evaluation sets."""
+    check_model_source(cfg.model.name_or_path, "model.name_or_path")
+    check_model_source(cfg.model.tokenizer, "model.tokenizer", need_config=False)
+    d = cfg.data
+    if d.train_path is not None:
+        check_prompt_file(d.train_path, "data.train_path", field_map=d.field_map, default_task=d.default_task,
+                          format=d.format, on_error=d.on_bad_row)
+    extra: Mapping[str, str] = cfg.eval.extra_sets
+    for name, path in extra.items():
+        check_prompt_file(path, f"eval.extra_sets.{name}", default_task=d.default_task, on_error=d.on_bad_row)
+
+
+__all__ = ["InputError", "check_model_source", "check_path", "check_prompt_file", "check_run_inputs",
+           "could_be_hub_id"]

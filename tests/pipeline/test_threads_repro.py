@@ -1,0 +1,89 @@
+"""A seed reproduces a run whatever torch's thread count was before it started (the machine's
+cores, `OMP_NUM_THREADS`): `train_run` decides the count from the model (scalerl/training/threads.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import scalerl.pipeline.assemble as assemble
+from scalerl.config import RunConfig
+from scalerl.pipeline.cli import train_run
+from scalerl.pipeline.driver import RunResult
+from scalerl.training.sft import SFTConfig, warm_start_default
+
+# Row keys that measure time or machine speed rather than what was computed.
+WALL_CLOCK = ("time", "hours", "per_s", "idle", "busy", "_s")
+
+
+def _rows(run_dir: Path) -> list[dict[str, object]]:
+    rows = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        rows.append({k: v for k, v in row.items() if not any(w in k for w in WALL_CLOCK)})
+    return rows
+
+
+def test_training_runs_on_the_models_thread_count_not_the_callers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[int] = []
+
+    def fake_train(cfg: RunConfig, run_dir: Path, **kwargs: Any) -> RunResult:
+        seen.append(torch.get_num_threads())
+        return RunResult(steps=0, stop_reason="max_steps")
+
+    monkeypatch.setattr(assemble, "train", fake_train)
+    before = torch.get_num_threads()
+    try:
+        for threads in (3, 2, 1):
+            torch.set_num_threads(threads)  # what the machine / OMP_NUM_THREADS would have chosen
+            cfg = RunConfig(output_dir=str(tmp_path / f"t{threads}"))  # the tiny default (width 128)
+            assert train_run(cfg, Path(cfg.output_dir)) == 0
+            assert torch.get_num_threads() == threads  # the caller's count is restored
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1, 1, 1]
+
+
+@pytest.fixture(scope="module")
+def warm_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    base = RunConfig.model_validate({"data": {"synthetic": {"num_prompts": 200}}})
+    cache = tmp_path_factory.mktemp("cache")
+    return str(warm_start_default(base, SFTConfig(steps=3, batch_size=8), cache_dir=cache))
+
+
+def test_same_seed_same_rows_on_one_or_two_threads(warm_model: str, tmp_path: Path) -> None:
+    """Two runs of the embedded default's width, one started with 2 threads, one with 1: the same
+    rows. Without the fix the generator's log-probs (so `logprob_diff_vs_gen`, the IS ratios and
+    the loss) differ in the last bits from the first step: the engine's batched decode sums in a
+    thread-dependent order."""
+    before = torch.get_num_threads()
+    runs = []
+    try:
+        for threads in (2, 1):
+            torch.set_num_threads(threads)
+            out = tmp_path / f"t{threads}"
+            cfg = RunConfig.model_validate({
+                "name": "repro", "max_steps": 2, "output_dir": str(out),
+                "model": {"name_or_path": warm_model},
+                "data": {"synthetic": {"num_prompts": 200}, "heldout_size": 8},
+                "generation": {"max_new_tokens": 48},
+                "pipeline": {"off_policy": "pipeline", "k": 2, "schedule": "interleaved"},
+                # A 3-step warm start solves nothing: keep the all-zero groups so the rows carry the
+                # trained samples' log-prob statistics.
+                "algorithm": {"zero_variance_filter": False},
+                "eval": {"every": 2, "k": 1}, "logging": {"progress": False}, "rewards": {"max_workers": 1},
+            })
+            assert train_run(cfg, out) == 0
+            runs.append(_rows(out))
+    finally:
+        torch.set_num_threads(before)
+    assert len(runs[0]) == len(runs[1]) >= 4
+    assert "logprob_diff_vs_gen" in runs[0][1]
+    for a, b in zip(*runs, strict=True):
+        assert a == b

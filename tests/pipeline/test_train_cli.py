@@ -1,0 +1,70 @@
+"""`scalerl train` end to end on a tiny model: what a first run records and prints, and `--resume`
+of a run that already finished."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scalerl.cli import main
+from scalerl.model_identity import model_identity
+from scalerl.scaling.io import read_run_dir
+from scalerl.training.sft import SFTConfig, warm_start_default
+
+from .test_kill_resume import tiny_run_config
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from scalerl.config import RunConfig
+
+    tiny = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64,
+            "max_position_embeddings": 256}
+    base = RunConfig.model_validate({"model": {"tiny": tiny}, "data": {"synthetic": {"num_prompts": 60}}})
+    return warm_start_default(base, SFTConfig(steps=2, batch_size=4), cache_dir=tmp_path_factory.mktemp("c"))
+
+
+def test_first_run_then_resume_of_the_finished_run(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "grpo-baseline"
+    cfg = tiny_run_config(str(tiny_model), run_dir)
+    cfg.max_steps = 3
+    data = cfg.model_dump(mode="json")
+    del data["name"]  # the user names nothing: the run is named after its folder
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(data))
+    assert main(["train", "--recipe", "base", "-c", str(config)]) == 0
+    err = capsys.readouterr().err
+    assert "eval at step 0: val_pass_rate" in err and "eval at step 3" in err
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["name"] == "grpo-baseline"
+    assert read_run_dir(run_dir).label == "grpo-baseline"
+    identity = json.loads((run_dir / "start_model.json").read_text())
+    assert identity["sha256"] and identity == model_identity(str(tiny_model))
+    assert identity["warm_start_key"] == json.loads((tiny_model / "sft_info.json").read_text())["key"]
+
+    final = run_dir / "checkpoints" / "step_000003" / "state.json"
+    before = (final.stat().st_mtime_ns, (run_dir / "metrics.jsonl").read_text())
+    assert main(["train", "-c", str(config), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "already finished at step 3" in err
+    assert (final.stat().st_mtime_ns, (run_dir / "metrics.jsonl").read_text()) == before
+
+
+def test_a_failure_before_the_first_row_leaves_no_run_directory(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import scalerl.pipeline.assemble as assemble
+    from scalerl.pipeline.cli import train_run
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ValueError("rewards.verifiers.x: cannot import")
+
+    monkeypatch.setattr(assemble, "train", broken)
+    run_dir = tmp_path / "run"
+    with pytest.raises(ValueError, match="cannot import"):
+        train_run(tiny_run_config(str(tiny_model), run_dir), run_dir)
+    assert not run_dir.exists()

@@ -1,0 +1,26 @@
+"""Each evaluation prints one line, on stderr, so a long run shows its curve as it goes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scalerl.config import LoggingConfig
+from scalerl.telemetry.run import RunTelemetry, eval_line
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_eval_rows_print_a_line_on_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          progress: bool) -> None:
+    with RunTelemetry(tmp_path, LoggingConfig(progress=progress), max_steps=20) as telemetry:
+        telemetry.log_step(1, {"loss": 0.1})
+        row = {"val_pass_rate": 0.5, "val_num_prompts": 64.0, "val_k": 4.0, "val_time_s": 3.2}
+        telemetry.log_eval(10, row)
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "eval at step 10: val_pass_rate 0.500 (64 prompts x 4 samples, 3 s)" in err
+
+
+def test_eval_line_without_sizes() -> None:
+    assert eval_line(0, {"val_pass_rate": 0.25}) == "eval at step 0: val_pass_rate 0.250"

@@ -1,0 +1,79 @@
+"""The `scalerl` command line: lazy registration (no torch for `fit`, `compare` and any `--help`)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import scalerl.cli
+from scalerl.cli import COMMANDS, build_parser, command_of
+from scalerl.scaling.io import reference_csv
+
+PROBE = """
+import contextlib, io, json, sys
+from scalerl.cli import main
+report = []
+for argv in json.loads(sys.argv[1]):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    heavy = sorted(m for m in ("torch", "transformers") if m in sys.modules)
+    report.append({"argv": argv, "code": code, "heavy": heavy, "chars": len(out.getvalue())})
+print(json.dumps(report))
+"""
+
+
+def _probe(*commands: list[str]) -> list[dict[str, object]]:
+    """Run `commands` one after the other in one fresh interpreter; after each, which heavy modules
+    are loaded (they stay loaded, so the first command that pulls one in is the culprit)."""
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(list(commands))], capture_output=True,
+                          text=True, timeout=300, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+HELP = [["--help"], *([name, "--help"] for name in COMMANDS), ["data", "check", "--help"],
+        ["data", "synth", "--help"]]
+
+
+def test_help_never_imports_torch() -> None:
+    for result in _probe(*HELP):
+        assert result["code"] == 0 and result["chars"] > 100, result
+        assert result["heavy"] == [], f"`scalerl {' '.join(result['argv'])}` imported {result['heavy']}"
+
+
+def test_fit_and_compare_never_import_torch(tmp_path: Path) -> None:
+    ref = str(reference_csv("scalerl_8b_dense_fig1a"))
+    other = str(reference_csv("scalerl_scout_moe_fig1a"))
+    fit, cmp = _probe(["fit", ref, "--bootstrap", "20", "--plot", str(tmp_path / "fit.png")],
+                      ["compare", ref, other, "--bootstrap", "20", "--json"])
+    assert fit["code"] == 0 and fit["heavy"] == []
+    assert cmp["code"] == 0 and cmp["heavy"] == []
+
+
+def test_only_the_chosen_command_is_registered_in_full() -> None:
+    parser = build_parser(["fit", "x.csv"])
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == set(COMMANDS)
+    # fit and compare come from one module: both in full; the others are one-line entries.
+    assert any(a.dest == "predict_at" for a in sub.choices["fit"]._actions)
+    assert any(a.dest == "margin_a" for a in sub.choices["compare"]._actions)
+    assert not sub.choices["train"]._actions
+    assert command_of(["--version"]) is None and command_of(["train", "--max-steps", "3"]) == "train"
+
+
+def test_one_line_help_matches_each_module() -> None:
+    """The lazy table's help text is what each module registers (so `scalerl --help` cannot drift)."""
+    for name, (module, help_text) in COMMANDS.items():
+        parser = argparse.ArgumentParser()
+        sub = parser.add_subparsers()
+        importlib.import_module(module).register(sub)
+        helps = {a.dest: a.help for a in sub._choices_actions}
+        assert helps[name] == help_text, name
+    assert set(scalerl.cli.COMMAND_MODULES) == {m for m, _ in COMMANDS.values()}
