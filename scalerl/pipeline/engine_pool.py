@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import torch
 
 from scalerl.rollout.protocol import Completion, Engine, GenerationRequest
+from scalerl.training.threads import same_threads_as_caller
 
 
 @dataclass
@@ -75,7 +76,8 @@ class ThreadedEnginePool:
         self._error: BaseException | None = None
         self._stop = False
         self._threads = [
-            threading.Thread(target=self._work, args=(i,), name=f"scalerl-engine-{i}", daemon=True)
+            threading.Thread(target=self._work, args=(i, same_threads_as_caller()),
+                             name=f"scalerl-engine-{i}", daemon=True)
             for i in range(n)
         ]
         for thread in self._threads:
@@ -199,7 +201,8 @@ class ThreadedEnginePool:
                 self._undelivered.append(completion)
         self._cond.notify_all()
 
-    def _work(self, index: int) -> None:
+    def _work(self, index: int, set_threads: Callable[[], None]) -> None:
+        set_threads()
         engine = self.engines[index]
         try:
             while True:

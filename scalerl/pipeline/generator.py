@@ -44,6 +44,7 @@ from scalerl.pipeline.scoring import GroupScorer
 from scalerl.pipeline.staleness import StalenessController
 from scalerl.rollout.protocol import Completion, Engine, GenerationRequest, SamplingParams
 from scalerl.training.batch import ScoredGroup
+from scalerl.training.threads import same_threads_as_caller
 
 TRAIN_PREFIX = "train/"
 _SEED_STRIDE = 1 << 32
@@ -404,10 +405,12 @@ class Generator:
         if self._thread is not None:
             raise RuntimeError("generator already started")
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="scalerl-generator", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(same_threads_as_caller(),),
+                                        name="scalerl-generator", daemon=True)
         self._thread.start()
 
-    def _run(self) -> None:
+    def _run(self, set_threads: Callable[[], None]) -> None:
+        set_threads()
         try:
             while not self._stop.is_set():
                 if not self._iteration():

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,9 +88,32 @@ def torch_threads(n: int | None) -> Iterator[int | None]:
         torch.set_num_threads(old)
 
 
+def same_threads_as_caller() -> Callable[[], None]:
+    """A function that gives the calling OS thread's torch intra-op thread count to another thread.
+
+    The count is per OS thread (OpenMP's `nthreads-var` is a per-thread setting): a thread started
+    later begins at the process default (`OMP_NUM_THREADS` or one per core), not at what
+    `run_threads` chose. A background generator or engine thread calls the returned function first,
+    so every thread of a run computes with one count. That is also what vLLM's CPU attention
+    requires: it checks that a step runs on as many threads as its metadata was built for.
+    """
+    import torch
+
+    n = torch.get_num_threads()
+    return lambda: torch.set_num_threads(n)
+
+
 def run_threads(model_cfg: Any, device: str | None = None) -> contextlib.AbstractContextManager[int | None]:
     """`torch_threads` with the count for this model and device (unchanged on a GPU)."""
     return torch_threads(None if _on_gpu(device) else cpu_threads(model_width(model_cfg)))
 
 
-__all__ = ["SMALL_HIDDEN", "available_cpus", "cpu_threads", "model_width", "run_threads", "torch_threads"]
+__all__ = [
+    "SMALL_HIDDEN",
+    "available_cpus",
+    "cpu_threads",
+    "model_width",
+    "run_threads",
+    "same_threads_as_caller",
+    "torch_threads",
+]

@@ -87,3 +87,62 @@ def test_same_seed_same_rows_on_one_or_two_threads(warm_model: str, tmp_path: Pa
     assert "logprob_diff_vs_gen" in runs[0][1]
     for a, b in zip(*runs, strict=True):
         assert a == b
+
+
+def test_background_threads_compute_with_the_callers_thread_count() -> None:
+    """OpenMP's thread count is per OS thread: the generator and engine-pool threads set the count
+    `run_threads` chose on the driver's thread explicitly (torch's own ops re-apply it lazily, but
+    vLLM's CPU attention reads the thread's OpenMP setting and aborts when a step's count differs
+    from the one its metadata was built with: tests/with_vllm/test_vllm_train.py, pipeline mode)."""
+    import threading
+
+    from scalerl.training.threads import same_threads_as_caller, torch_threads
+
+    chosen = 1 if torch.get_num_threads() != 1 else 2
+    seen: dict[str, int] = {}
+    with torch_threads(chosen):
+        set_threads = same_threads_as_caller()
+
+        def inherit() -> None:
+            set_threads()
+            seen["inherit"] = torch.get_num_threads()
+
+        inheriting = threading.Thread(target=inherit)
+        inheriting.start()
+        inheriting.join()
+    assert seen["inherit"] == chosen
+
+
+def test_generator_thread_takes_the_drivers_thread_count() -> None:
+    import scalerl.pipeline.generator as generator
+
+    seen: list[int] = []
+
+    class Probe(generator.Generator):
+        def __init__(self) -> None:  # only what start()/_run() touch
+            import threading
+
+            self._thread = None
+            self._stop = threading.Event()
+            self._wake = threading.Event()
+            self.idle_poll_s = 0.0
+            self._lock = threading.RLock()
+            self._side_waiting, self._side_running = [], {}
+            self.error = None
+
+        def _iteration(self) -> bool:
+            seen.append(torch.get_num_threads())
+            self._stop.set()
+            return True
+
+        def _set_idle(self, idle: bool) -> None:
+            pass
+
+    from scalerl.training.threads import torch_threads
+
+    chosen = 1 if torch.get_num_threads() != 1 else 2
+    probe = Probe()
+    with torch_threads(chosen):
+        probe.start()
+        probe._thread.join(10)
+    assert probe.error is None and seen == [chosen]
