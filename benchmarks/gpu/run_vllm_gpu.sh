@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# vLLM on one CUDA GPU, in under 8 minutes on an H200 (each phase has its own time limit):
+# vLLM and FSDP2 on one CUDA GPU, in under 10 minutes on an H200 (each phase has its own time limit;
+# phases 1-3 take at most 7.5):
 #   1. the vLLM tests (tests/with_vllm) on CUDA: they take their device from vLLM's platform;
 #   2. vLLM tokens/s inside `scalerl train` (pipeline mode) against bare vLLM, on a random-init model
 #      with Qwen2.5-0.5B's configuration (no hub access);
-#   3. the bf16 train/inference mismatch with and without the FP32 LM head (and float32).
+#   3. the bf16 train/inference mismatch with and without the FP32 LM head (and float32);
+#   4. (with Ray installed: pip install -e ".[distributed]") a 1-rank FSDP2 trainer on CUDA exporting its
+#      weights into engine actors (embedded and vLLM) on the same GPU: tests/distributed/test_ray_gpu.py.
 # Needs a Python with CUDA torch, `vllm==0.32.*` and scalerl installed (pip install -e ".[vllm]" pytest
 # pytest-timeout); PYTHON picks the interpreter. Prints everything; exits non-zero if a phase failed.
 #
@@ -43,5 +46,11 @@ phase() {  # phase NAME LIMIT_S CMD...
 phase "vLLM tests on CUDA" 240 "$PY" -m pytest -q -x tests/with_vllm -p no:cacheprovider
 phase "tokens/s in training vs bare vLLM" 120 "$PY" benchmarks/gpu/vllm_gpu.py throughput --size 0.5b
 phase "bf16 mismatch, FP32 head on/off" 90 "$PY" benchmarks/gpu/vllm_gpu.py mismatch --size 0.5b --steps 3
+if "$PY" -c "import ray" 2>/dev/null; then
+  phase "FSDP2 rank on CUDA -> engine actors" 150 "$PY" -m pytest -q -m distributed -p no:cacheprovider \
+    tests/distributed/test_ray_gpu.py
+else
+  echo "=== FSDP2 rank on CUDA -> engine actors: skipped (Ray not installed: pip install -e '.[distributed]')"
+fi
 echo "run_vllm_gpu: total $(( $(date +%s) - start ))s, status $status"
 exit $status
