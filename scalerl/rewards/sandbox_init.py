@@ -4,19 +4,23 @@ Executed as a script (`python -I -S sandbox_init.py SPEC_DIR`) by `sandbox.Sandb
 PID 1 of fresh PID/mount/network/IPC/UTS namespaces made by `unshare`. Stdlib only, imports no
 scalerl code. Steps:
 
-1. read `SPEC_DIR/spec.json` and the program files (before any mount hides them);
+1. read `SPEC_DIR/spec.json` and the program files (before any mount hides them); join the
+   run's cgroups (`cgroup.py`, made by the host) so that the program's whole tree is charged to
+   them, exempt the init itself from the OOM killer and start watching the cgroup for OOM kills;
 2. with a mount namespace: everything read-only (every mount re-bound `ro`), a fresh `/proc` of
    the new PID namespace (`hidepid=2`), a size-limited tmpfs on `/tmp` that becomes the scratch
    dir (owned by the program's uid, the only writable place), empty read-only tmpfs over the
-   other world-writable dirs (`/var/tmp`, `/dev/shm`, `/run/lock`) so host files there are hidden;
+   other world-writable dirs (`/var/tmp`, `/dev/shm`) and over `/run` (host service sockets),
+   so host files there are hidden;
    without one: a scratch dir `SPEC_DIR/work` on the host;
 3. fork the program: new process group, clean environment, supplementary groups dropped,
    uid/gid switched (when root), no-new-privileges, capability bounding set emptied, rlimits
-   (CPU, address space, processes, file size, open files, core=0), then exec;
-4. wait, reaping every orphan, until the program exits, the wall-clock limit passes, or the host
-   writes to / closes the control pipe; then SIGKILL everything left (as PID 1: `kill(-1)`, which
-   empties the namespace; otherwise the process group and, when the uid is dedicated, every
-   process of that uid);
+   (CPU, address space, processes, file size, open files, core=0), OOM score back to 0, then exec;
+4. wait, reaping every orphan, until the program exits, the wall-clock limit passes, the host
+   writes to / closes the control pipe, or the tree's memory cgroup OOM-kills one of its
+   processes (then the whole tree is stopped, not only the victim); then SIGKILL everything
+   left (as PID 1: `kill(-1)`, which empties the namespace; otherwise the process group and,
+   when the uid is dedicated, every process of that uid);
 5. write one JSON status line to the status pipe and exit 0 (setup failure: status + exit 125).
 """
 
@@ -61,7 +65,9 @@ _MOUNT_OPTION_FLAGS = {
     "relatime": MS_RELATIME,
     "strictatime": MS_STRICTATIME,
 }
-_HIDDEN_DIRS = ("/var/tmp", "/dev/shm", "/run/lock")
+# World-writable dirs, and /run, where host services keep their Unix sockets (D-Bus, systemd,
+# nscd): a socket file stays connectable through a read-only mount, so it must not be visible.
+_HIDDEN_DIRS = ("/var/tmp", "/dev/shm", "/run")
 _SCRATCH = "/tmp"
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -187,13 +193,78 @@ def _write_files(directory: str, files: dict[str, bytes], uid: int | None, gid: 
             os.chown(path, uid, gid)
 
 
-def _drop_privileges_and_exec(spec: dict[str, Any], scratch: str, err_fd: int) -> None:
+class CgroupWatch:
+    """The run's cgroups, joined; `fired()` tells whether the tree has had an OOM kill."""
+
+    def __init__(self, spec: dict[str, Any] | None) -> None:
+        self.joined = self.oom_exempt = False
+        self.problems: list[str] = []
+        self.read_fds: list[int] = []
+        self.except_fds: list[int] = []
+        self._fds: list[int] = []
+        if not spec:
+            return
+        try:
+            for path in spec["join"]:
+                with open(path, "w", encoding="ascii") as fh:
+                    fh.write("0")  # 0: the writing process; its children are born inside
+            self.joined = True
+        except OSError as exc:
+            self.problems.append(f"cgroup join: {exc}")
+            return
+        watch = spec.get("oom")
+        if watch:
+            try:
+                with open("/proc/self/oom_score_adj", "w", encoding="ascii") as fh:
+                    fh.write("-1000")  # the OOM killer (and v2 oom.group) must pick the program, not us
+                self.oom_exempt = True
+            except OSError:
+                pass  # not real root (user namespace): the init may then be a victim too
+        try:
+            if watch and watch["version"] == 1:
+                efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+                ofd = os.open(watch["oom_control"], os.O_RDONLY | os.O_CLOEXEC)
+                self._fds += [efd, ofd]
+                with open(watch["event_control"], "w", encoding="ascii") as fh:
+                    fh.write(f"{efd} {ofd}")
+                self.read_fds.append(efd)
+            elif watch and watch["version"] == 2:
+                fd = os.open(watch["events"], os.O_RDONLY | os.O_CLOEXEC)
+                self._fds.append(fd)
+                self.except_fds.append(fd)  # kernfs signals a changed file with POLLPRI
+        except OSError as exc:
+            self.problems.append(f"cgroup OOM watch: {exc}")
+
+    def fired(self, readable: list[int], exceptional: list[int]) -> bool:
+        hit = False
+        for fd in self.read_fds:
+            if fd in readable:
+                with contextlib.suppress(BlockingIOError):
+                    os.eventfd_read(fd)
+                hit = True
+        for fd in self.except_fds:
+            if fd in exceptional:
+                for line in os.pread(fd, 4096, 0).decode().splitlines():
+                    key, _, value = line.partition(" ")
+                    hit |= key in ("oom_kill", "oom_group_kill") and value.strip() not in ("", "0")
+        return hit
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
+
+
+def _drop_privileges_and_exec(spec: dict[str, Any], scratch: str, err_fd: int, oom_exempt: bool) -> None:
     """In the forked child: never returns (exec or _exit)."""
     try:
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)  # Python ignores SIGPIPE/SIGXFSZ; exec keeps "ignored"
         signal.set_wakeup_fd(-1)
         os.setpgid(0, 0)
+        if oom_exempt:  # undo the init's exemption: an unkillable program would wedge its cgroup
+            with open("/proc/self/oom_score_adj", "w", encoding="ascii") as fh:
+                fh.write("0")
         if os.geteuid() == 0:
             with open("/proc/sys/kernel/cap_last_cap") as fh:
                 last_cap = int(fh.read())
@@ -221,7 +292,10 @@ def _drop_privileges_and_exec(spec: dict[str, Any], scratch: str, err_fd: int) -
 
 def _kill_uid(uid: int) -> None:
     """SIGKILL every process of `uid` (run as that uid: `kill(-1)` then reaches exactly those)."""
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        return  # the tree's pids cgroup is full: the host kills every member afterwards
     if pid == 0:
         try:
             os.setresgid(uid, uid, uid)
@@ -234,7 +308,7 @@ def _kill_uid(uid: int) -> None:
     os.waitpid(pid, 0)
 
 
-def supervise(spec: dict[str, Any], scratch: str) -> dict[str, Any]:
+def supervise(spec: dict[str, Any], scratch: str, cgroup: CgroupWatch) -> dict[str, Any]:
     """Fork the program, wait for it under the limits, kill its leftovers; the status dict."""
     status_fd, control_fd = spec["status_fd"], spec["control_fd"]
     as_init = os.getpid() == 1
@@ -250,7 +324,7 @@ def supervise(spec: dict[str, Any], scratch: str) -> dict[str, Any]:
     child = os.fork()
     if child == 0:
         os.close(err_r)
-        _drop_privileges_and_exec(spec, scratch, err_w)
+        _drop_privileges_and_exec(spec, scratch, err_w, cgroup.oom_exempt)
     os.close(err_w)
     exec_error = b""
     while chunk := os.read(err_r, 1000):
@@ -260,7 +334,7 @@ def supervise(spec: dict[str, Any], scratch: str) -> dict[str, Any]:
     deadline = start + spec["wall_s"]
     child_status: int | None = None
     rusage: Any = None
-    timed_out = killed_by_host = False
+    timed_out = killed_by_host = memory_limited = False
     while child_status is None:
         while True:  # reap the program and, as PID 1, every orphan it left
             try:
@@ -277,11 +351,15 @@ def supervise(spec: dict[str, Any], scratch: str) -> dict[str, Any]:
         if remaining <= 0:
             timed_out = True
             break
-        ready, _, _ = select.select([control_fd, wake_r], [], [], remaining)
+        ready, _, exceptional = select.select([control_fd, wake_r, *cgroup.read_fds], [],
+                                              cgroup.except_fds, remaining)
         if wake_r in ready:
             os.read(wake_r, 4096)
         if control_fd in ready:
             killed_by_host = True  # output over its cap, or the host gave up / died
+            break
+        if cgroup.fired(ready, exceptional):
+            memory_limited = True  # the tree hit its memory bound: stop all of it, not one victim
             break
     wall = time.monotonic() - start
 
@@ -310,6 +388,8 @@ def supervise(spec: dict[str, Any], scratch: str) -> dict[str, Any]:
         "max_rss_kb": rusage.ru_maxrss if rusage else None,
         "timed_out": timed_out,
         "killed_by_host": killed_by_host,
+        "memory_limited": memory_limited,
+        "cgroup": cgroup.joined,
         "exit_code": os.WEXITSTATUS(child_status) if os.WIFEXITED(child_status) else None,
         "signal": os.WTERMSIG(child_status) if os.WIFSIGNALED(child_status) else None,
     }
@@ -322,14 +402,15 @@ def main(spec_dir: str) -> int:
     with open(os.path.join(spec_dir, "spec.json"), encoding="utf-8") as fh:
         spec = json.load(fh)
     status_fd = spec["status_fd"]
+    cgroup = CgroupWatch(spec.get("cgroup"))  # first: /sys is read-only once the jail is built
     try:
         files = {}
         for name in spec["files"]:
             with open(os.path.join(spec_dir, "files", name), "rb") as fh:
                 files[name] = fh.read()
-        problems: list[str] = []
+        problems = list(cgroup.problems)
         if spec["mount_namespace"]:
-            problems = build_jail(spec, files)
+            problems += build_jail(spec, files)
             scratch = _SCRATCH
         else:
             scratch = os.path.join(spec_dir, "work")
@@ -340,7 +421,8 @@ def main(spec_dir: str) -> int:
     except Exception as exc:
         os.write(status_fd, (json.dumps({"ok": False, "error": f"sandbox setup: {exc}"}) + "\n").encode())
         return 125
-    result = supervise(spec, scratch)
+    result = supervise(spec, scratch, cgroup)
+    cgroup.close()
     if problems:
         result["setup_warnings"] = problems
     os.write(status_fd, (json.dumps(result) + "\n").encode())
