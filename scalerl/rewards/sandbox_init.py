@@ -11,7 +11,7 @@ scalerl code. Steps:
    the new PID namespace (`hidepid=2`), a size-limited tmpfs on `/tmp` that becomes the scratch
    dir (owned by the program's uid, the only writable place), empty read-only tmpfs over the
    other world-writable dirs (`/var/tmp`, `/dev/shm`) and over `/run` (host service sockets),
-   so host files there are hidden;
+   so host files there are hidden, then a private 16 MB `/dev/shm` on top (POSIX semaphores);
    without one: a scratch dir `SPEC_DIR/work` on the host;
 3. fork the program: new process group, clean environment, supplementary groups dropped,
    uid/gid switched (when root), no-new-privileges, capability bounding set emptied, rlimits
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import resource
@@ -51,6 +52,8 @@ MS_RELATIME = 0x200000
 MS_STRICTATIME = 0x1000000
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 
@@ -69,6 +72,8 @@ _MOUNT_OPTION_FLAGS = {
 # nscd): a socket file stays connectable through a read-only mount, so it must not be visible.
 _HIDDEN_DIRS = ("/var/tmp", "/dev/shm", "/run")
 _SCRATCH = "/tmp"
+_SHM = "/dev/shm"
+_SHM_BYTES = 16 * 1024 * 1024
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -85,8 +90,8 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
         raise OSError(err, f"mount {fstype or source} on {target}: {os.strerror(err)}")
 
 
-def prctl(option: int, arg2: int = 0) -> None:
-    if _libc.prctl(option, arg2, 0, 0, 0) != 0:
+def prctl(option: int, arg2: int = 0, arg3: int = 0) -> None:
+    if _libc.prctl(option, arg2, arg3, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl({option}, {arg2}): {os.strerror(err)}")
 
@@ -138,6 +143,9 @@ def build_jail(spec: dict[str, Any], files: dict[str, bytes]) -> list[str]:
         os.close(fd)
     for directory in sealed:
         mount(None, directory, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    if _SHM in sealed:  # a private, small one on top: POSIX semaphores (multiprocessing locks) live here
+        mount("tmpfs", _SHM, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              f"size={_SHM_BYTES},nr_inodes=256,mode=0700{owner}")
     _write_files(_SCRATCH, files, uid, gid)
     return problems
 
@@ -191,6 +199,62 @@ def _write_files(directory: str, files: dict[str, bytes], uid: int | None, gid: 
             fh.write(content)
         if uid is not None:
             os.chown(path, uid, gid)
+
+
+# Classic BPF for seccomp (linux/filter.h, linux/seccomp.h). seccomp_data: nr at 0, arch at 4,
+# args[i] at 16 + 8 i (low word first on these little-endian arches).
+_BPF_LD_ABS, _BPF_JEQ, _BPF_JGE, _BPF_RET = 0x20, 0x15, 0x35, 0x06
+_RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
+_AF_UNIX = 1
+# arch: (AUDIT_ARCH_*, __NR_socket, x32 syscall bit or 0); io_uring_{setup,enter,register} are
+# 425-427 on every arch (the unified syscall table).
+_SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 0x40000000), "aarch64": (0xC00000B7, 198, 0)}
+_IO_URING = (425, 426, 427)
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                ("k", ctypes.c_uint)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def seccomp_program(machine: str) -> list[tuple[int, int, int, int]] | None:
+    """The filter, or None for an arch without a table: refuse socket(AF_UNIX, ...) and io_uring.
+
+    A Unix socket file stays connectable through a read-only mount and the network namespace
+    does not cover it, so a world-writable host socket (D-Bus, a service's control socket) would
+    be reachable; io_uring can open and connect sockets without the socket syscall. Pipes and
+    `socketpair` (multiprocessing's fork start method, asyncio) still work. Foreign-arch and
+    x32 syscalls get ENOSYS, so the table cannot be side-stepped.
+    """
+    if machine not in _SECCOMP_ARCH:
+        return None
+    arch, nr_socket, x32 = _SECCOMP_ARCH[machine]
+    deny, nosys = _RET_ERRNO | errno.EPERM, _RET_ERRNO | errno.ENOSYS
+    body: list[tuple[int, int, int, int]] = [(_BPF_LD_ABS, 0, 0, 4), (_BPF_JEQ, 0, -2, arch),
+                                                   (_BPF_LD_ABS, 0, 0, 0)]
+    if x32:
+        body.append((_BPF_JGE, -2, 0, x32))
+    body += [(_BPF_JEQ, -1, 0, nr) for nr in _IO_URING]
+    body += [(_BPF_JEQ, 0, -3, nr_socket), (_BPF_LD_ABS, 0, 0, 16), (_BPF_JEQ, -1, -3, _AF_UNIX)]
+    tail = [(_BPF_RET, 0, 0, deny), (_BPF_RET, 0, 0, nosys), (_BPF_RET, 0, 0, _RET_ALLOW)]
+    # negative jump targets name the tail: -1 deny, -2 ENOSYS, -3 allow
+    out = []
+    for i, (code, jt, jf, k) in enumerate(body):
+        def target(j: int, i: int = i) -> int:
+            return j if j >= 0 else len(body) - i - 1 + (-j - 1)
+        out.append((code, target(jt), target(jf), k))
+    return out + tail
+
+
+def install_seccomp(program: list[tuple[int, int, int, int]]) -> None:
+    """Load `program` for this process and every child (needs no-new-privileges first)."""
+    filters = (_SockFilter * len(program))(*(_SockFilter(*ins) for ins in program))
+    fprog = _SockFprog(len(program), filters)
+    prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog))
 
 
 class CgroupWatch:
@@ -255,7 +319,8 @@ class CgroupWatch:
         self._fds = []
 
 
-def _drop_privileges_and_exec(spec: dict[str, Any], scratch: str, err_fd: int, oom_exempt: bool) -> None:
+def _drop_privileges_and_exec(spec: dict[str, Any], scratch: str, err_fd: int, oom_exempt: bool,
+                              seccomp: list[tuple[int, int, int, int]] | None) -> None:
     """In the forked child: never returns (exec or _exit)."""
     try:
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD):
@@ -276,6 +341,8 @@ def _drop_privileges_and_exec(spec: dict[str, Any], scratch: str, err_fd: int, o
             os.setresgid(spec["gid"], spec["gid"], spec["gid"])
             os.setresuid(spec["uid"], spec["uid"], spec["uid"])
         prctl(PR_SET_NO_NEW_PRIVS, 1)  # setuid binaries (su, mount) cannot raise privileges
+        if seccomp is not None:
+            install_seccomp(seccomp)
         for name, value in spec["rlimits"].items():
             resource.setrlimit(getattr(resource, name), (value[0], value[1]))
         os.chdir(scratch)
@@ -308,7 +375,8 @@ def _kill_uid(uid: int) -> None:
     os.waitpid(pid, 0)
 
 
-def supervise(spec: dict[str, Any], scratch: str, cgroup: CgroupWatch) -> dict[str, Any]:
+def supervise(spec: dict[str, Any], scratch: str, cgroup: CgroupWatch,
+              seccomp: list[tuple[int, int, int, int]] | None) -> dict[str, Any]:
     """Fork the program, wait for it under the limits, kill its leftovers; the status dict."""
     status_fd, control_fd = spec["status_fd"], spec["control_fd"]
     as_init = os.getpid() == 1
@@ -324,7 +392,7 @@ def supervise(spec: dict[str, Any], scratch: str, cgroup: CgroupWatch) -> dict[s
     child = os.fork()
     if child == 0:
         os.close(err_r)
-        _drop_privileges_and_exec(spec, scratch, err_w, cgroup.oom_exempt)
+        _drop_privileges_and_exec(spec, scratch, err_w, cgroup.oom_exempt, seccomp)
     os.close(err_w)
     exec_error = b""
     while chunk := os.read(err_r, 1000):
@@ -421,7 +489,10 @@ def main(spec_dir: str) -> int:
     except Exception as exc:
         os.write(status_fd, (json.dumps({"ok": False, "error": f"sandbox setup: {exc}"}) + "\n").encode())
         return 125
-    result = supervise(spec, scratch, cgroup)
+    seccomp = seccomp_program(os.uname().machine)
+    if seccomp is None:
+        problems.append(f"no seccomp filter for {os.uname().machine}: Unix sockets and io_uring allowed")
+    result = supervise(spec, scratch, cgroup, seccomp)
     cgroup.close()
     if problems:
         result["setup_warnings"] = problems
