@@ -8,7 +8,8 @@ scalerl code. Steps:
    run's cgroups (`cgroup.py`, made by the host) so that the program's whole tree is charged to
    them, exempt the init itself from the OOM killer and start watching the cgroup for OOM kills;
 2. with a mount namespace: everything read-only (every mount re-bound `ro`), a fresh `/proc` of
-   the new PID namespace (`hidepid=2`), a size-limited tmpfs on `/tmp` that becomes the scratch
+   the new PID namespace (`hidepid=2`), a fresh read-only `/sys` of the new network namespace
+   (no host interfaces, no cgroup hierarchies), a size-limited tmpfs on `/tmp` that becomes the scratch
    dir (owned by the program's uid, the only writable place), empty read-only tmpfs over the
    other world-writable dirs (`/var/tmp`, `/dev/shm`) and over `/run` (host service sockets),
    so host files there are hidden, then a private 16 MB `/dev/shm` on top (POSIX semaphores);
@@ -129,6 +130,10 @@ def build_jail(spec: dict[str, Any], files: dict[str, bytes]) -> list[str]:
         except OSError:
             mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
             problems.append("/proc mounted without hidepid")
+        try:  # the host's sysfs lists the host's network interfaces; a fresh one shows the jail's
+            mount("sysfs", "/sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        except OSError as exc:
+            problems.append(f"host /sys kept (host network interfaces visible): {exc}")
     owner = f",uid={uid},gid={gid}" if uid is not None else ""
     mount("tmpfs", _SCRATCH, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
           f"size={spec['scratch_bytes']},nr_inodes={spec['scratch_inodes']},mode=0700{owner}")

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from scalerl.data.records import PromptRecord
 from scalerl.rewards import cgroup as cg
 from scalerl.rewards.code_verifier import CodeVerifier
 from scalerl.rewards.router import RewardConfig, RewardRouter
 from scalerl.rewards.sandbox import Sandbox, SandboxConfig, SandboxResult, SandboxUnavailableError
-from scalerl.data.records import PromptRecord
 
 MiB = 1024 * 1024
 
@@ -347,7 +347,7 @@ def test_a_forced_cgroup_version_that_does_not_work_raises() -> None:
     support, _ = cg.locate("v2")
     if support is not None and set(support.limited) == {"memory", "pids"}:
         pytest.skip("cgroup v2 with memory and pids works here")
-    with pytest.raises(SandboxUnavailableError, match="sandbox.cgroup='v2'"):
+    with pytest.raises(SandboxUnavailableError, match=r"sandbox\.cgroup='v2'"):
         _ = make(cgroup="v2").protections
 
 
