@@ -44,7 +44,11 @@ from typing import Any
 from scalerl.rewards.sandbox import Sandbox, SandboxResult
 
 SECRET_VAR = "SCALERL_CORPUS_SECRET"
-SLACK_S = 5.0  # host-side time over the wall limit that counts as "outlived its limit"
+# Time over the wall limit that counts as "outlived its limit": as the init measures the program
+# (the kill came late), and as the host sees the whole call (a hang on the host's side; generous,
+# because jail start-up on a loaded 2-core machine takes seconds).
+KILL_SLACK_S = 2.0
+HOST_SLACK_S = 10.0
 _MiB = 1024 * 1024
 
 _PRELUDE = '''\
@@ -893,8 +897,10 @@ def run_one(sandbox: Sandbox, canaries: Canaries, program: Hostile, try_all: boo
                 if line.startswith("ESCAPED:")]
     if result.error is not None:
         evidence.append(f"sandbox error: {result.error[:200]}")
-    if host_wall > program.wall_s + SLACK_S:
-        evidence.append(f"outlived its limit: {host_wall:.1f} s for a {program.wall_s} s run")
+    if result.wall_s > program.wall_s + KILL_SLACK_S:
+        evidence.append(f"outlived its limit: ran {result.wall_s:.1f} s of a {program.wall_s} s limit")
+    if host_wall > program.wall_s + HOST_SLACK_S:
+        evidence.append(f"held the host {host_wall:.1f} s for a {program.wall_s} s run")
     if program.check is not None and (found := program.check(canaries, result, text)):
         evidence.append(found)
     left = _survivors(file_name)

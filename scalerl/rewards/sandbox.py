@@ -142,7 +142,10 @@ class Protections:
         if self.readonly_filesystem:
             active.append("read-only filesystem")
         if self.private_tmp:
-            active.append("private size-limited /tmp as the only writable dir")
+            active.append("private size-limited /tmp (and /dev/shm) as the only writable dirs; "
+                          "host /run and network interfaces hidden")
+        if not any(w.startswith("no seccomp filter") for w in self.setup_warnings):
+            active.append("seccomp: no Unix-domain sockets, no io_uring")
         if self.dedicated_uid:
             active.append("dedicated unprivileged uid per slot")
         if self.cgroup is not None:

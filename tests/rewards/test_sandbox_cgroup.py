@@ -29,7 +29,7 @@ MiB = 1024 * 1024
 
 # Four children of 120 MB each: every one is under the 256 MB address-space limit, together they
 # hold 480 MB, over the run's 300 MB. Each reports once its memory is touched; the parent prints
-# how much was held at once. Bounded: 480 MB, 4 processes, 3 s.
+# how much was held at once. Bounded: 480 MB, 4 processes, 2 s.
 TREE_BOMB = """
 import os, time
 r, w = os.pipe()
@@ -39,7 +39,7 @@ for _ in range(4):
         for i in range(0, len(block), 4096):
             block[i] = 1
         os.write(w, b"x")
-        time.sleep(3)
+        time.sleep(2)
         os._exit(0)
 os.close(w)
 held = 0
@@ -174,7 +174,7 @@ def test_children_together_over_the_tree_memory_bound_are_stopped() -> None:
         elapsed = time.monotonic() - start
         assert result.memory_limited and result.reason == "memory_limit" and not result.ok, result
         assert b"held" not in result.stdout  # the whole tree was stopped, not one victim
-        assert elapsed < 3.0  # at the bound, not at the children's 3 s sleep or the wall limit
+        assert elapsed < 2.0  # at the bound, not after the children's 2 s sleep or at the wall limit
         assert result.peak_memory_bytes is not None and result.peak_memory_bytes <= 300 * MiB
         assert sb.stats()["memory_limited"] == 1 and sb.stats()["cgroup_runs"] == 1
         assert canary.poll() is None  # the host is unaffected
