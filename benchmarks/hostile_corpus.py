@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -33,9 +34,15 @@ def main(argv: list[str] | None = None) -> int:
         for program in CORPUS:
             print(f"{program.name:16s} {program.kind:11s} {program.goal}")
         return 0
+    if not 1 <= args.parallel <= 16:
+        print(f"error: --parallel: must be in 1..16, got {args.parallel}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # uids of this process only, so other sandboxes on the machine neither share its process limit
+    # nor show up in the "no process of a sandbox uid remains" check
+    uid_base = 1_500_000_000 + (os.getpid() % 50_000) * 16
     sandbox = Sandbox(SandboxConfig(max_parallel=args.parallel, memory_mb=256, tree_memory_mb=384, nproc=16,
-                                    max_output_bytes=1 << 20))
+                                    max_output_bytes=1 << 20, uid_base=uid_base))
     only = {name.strip() for name in args.only.split(",") if name.strip()} or None
     try:
         report = run_corpus(sandbox, ROOT, only=only)

@@ -74,9 +74,13 @@ def cgroups_expected() -> bool:
 needs_cgroups = pytest.mark.skipif(not cgroups_expected(), reason="no writable memory+pids cgroup here")
 
 
+# uids of this process only: RLIMIT_NPROC counts every process of a uid, other test runs' too.
+UID_BASE = 1_600_000_000 + (os.getpid() % 50_000) * 16
+
+
 def make(**overrides: object) -> Sandbox:
     base: dict[str, object] = {"max_parallel": 2, "memory_mb": 256, "tree_memory_mb": 300, "nproc": 16,
-                               "wall_s": 5.0}
+                               "wall_s": 5.0, "uid_base": UID_BASE}
     base.update(overrides)
     return Sandbox(SandboxConfig(**base))  # type: ignore[arg-type]
 

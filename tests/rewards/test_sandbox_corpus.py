@@ -15,8 +15,11 @@ from scalerl.rewards.sandbox import Sandbox, SandboxConfig
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = "/usr/bin/python3"
+# uids of this process only: RLIMIT_NPROC and the "no process of a sandbox uid remains" check
+# count every process of a uid, including those of other test runs on the same machine.
+UID_BASE = 1_500_000_000 + (os.getpid() % 50_000) * 16
 CONFIG = {"max_parallel": 2, "memory_mb": 256, "tree_memory_mb": 384, "nproc": 16,
-          "max_output_bytes": 1 << 20}
+          "max_output_bytes": 1 << 20, "uid_base": UID_BASE}
 
 
 def test_the_corpus_covers_the_required_kinds() -> None:
@@ -43,10 +46,10 @@ def test_no_hostile_program_escapes(report: Report) -> None:
 
 def test_every_program_is_tried_where_the_machine_allows(report: Report) -> None:
     support, _ = cg.locate()
-    full = os.geteuid() == 0 and support is not None and set(support.limited) == {"memory", "pids"}
-    if full:  # this machine and CI: every protection the corpus relies on is there
-        assert len(report.tried) == len(CORPUS), format_table(report)
-    assert len(report.tried) >= 30 or not full
+    if os.geteuid() != 0 or support is None or set(support.limited) != {"memory", "pids"}:
+        pytest.skip("not root with memory+pids cgroups: some programs' bounds are missing here")
+    # this machine and CI: every protection the corpus relies on is there
+    assert len(report.tried) == len(CORPUS) >= 30, format_table(report)
 
 
 def test_bounds_were_actually_hit(report: Report) -> None:
