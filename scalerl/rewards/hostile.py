@@ -129,9 +129,24 @@ class Canaries:
     """What a program must not reach, set up on the host for one corpus run."""
 
     def __init__(self, sandbox: Sandbox, root: Path) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.listeners: list[socket.socket] = []
+        self.unix_paths: list[str] = []
+        self.dir: Path | None = None
+        self._old_secret: str | None = os.environ.get(SECRET_VAR)
+        self._lock = threading.Lock()
+        self._reported: set[str] = set()
+        try:
+            self._setup(sandbox, root)
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self, sandbox: Sandbox, root: Path) -> None:
         self.sandbox = sandbox
         self.config = sandbox.config
         self.token = secrets.token_hex(6)
+        self.ipc_key = int(self.token[:7], 16)
         self.marker = f"scalerl-canary-{self.token}"
         self.dir = Path(tempfile.mkdtemp(prefix=".sbx-canary-", dir=root))
         self.dir.chmod(0o777)  # permissions are not the barrier: the jail must be
@@ -139,29 +154,27 @@ class Canaries:
         self.file.write_text(self.token)
         self.file.chmod(0o666)
         self.secret = "sk-" + secrets.token_hex(12)
-        self._old_secret = os.environ.get(SECRET_VAR)
         os.environ[SECRET_VAR] = self.secret
-        self.procs = [self._canary_process(uid) for uid in self._canary_uids()]
+        for uid in self._canary_uids():
+            self.procs.append(self._canary_process(uid))
         self.tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listeners.append(self.tcp)
         self.tcp.bind(("127.0.0.1", 0))
         self.port = self.tcp.getsockname()[1]
-        self.unix_paths = [str(self.dir / "canary.sock")]
+        addresses = [str(self.dir / "canary.sock")]
         if os.path.isdir("/run") and os.access("/run", os.W_OK):
-            self.unix_paths.append(f"/run/{self.marker}.sock")  # where host services keep theirs
+            addresses.append(f"/run/{self.marker}.sock")  # where host services keep theirs
         self.abstract = "\0" + self.marker
-        self.listeners = [self.tcp]
-        for address in (*self.unix_paths, self.abstract):
+        for address in (*addresses, self.abstract):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.listeners.append(sock)
             sock.bind(address)
             if not address.startswith("\0"):
+                self.unix_paths.append(address)
                 os.chmod(address, 0o777)
-            self.listeners.append(sock)
         for sock in self.listeners:
             sock.listen(16)
             sock.setblocking(False)
-        self.ipc_key = int(self.token[:7], 16)
-        self._lock = threading.Lock()
-        self._reported: set[str] = set()
 
     def _canary_uids(self) -> list[int | None]:
         """The host's own uid, and (as root) every sandbox slot uid: then only the jail, not
@@ -182,10 +195,13 @@ class Canaries:
         return {"dir": str(self.dir), "file": str(self.file), "pids": [p.pid for p in self.procs],
                 "port": self.port, "unix": self.unix_paths, "abstract": self.abstract,
                 "token": self.token, "marker": self.marker, "ipc_key": self.ipc_key,
-                "host_paths": [f"{d}/sbx-{self.token}" for d in self._host_dirs()]}
+                "host_paths": self.host_paths()}
 
-    def _host_dirs(self) -> tuple[str, ...]:
-        return (tempfile.gettempdir(), "/var/tmp", "/dev/shm", "/etc", "", str(self.dir.parent))
+    def host_paths(self) -> list[str]:
+        """Host paths where a program's write must not land (unique to this run)."""
+        assert self.dir is not None
+        dirs = (tempfile.gettempdir(), "/var/tmp", "/dev/shm", "/etc", "", str(self.dir.parent))
+        return [f"{d}/sbx-{self.token}" for d in dirs]
 
     def new_damage(self) -> list[str]:
         """`damage()` not reported before: what the program(s) just run did."""
@@ -224,7 +240,7 @@ class Canaries:
         extra = sorted(p.name for p in self.dir.iterdir() if p.name not in ("canary.txt", "canary.sock"))
         if extra:
             found.append(f"files created in the canary dir: {extra}")
-        for path in self.info()["host_paths"]:
+        for path in self.host_paths():
             if os.path.lexists(path):
                 found.append(f"host file created: {path}")
         found += self._ipc_leaks()
@@ -249,11 +265,12 @@ class Canaries:
         for path in self.unix_paths:
             with contextlib.suppress(OSError):
                 os.unlink(path)
-        for path in self.info()["host_paths"]:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-        self._remove_ipc()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if self.dir is not None:  # the token and dir exist from here on
+            for path in self.host_paths():
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            self._remove_ipc()
+            shutil.rmtree(self.dir, ignore_errors=True)
         if self._old_secret is None:
             os.environ.pop(SECRET_VAR, None)
         else:
@@ -943,7 +960,8 @@ def run_corpus(sandbox: Sandbox, root: Path, programs: tuple[Hostile, ...] = COR
         stats = sandbox.stats()
         if stats["cgroup_leaks"]:
             global_evidence.append(f"{stats['cgroup_leaks']} run cgroups could not be removed")
-        leftover = [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("scalerl-sbx-")]
+        mine = f"scalerl-sbx-{os.getpid()}-"  # other sandboxes on the machine have their own
+        leftover = [p for p in os.listdir(tempfile.gettempdir()) if p.startswith(mine)]
         if leftover:
             global_evidence.append(f"spec dirs left behind: {leftover[:3]}")
     finally:
@@ -961,7 +979,7 @@ def format_table(report: Report) -> str:
             continue
         peak = f"{r.peak_memory_mb:.0f}" if r.peak_memory_mb is not None else "-"
         cpu = f"{r.tree_cpu_s:.2f}" if r.tree_cpu_s is not None else "-"
-        contained = "yes" if not r.escaped else "**NO**: " + "; ".join(r.evidence)
+        contained = "yes" if not r.escaped else "**NO**: " + "; ".join(r.evidence).replace("|", "\\|")
         lines.append(f"| {r.name} | {r.kind} | {r.goal} | {r.reason} | {contained} | {r.host_wall_s:.2f} "
                      f"| {peak} | {cpu} |")
     tried = report.tried

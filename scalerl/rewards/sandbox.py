@@ -400,7 +400,7 @@ class Sandbox:
             self.memory_limited += result.memory_limited
             self.tasks_limited += result.tasks_refused > 0
             self.cgroup_runs += result.cgroup
-            self.cgroup_fallbacks += prot.cgroup is not None and not result.cgroup
+            self.cgroup_fallbacks += prot.cgroup is not None and not result.cgroup and result.error is None
         return result
 
     def _make_cgroup(self, prot: Protections, slot: int) -> tuple[RunCgroup | None, str | None]:
@@ -435,7 +435,7 @@ class Sandbox:
              wall_s: float) -> SandboxResult:
         prefix = _launch_prefix(prot.mode, self.config.unshare)
         slot = self._free_slots.get()
-        spec_dir = tempfile.mkdtemp(prefix="scalerl-sbx-")
+        spec_dir = tempfile.mkdtemp(prefix=f"scalerl-sbx-{os.getpid()}-")  # pid: whose leftovers
         fds: list[int] = []
         cgroup: RunCgroup | None = None
         try:

@@ -52,7 +52,7 @@ def processes_with(marker: str) -> list[int]:
 
 
 def leftover_spec_dirs() -> set[str]:
-    return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("scalerl-sbx-")}
+    return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith(f"scalerl-sbx-{os.getpid()}-")}
 
 
 # -- basic behaviour -------------------------------------------------------------------------

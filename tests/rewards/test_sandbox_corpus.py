@@ -87,3 +87,18 @@ def test_the_checks_catch_a_weak_sandbox() -> None:
 def test_unknown_program_names_are_refused() -> None:
     with pytest.raises(ValueError, match="nope"):
         run_corpus(Sandbox(SandboxConfig(**CONFIG)), REPO, only={"nope"})  # type: ignore[arg-type]
+
+
+def test_a_failed_canary_setup_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Setup failing half-way (here: at the first canary process) undoes what it made."""
+    from scalerl.rewards import hostile
+
+    def refuse(self: hostile.Canaries, uid: int | None) -> None:
+        raise OSError("no canary")
+
+    monkeypatch.setattr(hostile.Canaries, "_canary_process", refuse)
+    monkeypatch.setenv(hostile.SECRET_VAR, "before")
+    with pytest.raises(OSError, match="no canary"):
+        hostile.Canaries(Sandbox(SandboxConfig(**CONFIG)), tmp_path)  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
+    assert os.environ[hostile.SECRET_VAR] == "before"
