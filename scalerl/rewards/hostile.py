@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import math
 import os
 import secrets
@@ -41,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scalerl.rewards.sandbox import Sandbox, SandboxResult
+from scalerl.rewards.sandbox import Sandbox, SandboxConfig, SandboxResult
 
 SECRET_VAR = "SCALERL_CORPUS_SECRET"
 # Time over the wall limit that counts as "outlived its limit": as the init measures the program
@@ -113,6 +114,7 @@ class Report:
     protections: str
     wall_s: float
     sandbox_stats: dict[str, int] = field(default_factory=dict)
+    identity: Identity | None = None
 
     @property
     def tried(self) -> list[Row]:
@@ -468,7 +470,7 @@ CORPUS: tuple[Hostile, ...] = (
     _p("memory_bomb", "memory", "allocate more than the per-process limit", """
     chunks = []
     try:
-        for _ in range(30):
+        for _ in range(10):  # 1 GB at most: over the limits the corpus is run with, not the host's
             chunks.append(bytearray(100 * 1024 * 1024))
             print("allocated", len(chunks) * 100, flush=True)
     except MemoryError:
@@ -489,7 +491,7 @@ CORPUS: tuple[Hostile, ...] = (
     while os.read(r, 1):
         held += 120
         print("held", held, flush=True)
-    """, wall_s=3.0, needs="cgroup", check=_below("held", lambda c: c.config.tree_memory_mb, " MB")),
+    """, wall_s=6.0, needs="cgroup", check=_below("held", lambda c: c.config.tree_memory_mb, " MB")),
     _p("memfd_memory", "memory", "hold unmapped memory (memfd) that the address-space limit misses", """
     held = 0
     fds = []
@@ -502,7 +504,7 @@ CORPUS: tuple[Hostile, ...] = (
             print("held", held, flush=True)
     except OSError:
         pass
-    """, needs="cgroup", check=_below("held", lambda c: c.config.tree_memory_mb, " MB")),
+    """, wall_s=4.0, needs="cgroup", check=_below("held", lambda c: c.config.tree_memory_mb, " MB")),
     # -- disk and files
     _p("disk_fill", "disk", "write more than the scratch quota", """
     n = 0
@@ -660,6 +662,7 @@ CORPUS: tuple[Hostile, ...] = (
     for fstype, options in ((b"cgroup", b"memory"), (b"cgroup2", None)):
         if libc.mount(b"x", b"/mnt", fstype, 0, options) == 0:
             escaped(f"mounted a {fstype.decode()} hierarchy")
+            libc.umount2(b"/mnt", 2)  # MNT_DETACH: a weak sandbox must not keep the mount
     for line in open("/proc/self/cgroup").read().splitlines():
         _, controllers, path = line.split(":", 2)
         name = controllers.split(",")[0].replace("name=", "")
@@ -715,7 +718,12 @@ CORPUS: tuple[Hostile, ...] = (
     """, needs="namespaces"),
     _p("kill_supervisor", "signals", "take the sandbox's init down to lose its verdict", """
     import signal
-    for target in (1, os.getppid()):
+    def is_init(pid):  # only the sandbox's own init: without a PID namespace, 1 is the host's
+        try:
+            return b"sandbox_init" in open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            return False
+    for target in {t for t in (1, os.getppid()) if is_init(t)}:
         for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGSTOP):
             try:
                 os.kill(target, sig)
@@ -748,6 +756,8 @@ CORPUS: tuple[Hostile, ...] = (
             continue
         if r.returncode == 0:
             escaped(f"{argv[0]} succeeded: {r.stdout[:40]!r}")
+            if argv[0] == "mount":  # a weak sandbox must not keep the mount
+                subprocess.run(["umount", "-l", "/mnt"], capture_output=True, timeout=3)
     """),
     _p("userns_remount", "privileges", "remount the filesystem writable from a new user namespace", """
     import ctypes
@@ -887,6 +897,89 @@ def _uid_processes(uids: range, exclude: set[int]) -> list[int]:
     return found
 
 
+def calibration_problems(config: SandboxConfig) -> list[str]:
+    """Limits of `config` the corpus cannot show broken: each program tries a fixed amount (so
+    that against a weak sandbox it stays bounded), which must exceed the limit it tests."""
+    tries = (("memory_mb", config.memory_mb, 1000, "memory_bomb allocates up to 1000 MB"),
+             ("tree_memory_mb", config.tree_memory_mb, 480, "tree_memory holds up to 480 MB"),
+             ("nproc", config.nproc, 200, "zombie_horde forks up to 200"),
+             ("scratch_mb", config.scratch_mb * _MiB // 1_000_000, 200, "disk_fill writes up to 200 MB"),
+             ("scratch_inodes", config.scratch_inodes, 5000, "inode_fill creates up to 5000 files"),
+             ("file_size_mb", config.file_size_mb, 100, "big_file grows to 100 MB"),
+             ("open_files", config.open_files, 5000, "fd_exhaust opens up to 5000 files"),
+             ("max_output_bytes", config.max_output_bytes, 64 * _MiB, "huge_output writes 64 MB"))
+    problems = [f"sandbox.{key}={value}: must be below {top} ({why})" for key, value, top, why in tries
+                if value >= top]
+    if config.memory_mb <= 160:
+        problems.append(f"sandbox.memory_mb={config.memory_mb}: must be over 160 (tree_memory's "
+                        "120 MB children must each fit, so that only the tree bound can stop them)")
+    return problems
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a program runs as, seen from the host: its uid there and the namespaces it shares."""
+
+    host_uid: int
+    host_gid: int
+    capabilities: int  # CapEff
+    new_namespaces: tuple[str, ...]  # of pid, net, mnt, ipc, uts, user: those not the host's
+
+    def describe(self) -> str:
+        spaces = ", ".join(self.new_namespaces) if self.new_namespaces else "NO new"
+        caps = "no capabilities" if self.capabilities == 0 else f"capabilities {self.capabilities:#x}"
+        return (f"programs run as host uid {self.host_uid} (gid {self.host_gid}), {caps}, "
+                f"in {spaces} namespaces")
+
+
+_NAMESPACES = ("pid", "net", "mnt", "ipc", "uts", "user")
+_IDENTITY_PROBE = """\
+import json, os
+ns = {}
+for name in NAMES:
+    try:
+        ns[name] = os.readlink("/proc/self/ns/" + name)
+    except OSError:
+        ns[name] = None
+status = open("/proc/self/status").read()
+print(json.dumps({"uid": os.getuid(), "gid": os.getgid(), "ns": ns,
+                  "caps": int(status.split("CapEff:")[1].split()[0], 16),
+                  "uid_map": open("/proc/self/uid_map").read(),
+                  "gid_map": open("/proc/self/gid_map").read()}))
+""".replace("NAMES", repr(_NAMESPACES))
+
+
+def _to_host(inner: int, id_map: str) -> int:
+    """An id inside a user namespace -> the host's, from `/proc/self/{uid,gid}_map` lines
+    `inside outside count` (user_namespaces(7)); an unmapped id is the overflow id 65534."""
+    for line in id_map.splitlines():
+        inside, outside, count = (int(x) for x in line.split())
+        if inside <= inner < inside + count:
+            return outside + inner - inside
+    return 65534
+
+
+def _readlink(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def program_identity(sandbox: Sandbox) -> Identity:
+    """Run a probe program and say who it is on the host (RuntimeError if it cannot tell)."""
+    result = sandbox.run_python({"identity.py": _IDENTITY_PROBE}, "identity.py", wall_s=10.0)
+    try:
+        info = json.loads(result.stdout.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError) as exc:
+        why = result.error or result.stderr[-300:].decode(errors="replace")
+        raise RuntimeError(f"identity probe failed ({result.reason}): {why}") from exc
+    host = {name: _readlink(f"/proc/self/ns/{name}") for name in _NAMESPACES}
+    new = tuple(n for n in _NAMESPACES if info["ns"][n] is not None and info["ns"][n] != host[n])
+    return Identity(_to_host(info["uid"], info["uid_map"]), _to_host(info["gid"], info["gid_map"]),
+                    info["caps"], new)
+
+
 def _missing(sandbox: Sandbox, needs: str | None) -> str | None:
     prot = sandbox.protections
     if needs == "cgroup" and (prot.cgroup is None or set(prot.cgroup.limited) != {"memory", "pids"}):
@@ -938,12 +1031,22 @@ def run_corpus(sandbox: Sandbox, root: Path, programs: tuple[Hostile, ...] = COR
 
     `root`: a host directory the programs can see (not under /tmp, which the jail replaces) for
     the canary directory. The host's environment holds a secret for the duration.
+
+    Refuses (RuntimeError) to run programs that would be root on the host, whatever the
+    sandbox: a probe says who they are first. Refuses (ValueError) limits the corpus cannot
+    show broken (`calibration_problems`), unless `try_all`, which runs every program to show
+    what a sandbox lets through, not to certify it.
     """
     chosen = tuple(p for p in programs if only is None or p.name in only)
     if only is not None and len(chosen) != len(only):
         unknown = sorted(only - {p.name for p in programs})
         raise ValueError(f"unknown hostile programs: {unknown}")
+    if not try_all and (problems := calibration_problems(sandbox.config)):
+        raise ValueError("the corpus cannot test these limits: " + "; ".join(problems))
     prot = sandbox.protections
+    identity = program_identity(sandbox)
+    if identity.host_uid == 0 or identity.host_gid == 0:
+        raise RuntimeError(f"refusing to run hostile programs as root on the host: {identity.describe()}")
     canaries = Canaries(sandbox, root)
     start = time.monotonic()
     try:
@@ -966,7 +1069,7 @@ def run_corpus(sandbox: Sandbox, root: Path, programs: tuple[Hostile, ...] = COR
             global_evidence.append(f"spec dirs left behind: {leftover[:3]}")
     finally:
         canaries.close()
-    return Report(rows, global_evidence, prot.describe(), wall, stats)
+    return Report(rows, global_evidence, prot.describe(), wall, stats, identity)
 
 
 def format_table(report: Report) -> str:

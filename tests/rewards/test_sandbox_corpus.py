@@ -5,13 +5,23 @@ time; the whole corpus takes about 11 s of wall time here."""
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from scalerl.rewards import cgroup as cg
-from scalerl.rewards.hostile import CORPUS, Report, format_table, run_corpus
-from scalerl.rewards.sandbox import Sandbox, SandboxConfig
+from scalerl.rewards.hostile import (
+    CORPUS,
+    Report,
+    calibration_problems,
+    format_table,
+    program_identity,
+    run_corpus,
+)
+from scalerl.rewards.sandbox import Sandbox, SandboxConfig, SandboxUnavailableError
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -44,6 +54,37 @@ def test_no_hostile_program_escapes(report: Report) -> None:
     assert report.sandbox_stats["errors"] == 0 and report.sandbox_stats["cgroup_leaks"] == 0, table
 
 
+def test_programs_run_unprivileged_inside_namespaces(report: Report) -> None:
+    """We are root here: the hostile programs must not be, and must not share the host's namespaces."""
+    ident = report.identity
+    assert ident is not None and ident.host_uid != 0 and ident.host_gid != 0 and ident.capabilities == 0
+    if os.geteuid() == 0:
+        assert ident.host_uid in range(UID_BASE, UID_BASE + CONFIG["max_parallel"]), ident
+        assert {"pid", "net", "mnt", "ipc", "uts"} <= set(ident.new_namespaces), ident
+
+
+def test_the_corpus_refuses_to_run_as_host_root() -> None:
+    """A forced `userns` sandbox as root maps the program to host root: no hostile program runs."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    sandbox = Sandbox(SandboxConfig(**CONFIG, isolation="userns", cgroup="off"))  # type: ignore[arg-type]
+    try:
+        ident = program_identity(sandbox)
+    except SandboxUnavailableError:
+        pytest.skip("no user namespaces here")
+    assert ident.host_uid == 0
+    with pytest.raises(RuntimeError, match="as root on the host"):
+        run_corpus(sandbox, REPO, only={"fork_bomb"})
+    assert sandbox.stats()["runs"] == 2  # the two identity probes, no hostile program
+
+
+def test_limits_the_corpus_cannot_test_are_refused() -> None:
+    loose = Sandbox(SandboxConfig(**{**CONFIG, "memory_mb": 2048, "nproc": 256}))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"sandbox\.memory_mb=2048.*sandbox\.nproc=256"):
+        run_corpus(loose, REPO)
+    assert calibration_problems(SandboxConfig(**CONFIG)) == []  # type: ignore[arg-type]
+
+
 def test_every_program_is_tried_where_the_machine_allows(report: Report) -> None:
     support, _ = cg.locate()
     if os.geteuid() != 0 or support is None or set(support.limited) != {"memory", "pids"}:
@@ -64,24 +105,43 @@ def test_bounds_were_actually_hit(report: Report) -> None:
     assert rows["binary_output"].reason == "ok" and rows["env_secret"].reason == "ok"
 
 
-def test_the_checks_catch_a_weak_sandbox() -> None:
-    """No namespaces, no cgroup: the same programs and checks must report escapes."""
-    if os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON):
-        pytest.skip("the weak mode's dedicated uid needs root and an interpreter outside /root")
-    weak = Sandbox(SandboxConfig(**CONFIG, isolation="none", cgroup="off",  # type: ignore[arg-type]
-                                 python=SYSTEM_PYTHON))
-    chosen = {"write_outside", "network", "tree_memory", "proc_probe", "unix_sockets", "env_secret"}
-    report = run_corpus(weak, REPO, only=chosen, try_all=True)
-    rows = {r.name: r for r in report.rows}
-    table = format_table(report)
-    assert any("host file created" in e or "canary dir" in e for e in rows["write_outside"].evidence), table
-    assert any("connected to 127.0.0.1" in e for e in rows["network"].evidence), table
-    assert any("held reached 480 MB" in e for e in rows["tree_memory"].evidence), table
-    assert any("sees host canary" in e for e in rows["proc_probe"].evidence), table
+def _row(table: str, name: str) -> str:
+    """The `contained` cell of program `name`'s row."""
+    match = re.search(rf"^\| {name} \|(?:[^|]*\|){{3}} ((?:[^|]|\\\|)*) \|", table, flags=re.MULTILINE)
+    assert match, f"no row for {name}:\n{table}"
+    return match[1]
+
+
+def test_a_weak_sandbox_fails_the_checks_not_the_host() -> None:
+    """Every program against no namespaces, no cgroup and loose rlimits (only the programs' own
+    bounds hold), as the slot's unprivileged uid, inside a 3 GB / 1000-task safety cgroup: the
+    checks report the escapes (so a 0 means something), and the host pays a bounded cost."""
+    support, _ = cg.locate()
+    if os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON) or support is None \
+            or set(support.limited) != {"memory", "pids"}:
+        pytest.skip("needs root (the slot's uid), an interpreter outside /root, memory+pids cgroups")
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "hostile_corpus.py"), "--weak"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    foot = re.search(r"peak memory (\d+) MB of a 3072 MB safety bound; peak tasks (\d+) of 1000; "
+                     r"safety bound reached: no", out)
+    assert foot, out
+    assert int(foot[1]) < 2048 and int(foot[2]) < 700, out  # a few hundred processes, under 2 GB
+    # weak, but still not root
+    assert re.search(r"^identity: programs run as host uid (?!0 )\d+ .*no capabilities, in NO new namespaces",
+                     out, flags=re.MULTILINE), out
+    assert "host file created" in _row(out, "write_outside"), out
+    assert "connected to 127.0.0.1" in _row(out, "network"), out
+    assert "held reached 480 MB" in _row(out, "tree_memory"), out
+    assert "sees host canary" in _row(out, "proc_probe"), out
+    assert "host network interface" in _row(out, "sys_probe") or "/sys" in _row(out, "sys_probe"), out
+    assert "SysV" in _row(out, "sysv_ipc"), out
     # what the weak mode still has: a clean environment and the seccomp filter on Unix sockets
-    assert not any("secret" in e for e in rows["env_secret"].evidence), table
-    assert not any("connected to" in e for e in rows["unix_sockets"].evidence), table
-    assert report.escapes >= 4
+    assert _row(out, "env_secret") == "yes" and _row(out, "unix_sockets") == "yes", out
+    escapes = re.search(rf"^programs tried: {len(CORPUS)}; escapes: (\d+);", out, flags=re.MULTILINE)
+    assert escapes and int(escapes[1]) >= 8, out
 
 
 def test_unknown_program_names_are_refused() -> None:
