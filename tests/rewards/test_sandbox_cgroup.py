@@ -173,12 +173,14 @@ def test_children_together_over_the_tree_memory_bound_are_stopped() -> None:
     canary = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     sb = make()
     try:
-        start = time.monotonic()
         result = run(sb, TREE_BOMB, name=marker)
-        elapsed = time.monotonic() - start
         assert result.memory_limited and result.reason == "memory_limit" and not result.ok, result
-        assert b"held" not in result.stdout  # the whole tree was stopped, not one victim
-        assert elapsed < 2.0  # at the bound, not after the children's 2 s sleep or at the wall limit
+        # the whole tree was stopped, not one victim: the others would have ended their 2 s sleep
+        # and the parent would have printed what was held
+        assert b"held" not in result.stdout
+        # at the bound, not at the wall limit (as the init times the program: the host's time
+        # includes jail setup, seconds on a loaded machine)
+        assert not result.timed_out and result.wall_s < 4.0, result
         assert result.peak_memory_bytes is not None and result.peak_memory_bytes <= 300 * MiB
         assert sb.stats()["memory_limited"] == 1 and sb.stats()["cgroup_runs"] == 1
         assert canary.poll() is None  # the host is unaffected
