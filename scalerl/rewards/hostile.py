@@ -27,6 +27,7 @@ import ctypes
 import json
 import math
 import os
+import resource
 import secrets
 import shutil
 import signal
@@ -101,6 +102,7 @@ class Row:
     peak_memory_mb: float | None
     tree_cpu_s: float | None
     skipped: str | None = None
+    host_cpu_s: float = 0.0  # the host thread's own CPU for the call: setup, pumping, cleanup
 
     @property
     def escaped(self) -> bool:
@@ -997,11 +999,14 @@ def run_one(sandbox: Sandbox, canaries: Canaries, program: Hostile, try_all: boo
     skipped = None if try_all else _missing(sandbox, program.needs)
     if skipped:
         return Row(program.name, program.kind, program.goal, "-", [], 0.0, None, None, skipped)
+    host_cpu = resource.getrusage(resource.RUSAGE_THREAD)
     file_name = f"h_{program.name}_{canaries.token}.py"
     source = _PRELUDE.format(canary=canaries.info()) + program.body
     start = time.monotonic()
     result = sandbox.run_python({file_name: source}, file_name, stdin=program.stdin, wall_s=program.wall_s)
     host_wall = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_THREAD)
+    host_cpu_s = after.ru_utime + after.ru_stime - host_cpu.ru_utime - host_cpu.ru_stime
     text = result.stdout.decode(errors="replace")
     evidence = [line.split("ESCAPED:", 1)[1].strip() for line in text.splitlines()
                 if line.startswith("ESCAPED:")]
@@ -1022,7 +1027,7 @@ def run_one(sandbox: Sandbox, canaries: Canaries, program: Hostile, try_all: boo
     evidence += canaries.new_damage()  # with programs in parallel, possibly the other one's
     peak = result.peak_memory_bytes / _MiB if result.peak_memory_bytes is not None else None
     return Row(program.name, program.kind, program.goal, result.reason, evidence, host_wall, peak,
-               result.tree_cpu_s)
+               result.tree_cpu_s, host_cpu_s=host_cpu_s)
 
 
 def run_corpus(sandbox: Sandbox, root: Path, programs: tuple[Hostile, ...] = CORPUS,
@@ -1074,22 +1079,25 @@ def run_corpus(sandbox: Sandbox, root: Path, programs: tuple[Hostile, ...] = COR
 
 def format_table(report: Report) -> str:
     """A Markdown table, one row per program, and a summary line."""
-    lines = ["| program | kind | goal | outcome | contained | host wall s | peak MB | tree CPU s |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| program | kind | goal | outcome | contained | host wall s | host CPU ms | peak MB "
+             "| tree CPU s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in report.rows:
         if r.skipped:
-            lines.append(f"| {r.name} | {r.kind} | {r.goal} | not tried: {r.skipped} | - | - | - | - |")
+            lines.append(f"| {r.name} | {r.kind} | {r.goal} | not tried: {r.skipped} | - | - | - | - | - |")
             continue
         peak = f"{r.peak_memory_mb:.0f}" if r.peak_memory_mb is not None else "-"
         cpu = f"{r.tree_cpu_s:.2f}" if r.tree_cpu_s is not None else "-"
         contained = "yes" if not r.escaped else "**NO**: " + "; ".join(r.evidence).replace("|", "\\|")
         lines.append(f"| {r.name} | {r.kind} | {r.goal} | {r.reason} | {contained} | {r.host_wall_s:.2f} "
-                     f"| {peak} | {cpu} |")
+                     f"| {r.host_cpu_s * 1000:.0f} | {peak} | {cpu} |")
     tried = report.tried
     peaks = [r.peak_memory_mb for r in tried if r.peak_memory_mb is not None]
     summary = (f"programs tried: {len(tried)}; escapes: {report.escapes}; "
                f"not tried: {len(report.rows) - len(tried)}; corpus wall: {report.wall_s:.1f} s; "
-               f"sum of host wall: {sum(r.host_wall_s for r in tried):.1f} s")
+               f"sum of host wall: {sum(r.host_wall_s for r in tried):.1f} s; "
+               f"host CPU: {sum(r.host_cpu_s for r in tried) * 1000:.0f} ms in all, "
+               f"{max((r.host_cpu_s for r in tried), default=0) * 1000:.0f} ms at most")
     if peaks:
         summary += f"; max tree peak: {max(peaks):.0f} MB"
     lines += ["", summary]

@@ -85,6 +85,13 @@ def test_limits_the_corpus_cannot_test_are_refused() -> None:
     assert calibration_problems(SandboxConfig(**CONFIG)) == []  # type: ignore[arg-type]
 
 
+def test_the_host_side_cost_is_small(report: Report) -> None:
+    """The host thread's own CPU per program (setup, pumping output, cleanup), whatever the
+    program does: a busy loop on the host side, or an output flood it has to copy, would show."""
+    costs = {r.name: r.host_cpu_s for r in report.tried}
+    assert all(0 < c < 0.5 for c in costs.values()), costs
+
+
 def test_every_program_is_tried_where_the_machine_allows(report: Report) -> None:
     support, _ = cg.locate()
     if os.geteuid() != 0 or support is None or set(support.limited) != {"memory", "pids"}:
