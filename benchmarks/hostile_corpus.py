@@ -13,16 +13,24 @@ the jail shows read-only.
 
 `--weak` runs every program against a sandbox with no namespaces, no cgroup and loose rlimits
 (4 GB per process, 1024 processes: only the programs' own bounds hold), as the slot's unprivileged
-uid, the whole run inside a safety cgroup of 3 GB and 1000 tasks. It prints what got through and
-the footprint on the host (peak memory and tasks of everything the run started), and exits 1 if
-the safety bound was reached: then a program is not bounded by itself.
+uid. The whole experiment (canaries, sandbox, programs) runs in namespaces of its own (pid, net
+with `lo` up, mount with fresh tmpfs on /tmp, /var/tmp, /dev/shm and /run, ipc, uts) and inside
+a safety cgroup of 3 GB and 1000 tasks, so what the weak sandbox lets through reaches only that
+enclosure, which the checks treat as "the host". It prints what got through and the footprint
+(peak memory and tasks of everything the run started), and exits 1 if the safety bound was
+reached: then a program is not bounded by itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import fcntl
 import logging
 import os
+import shutil
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -35,12 +43,16 @@ from scalerl.rewards.sandbox import Sandbox, SandboxConfig
 ROOT = Path(__file__).resolve().parents[1]
 SAFETY_MB, SAFETY_TASKS = 3072, 1000
 WEAK_PYTHON = "/usr/bin/python3"  # the slot's uid cannot read a venv under /root
+_NAMESPACES = ("pid", "net", "mnt", "ipc", "uts")
+_HOST_NS_VAR = "SCALERL_WEAK_HOST_NS"
+_OWNER_VAR = "SCALERL_WEAK_OWNER_PID"
 
 
 def _config(args: argparse.Namespace) -> SandboxConfig:
     # uids of this process only, so other sandboxes on the machine neither share its process limit
     # nor show up in the "no process of a sandbox uid remains" check
-    uid_base = 1_500_000_000 + (os.getpid() % 50_000) * 16
+    owner = int(os.environ.get(_OWNER_VAR, os.getpid()))  # --weak: the pid outside the enclosure
+    uid_base = 1_500_000_000 + (owner % 50_000) * 16
     base = {"max_parallel": args.parallel, "memory_mb": 256, "tree_memory_mb": 384, "nproc": 16,
             "max_output_bytes": 1 << 20, "uid_base": uid_base}
     if args.weak_inside:
@@ -60,6 +72,14 @@ def _weak(argv: list[str]) -> int:
     if not os.path.exists(WEAK_PYTHON):
         print(f"error: --weak: needs {WEAK_PYTHON} (an interpreter the slot's uid can read)", file=sys.stderr)
         return 2
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        print("error: --weak: needs `unshare` (util-linux) for the enclosure", file=sys.stderr)
+        return 2
+    enclosure = [unshare, "--pid", "--fork", "--mount-proc", "--net", "--ipc", "--uts",
+                 "--propagation", "private", "--kill-child=SIGKILL"]
+    env = {**os.environ, _HOST_NS_VAR: " ".join(os.readlink(f"/proc/self/ns/{n}") for n in _NAMESPACES),
+           _OWNER_VAR: str(os.getpid())}
     safety = cg.RunCgroup.create(support, f"{cg.RUN_PREFIX}{os.getpid()}-weak-{os.urandom(3).hex()}",
                                  SAFETY_MB << 20, SAFETY_TASKS)
 
@@ -70,8 +90,8 @@ def _weak(argv: list[str]) -> int:
 
     start = time.monotonic()
     try:
-        child = subprocess.run([sys.executable, __file__, "--weak-inside", *argv], preexec_fn=join,
-                               timeout=600, check=False)
+        child = subprocess.run([*enclosure, sys.executable, __file__, "--weak-inside", *argv],
+                               preexec_fn=join, env=env, timeout=600, check=False)
         usage = safety.usage()
         failcnt = _read_int(safety.dirs["memory"], "memory.failcnt")
     finally:
@@ -83,6 +103,40 @@ def _weak(argv: list[str]) -> int:
           f"(oom kills {usage.oom_kills}, forks refused {usage.pids_refused}, memory failcnt {failcnt}); "
           f"wall {time.monotonic() - start:.1f} s; exit {child.returncode}")
     return 1 if hit or child.returncode not in (0, 1) else 0
+
+
+def _enter_enclosure() -> str:
+    """Inside `--weak`'s namespaces: `lo` up (the canary listener is on 127.0.0.1), fresh tmpfs
+    where a program's writes would land. Returns which namespaces differ from the host's."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    for target, size in (("/tmp", "1g"), ("/var/tmp", "64m"), ("/dev/shm", "64m"), ("/run", "16m")):
+        if os.path.isdir(target) and libc.mount(b"weak", target.encode(), b"tmpfs", 0,
+                                                f"size={size},mode=1777".encode()) != 0:
+            raise OSError(ctypes.get_errno(), f"enclosure: mount tmpfs on {target}")
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        req = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(sock, siocgifflags, req))[1]
+        fcntl.ioctl(sock, siocsifflags, struct.pack("16sH14x", b"lo", flags | iff_up))
+    host = os.environ.get(_HOST_NS_VAR, "").split()
+    own = [os.readlink(f"/proc/self/ns/{n}") for n in _NAMESPACES]
+    return ", ".join(n for n, h, o in zip(_NAMESPACES, host, own, strict=False) if h != o) or "NONE"
+
+
+def _become_init() -> None:
+    """This process is pid 1 of the enclosure, where every orphan lands: fork the run and reap
+    everything until it ends (else the weak sandbox's orphans stay zombies, counted as tasks)."""
+    run = os.fork()
+    if run == 0:
+        return
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            os._exit(1)
+        if pid == run:
+            os._exit(os.waitstatus_to_exitcode(status))
 
 
 def _read_int(directory: str, name: str) -> int | None:
@@ -113,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         return _weak(rest)
     logging.basicConfig(level=logging.ERROR if args.weak_inside else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    if args.weak_inside:
+        print("enclosure: the weak run has its own", _enter_enclosure(), "namespaces", flush=True)
+        _become_init()
     sandbox = Sandbox(_config(args))
     only = {name.strip() for name in args.only.split(",") if name.strip()} or None
     try:

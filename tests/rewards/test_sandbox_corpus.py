@@ -121,8 +121,9 @@ def _row(table: str, name: str) -> str:
 
 def test_a_weak_sandbox_fails_the_checks_not_the_host() -> None:
     """Every program against no namespaces, no cgroup and loose rlimits (only the programs' own
-    bounds hold), as the slot's unprivileged uid, inside a 3 GB / 1000-task safety cgroup: the
-    checks report the escapes (so a 0 means something), and the host pays a bounded cost."""
+    bounds hold), as the slot's unprivileged uid; the experiment enclosed in namespaces of its own
+    and a 3 GB / 1000-task safety cgroup: the checks report the escapes (so a 0 means something),
+    and the cost is bounded."""
     support, _ = cg.locate()
     if os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON) or support is None \
             or set(support.limited) != {"memory", "pids"}:
@@ -136,6 +137,8 @@ def test_a_weak_sandbox_fails_the_checks_not_the_host() -> None:
                      r"safety bound reached: no", out)
     assert foot, out
     assert int(foot[1]) < 2048 and int(foot[2]) < 700, out  # a few hundred processes, under 2 GB
+    # the whole weak experiment is enclosed in namespaces of its own
+    assert "enclosure: the weak run has its own pid, net, mnt, ipc, uts namespaces" in out, out
     # weak, but still not root
     assert re.search(r"^identity: programs run as host uid (?!0 )\d+ .*no capabilities, in NO new namespaces",
                      out, flags=re.MULTILINE), out
