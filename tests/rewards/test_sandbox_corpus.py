@@ -142,14 +142,16 @@ def test_a_weak_sandbox_fails_the_checks_not_the_host() -> None:
     # weak, but still not root
     assert re.search(r"^identity: programs run as host uid (?!0 )\d+ .*no capabilities, in NO new namespaces",
                      out, flags=re.MULTILINE), out
-    assert "host file created" in _row(out, "write_outside"), out
+    # what a program reports, or its own check finds, is in its row
     assert "connected to 127.0.0.1" in _row(out, "network"), out
     assert "held reached 480 MB" in _row(out, "tree_memory"), out
     assert "sees host canary" in _row(out, "proc_probe"), out
-    assert "host network interface" in _row(out, "sys_probe") or "/sys" in _row(out, "sys_probe"), out
-    assert "SysV" in _row(out, "sysv_ipc"), out
+    assert "host network interface" in _row(out, "sys_probe"), out
+    # damage found on the host may land in the row of the program run beside it (two at a time)
+    assert "host file created: /tmp/sbx-" in out and "SysV shm with the program's key" in out, out
     # what the weak mode still has: a clean environment and the seccomp filter on Unix sockets
-    assert _row(out, "env_secret") == "yes" and _row(out, "unix_sockets") == "yes", out
+    assert "secret environment variable was read" not in out, out
+    assert "connected to '" not in out and not re.search(r"listener (?:'|b')", out), out
     escapes = re.search(rf"^programs tried: {len(CORPUS)}; escapes: (\d+);", out, flags=re.MULTILINE)
     assert escapes and int(escapes[1]) >= 8, out
 
