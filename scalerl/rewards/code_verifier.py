@@ -55,6 +55,7 @@ class TestOutcome:
 
     passed: bool
     reason: str
+    tree_bounded: bool = True  # the run's whole tree was under a cgroup's memory/task bound
 
 
 @dataclass(frozen=True)
@@ -129,8 +130,8 @@ class CodeVerifier:
     @staticmethod
     def _judge(result: SandboxResult, output_matches: bool) -> TestOutcome:
         if not result.ok:
-            return TestOutcome(False, result.reason)
-        return TestOutcome(output_matches, "ok" if output_matches else "wrong_answer")
+            return TestOutcome(False, result.reason, result.cgroup)
+        return TestOutcome(output_matches, "ok" if output_matches else "wrong_answer", result.cgroup)
 
     def check(self, completion: str, tests: list[dict[str, str]],
               timeout_s: float | None = None) -> CodeResult:
@@ -150,6 +151,9 @@ class CodeVerifier:
         passed = sum(o.passed for o in outcomes)
         reasons = Counter(o.reason for o in outcomes if not o.passed)
         detail = f"{passed}/{len(tests)} passed" + "".join(f"; {n} {r}" for r, n in sorted(reasons.items()))
+        unbounded = sum(not o.tree_bounded for o in outcomes)
+        if unbounded:
+            detail += f"; {unbounded} run(s) without a tree-wide memory/task bound (no cgroup)"
         return CodeResult(passed, len(tests), "ok", detail, tuple(outcomes))
 
 

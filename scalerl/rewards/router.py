@@ -231,12 +231,13 @@ class RewardRouter:
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Counts per task (each status, "correct", "total") and for the machinery: "_abandoned"
-        (verifier threads left running after a timeout), "_sandbox" (program runs, runs where the
-        sandbox itself failed), "_math" (math-verify workers killed after a timeout or crash)."""
+        (verifier threads left running after a timeout), "_sandbox" (`Sandbox.stats()`: program
+        runs, runs where the sandbox itself failed, runs stopped at the tree's memory or task bound,
+        cgroup use), "_math" (math-verify workers killed after a timeout or crash)."""
         with self._lock:
             out = {task: dict(counts) for task, counts in self._counts.items()}
             out["_abandoned"] = {"threads": self._abandoned}
-        out["_sandbox"] = {"runs": self.sandbox.runs, "errors": self.sandbox.sandbox_errors}
+        out["_sandbox"] = self.sandbox.stats()
         out["_math"] = {"restarts": self.math.restarts}
         return out
 

@@ -20,8 +20,14 @@ captured, size-capped output. The jail itself is built by `sandbox_init.py`, sta
 Always: clean environment (PATH, LANG, HOME=TMPDIR=scratch, single-thread BLAS), rlimits for CPU
 time, address space, processes, file size, open files and core dumps, a wall-clock limit that
 kills every process of the run, no-new-privileges, a cap on captured output (the run is killed
-past it), and a fresh scratch dir removed afterwards. Not bounded: total memory of all the
-processes of one run (at most `nproc * memory_mb`; no cgroup is used) and CPU share.
+past it), and a fresh scratch dir removed afterwards.
+
+Where this process may create cgroups (v2 with the controllers delegated, else v1; `cgroup.py`),
+each run also gets its own cgroup, which bounds the whole tree: `tree_memory_mb` of memory of
+every kind (anonymous, tmpfs, memfd, kernel), no swap, `tree_nproc` tasks. The first OOM kill
+in it stops the whole run (reason "memory_limit"). The host kills anything left in it and
+removes it after every run. Where none can be made, the run falls back to the rlimits alone (the
+tree may then use up to `nproc * memory_mb`) and the log says so. Not bounded: CPU share.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from scalerl.rewards.cgroup import CgroupError, CgroupSupport, CgroupUsage, RunCgroup, locate, sweep_stale
+
 logger = logging.getLogger(__name__)
 
 Mode = Literal["namespaces", "userns", "none"]
@@ -59,7 +67,11 @@ class SandboxConfig:
 
     `isolation`: "auto" picks the strongest mode that works here; naming a mode forces it (a
     forced mode that does not work raises). `uid_base`: first of `max_parallel` uids used for
-    programs when running as root; keep that range free of real users.
+    programs when running as root; keep that range free of real users. `memory_mb` bounds each
+    process's address space, `nproc` the processes of the run's uid; with a per-run cgroup
+    (`cgroup`: "auto" uses one where it can, "v1"/"v2" require that version, "off" never),
+    `tree_memory_mb` bounds the memory of the whole tree and `tree_nproc` its tasks (threads
+    count; None: `nproc` + 2, for the init and its kill helper).
     """
 
     max_parallel: int = 2
@@ -74,22 +86,34 @@ class SandboxConfig:
     max_output_bytes: int = 2 * _MiB
     startup_grace_s: float = 20.0
     isolation: Literal["auto", "namespaces", "userns", "none"] = "auto"
+    tree_memory_mb: int = 1024
+    tree_nproc: int | None = None
+    cgroup: Literal["auto", "v1", "v2", "off"] = "auto"
     uid_base: int = 1_500_000_000
     python: str = sys.executable
     unshare: str | None = field(default_factory=lambda: shutil.which("unshare"))
 
     def __post_init__(self) -> None:
         positive = ("max_parallel", "wall_s", "memory_mb", "nproc", "file_size_mb", "open_files",
-                    "scratch_mb", "scratch_inodes", "max_output_bytes")
+                    "scratch_mb", "scratch_inodes", "max_output_bytes", "tree_memory_mb")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"sandbox.{name}: must be > 0, got {getattr(self, name)}")
         if self.cpu_s is not None and self.cpu_s <= 0:
             raise ValueError(f"sandbox.cpu_s: must be > 0 or None, got {self.cpu_s}")
+        if self.tree_nproc is not None and self.tree_nproc < 2:
+            raise ValueError(f"sandbox.tree_nproc: must be >= 2 (the init and the program) or None, "
+                             f"got {self.tree_nproc}")
+        if self.cgroup not in ("auto", "v1", "v2", "off"):
+            raise ValueError(f"sandbox.cgroup: one of auto/v1/v2/off, got {self.cgroup!r}")
         if self.isolation not in ("auto", *_MODES):
             raise ValueError(f"sandbox.isolation: one of auto/{'/'.join(_MODES)}, got {self.isolation!r}")
         if not 0 < self.uid_base < 2**31 - self.max_parallel:
             raise ValueError(f"sandbox.uid_base: out of range: {self.uid_base}")
+
+    @property
+    def tree_tasks(self) -> int:
+        return self.tree_nproc if self.tree_nproc is not None else self.nproc + 2
 
 
 @dataclass(frozen=True)
@@ -104,6 +128,9 @@ class Protections:
     dedicated_uid: bool
     rejected: tuple[str, ...] = ()  # why each stronger mode was not used
     setup_warnings: tuple[str, ...] = ()  # jail parts the probe run could not build
+    cgroup: CgroupSupport | None = None  # per-run cgroups, when they work here
+    tree_limits: str = ""  # what the cgroup bounds, e.g. "memory 1024 MB, 18 tasks"
+    cgroup_rejected: tuple[str, ...] = ()  # why a controller (or cgroups at all) is not used
 
     def describe(self) -> str:
         active = ["rlimits (cpu, memory, processes, file size, open files)", "clean environment",
@@ -115,10 +142,20 @@ class Protections:
         if self.readonly_filesystem:
             active.append("read-only filesystem")
         if self.private_tmp:
-            active.append("private size-limited /tmp as the only writable dir")
+            active.append("private size-limited /tmp (and /dev/shm) as the only writable dirs; "
+                          "host /run and network interfaces hidden")
+        if not any(w.startswith("no seccomp filter") for w in self.setup_warnings):
+            active.append("seccomp: no Unix-domain sockets, no io_uring")
         if self.dedicated_uid:
             active.append("dedicated unprivileged uid per slot")
+        if self.cgroup is not None:
+            active.append(f"per-run cgroup bounding the whole tree ({self.tree_limits}; "
+                          f"{self.cgroup.describe()})")
         missing = []
+        if self.cgroup is None or "memory" not in self.cgroup.limited:
+            missing.append("NO tree-wide memory bound (up to nproc x memory_mb)")
+        if self.cgroup is None or "pids" not in self.cgroup.limited:
+            missing.append("NO tree-wide task bound (per-uid RLIMIT_NPROC only)")
         if not self.network_isolated:
             missing.append("NO network isolation")
         if not self.readonly_filesystem:
@@ -130,6 +167,8 @@ class Protections:
             text += ". MISSING: " + "; ".join(missing)
         if self.rejected:
             text += ". Stronger modes unavailable: " + " | ".join(self.rejected)
+        if self.cgroup_rejected:
+            text += ". Cgroups: " + " | ".join(self.cgroup_rejected)
         if self.setup_warnings:
             text += ". Setup warnings: " + " | ".join(self.setup_warnings)
         return text
@@ -149,18 +188,26 @@ class SandboxResult:
     cpu_s: float | None
     error: str | None = None
     setup_warnings: tuple[str, ...] = ()  # parts of the jail that could not be built (e.g. a mount)
+    cgroup: bool = False  # the run's tree was inside its own cgroup
+    memory_limited: bool = False  # the tree hit `tree_memory_mb` (an OOM kill): the run was stopped
+    tasks_refused: int = 0  # forks refused at `tree_nproc`
+    peak_memory_bytes: int | None = None  # the tree's peak (cgroup), None without one
+    tree_cpu_s: float | None = None  # CPU time of the whole tree (cgroup), None without one
 
     @property
     def ok(self) -> bool:
         """The program ran to a clean exit 0 within every limit."""
         return (self.error is None and self.exit_code == 0 and not self.timed_out
-                and not self.output_limited)
+                and not self.output_limited and not self.memory_limited)
 
     @property
     def reason(self) -> str:
-        """A one-word account: ok, sandbox_error, timeout (wall or CPU), output_limit, signal, exit_code."""
+        """A one-word account: ok, sandbox_error, memory_limit (the tree's), timeout (wall or CPU),
+        output_limit, signal, exit_code."""
         if self.error is not None:
             return "sandbox_error"
+        if self.memory_limited:
+            return "memory_limit"
         if self.timed_out:
             return "timeout"
         if self.output_limited:
@@ -240,6 +287,20 @@ class Sandbox:
         self._stats_lock = threading.Lock()
         self.runs = 0
         self.sandbox_errors = 0  # runs where the sandbox itself failed
+        self.memory_limited = 0  # runs stopped at the tree's memory bound
+        self.tasks_limited = 0  # runs that had a fork refused at the tree's task bound
+        self.cgroup_runs = 0  # runs inside their own cgroup
+        self.cgroup_fallbacks = 0  # runs that should have had one but fell back to rlimits only
+        self.cgroup_leaks = 0  # run cgroups that could not be removed (logged)
+        self._fallback_logged = False
+
+    def stats(self) -> dict[str, int]:
+        """Counters for metrics: runs, sandbox errors, tree limits hit, cgroup use and failures."""
+        with self._stats_lock:
+            return {"runs": self.runs, "errors": self.sandbox_errors,
+                    "memory_limited": self.memory_limited, "tasks_limited": self.tasks_limited,
+                    "cgroup_runs": self.cgroup_runs, "cgroup_fallbacks": self.cgroup_fallbacks,
+                    "cgroup_leaks": self.cgroup_leaks}
 
     # -- detection -------------------------------------------------------------------------
     @property
@@ -279,10 +340,35 @@ class Sandbox:
             uids = range(self.config.uid_base, self.config.uid_base + self.config.max_parallel)
             uid_ok = not dedicated or (len(words) > 1 and words[1].isdigit() and int(words[1]) in uids)
             if result.ok and words[:1] == ["42"] and uid_ok:
-                return replace(probe, setup_warnings=result.setup_warnings)
+                return self._detect_cgroup(replace(probe, setup_warnings=result.setup_warnings))
             why = result.error or result.stderr.decode(errors="replace").strip()[-300:] or result.reason
             rejected.append(f"{mode}: probe failed ({why})")
         raise SandboxUnavailableError("no sandbox mode works here: " + " | ".join(rejected))
+
+    def _detect_cgroup(self, prot: Protections) -> Protections:
+        """Add per-run cgroups to `prot` if a probe run inside one works; else say why not."""
+        wanted = self.config.cgroup
+        if wanted == "off":
+            return replace(prot, cgroup_rejected=("off (sandbox.cgroup)",))
+        try:
+            support, reasons = locate("auto" if wanted == "auto" else wanted)
+        except OSError as exc:
+            support, reasons = None, [f"cannot read this process's cgroups: {exc}"]
+        if support is not None:
+            for problem in sweep_stale(support):
+                logger.warning("sandbox: stale run cgroup left in place: %s", problem)
+            limits = f"memory {self.config.tree_memory_mb} MB, {self.config.tree_tasks} tasks"
+            trial = replace(prot, cgroup=support, tree_limits=limits)
+            result = self._run(trial, {"probe.py": b"print(6 * 7)\n"}, "probe.py", b"", wall_s=30.0)
+            if result.ok and result.stdout.split()[:1] == [b"42"] and result.cgroup:
+                return replace(trial, cgroup_rejected=tuple(reasons))
+            why = result.error or "; ".join(result.setup_warnings) or result.reason
+            reasons.append(f"a probe run inside a cgroup failed ({why})")
+            support = None
+        if wanted != "auto":
+            raise SandboxUnavailableError(f"sandbox.cgroup={wanted!r} does not work here: "
+                                          + " | ".join(reasons))
+        return replace(prot, cgroup_rejected=tuple(reasons or ["no cgroup hierarchy found"]))
 
     # -- running ---------------------------------------------------------------------------
     def run_python(
@@ -306,19 +392,54 @@ class Sandbox:
             raise ValueError(f"wall_s: must be > 0, got {wall_s}")
         raw = {name: (c.encode() if isinstance(c, str) else c) for name, c in files.items()}
         data = stdin.encode() if isinstance(stdin, str) else stdin
-        result = self._run(self.protections, raw, main, data, wall_s or self.config.wall_s)
+        prot = self.protections
+        result = self._run(prot, raw, main, data, wall_s or self.config.wall_s)
         with self._stats_lock:
             self.runs += 1
             self.sandbox_errors += result.error is not None
+            self.memory_limited += result.memory_limited
+            self.tasks_limited += result.tasks_refused > 0
+            self.cgroup_runs += result.cgroup
+            self.cgroup_fallbacks += prot.cgroup is not None and not result.cgroup and result.error is None
         return result
+
+    def _make_cgroup(self, prot: Protections, slot: int) -> tuple[RunCgroup | None, str | None]:
+        if prot.cgroup is None:
+            return None, None
+        name = f"scalerl-sbx-{os.getpid()}-{slot}-{os.urandom(4).hex()}"
+        try:
+            return RunCgroup.create(prot.cgroup, name, self.config.tree_memory_mb * _MiB,
+                                    self.config.tree_tasks), None
+        except (CgroupError, ValueError) as exc:
+            with self._stats_lock:
+                first, self._fallback_logged = not self._fallback_logged, True
+            if first:  # once: a machine where this fails tends to fail on every run
+                logger.warning("sandbox: no per-run cgroup, rlimits only: %s", exc)
+            return None, f"no per-run cgroup (rlimits only): {exc}"
+
+    def _release_cgroup(self, cgroup: RunCgroup, result: SandboxResult) -> SandboxResult:
+        """Read what the tree used, kill what is left in the cgroup, remove it."""
+        usage: CgroupUsage = cgroup.usage()
+        try:
+            cgroup.remove()
+        except CgroupError as exc:
+            with self._stats_lock:
+                self.cgroup_leaks += 1
+            logger.error("sandbox: %s", exc)
+        oom = result.cgroup and usage.oom_kills > 0  # a victim the init did not see in time
+        return replace(result, memory_limited=result.memory_limited or oom,
+                       tasks_refused=usage.pids_refused, peak_memory_bytes=usage.peak_memory_bytes,
+                       tree_cpu_s=usage.cpu_s)
 
     def _run(self, prot: Protections, files: dict[str, bytes], main: str, stdin: bytes,
              wall_s: float) -> SandboxResult:
         prefix = _launch_prefix(prot.mode, self.config.unshare)
         slot = self._free_slots.get()
-        spec_dir = tempfile.mkdtemp(prefix="scalerl-sbx-")
+        spec_dir = tempfile.mkdtemp(prefix=f"scalerl-sbx-{os.getpid()}-")  # pid: whose leftovers
         fds: list[int] = []
+        cgroup: RunCgroup | None = None
         try:
+            cgroup, cgroup_warning = self._make_cgroup(prot, slot)
             os.chmod(spec_dir, 0o711)  # the program's uid may pass through to `work/`, not list it
             os.mkdir(os.path.join(spec_dir, "files"), 0o700)
             for name, content in files.items():
@@ -343,6 +464,7 @@ class Sandbox:
                 "scratch_inodes": self.config.scratch_inodes,
                 "status_fd": status_w,
                 "control_fd": control_r,
+                "cgroup": {"join": cgroup.join_files, "oom": cgroup.oom_watch()} if cgroup else None,
             }
             Path(spec_dir, "spec.json").write_text(json.dumps(spec))
             cmd = [*prefix, self.config.python, "-I", "-S", "-B", str(_INIT_SCRIPT), spec_dir]
@@ -356,8 +478,17 @@ class Sandbox:
             for fd in (status_w, control_r):
                 os.close(fd)
                 fds.remove(fd)
-            return self._pump(proc, stdin, status_r, control_w, wall_s)
+            result = self._pump(proc, stdin, status_r, control_w, wall_s)
+            if cgroup_warning:
+                result = replace(result, setup_warnings=(*result.setup_warnings, cgroup_warning))
+            if cgroup is not None:
+                result = self._release_cgroup(cgroup, result)
+                cgroup = None
+            return result
         finally:
+            if cgroup is not None:  # an exception on the way: still nothing may be left behind
+                with contextlib.suppress(CgroupError):
+                    cgroup.remove()
             for fd in fds:
                 os.close(fd)
             shutil.rmtree(spec_dir, ignore_errors=True)
@@ -446,7 +577,8 @@ class Sandbox:
             stdout=stdout, stderr=stderr, exit_code=info["exit_code"], signal=info["signal"],
             timed_out=bool(info["timed_out"]), output_limited=output_limited,
             wall_s=float(info["wall_s"]), cpu_s=info["cpu_s"],
-            setup_warnings=tuple(info.get("setup_warnings", ())))
+            setup_warnings=tuple(info.get("setup_warnings", ())),
+            cgroup=bool(info.get("cgroup")), memory_limited=bool(info.get("memory_limited")))
 
 
 _default: Sandbox | None = None

@@ -4,19 +4,24 @@ Executed as a script (`python -I -S sandbox_init.py SPEC_DIR`) by `sandbox.Sandb
 PID 1 of fresh PID/mount/network/IPC/UTS namespaces made by `unshare`. Stdlib only, imports no
 scalerl code. Steps:
 
-1. read `SPEC_DIR/spec.json` and the program files (before any mount hides them);
+1. read `SPEC_DIR/spec.json` and the program files (before any mount hides them); join the
+   run's cgroups (`cgroup.py`, made by the host) so that the program's whole tree is charged to
+   them, exempt the init itself from the OOM killer and start watching the cgroup for OOM kills;
 2. with a mount namespace: everything read-only (every mount re-bound `ro`), a fresh `/proc` of
-   the new PID namespace (`hidepid=2`), a size-limited tmpfs on `/tmp` that becomes the scratch
+   the new PID namespace (`hidepid=2`), a fresh read-only `/sys` of the new network namespace
+   (no host interfaces, no cgroup hierarchies), a size-limited tmpfs on `/tmp` that becomes the scratch
    dir (owned by the program's uid, the only writable place), empty read-only tmpfs over the
-   other world-writable dirs (`/var/tmp`, `/dev/shm`, `/run/lock`) so host files there are hidden;
+   other world-writable dirs (`/var/tmp`, `/dev/shm`) and over `/run` (host service sockets),
+   so host files there are hidden, then a private 16 MB `/dev/shm` on top (POSIX semaphores);
    without one: a scratch dir `SPEC_DIR/work` on the host;
 3. fork the program: new process group, clean environment, supplementary groups dropped,
    uid/gid switched (when root), no-new-privileges, capability bounding set emptied, rlimits
-   (CPU, address space, processes, file size, open files, core=0), then exec;
-4. wait, reaping every orphan, until the program exits, the wall-clock limit passes, or the host
-   writes to / closes the control pipe; then SIGKILL everything left (as PID 1: `kill(-1)`, which
-   empties the namespace; otherwise the process group and, when the uid is dedicated, every
-   process of that uid);
+   (CPU, address space, processes, file size, open files, core=0), OOM score back to 0, then exec;
+4. wait, reaping every orphan, until the program exits, the wall-clock limit passes, the host
+   writes to / closes the control pipe, or the tree's memory cgroup OOM-kills one of its
+   processes (then the whole tree is stopped, not only the victim); then SIGKILL everything
+   left (as PID 1: `kill(-1)`, which empties the namespace; otherwise the process group and,
+   when the uid is dedicated, every process of that uid);
 5. write one JSON status line to the status pipe and exit 0 (setup failure: status + exit 125).
 """
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import resource
@@ -47,6 +53,8 @@ MS_RELATIME = 0x200000
 MS_STRICTATIME = 0x1000000
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 
@@ -61,8 +69,12 @@ _MOUNT_OPTION_FLAGS = {
     "relatime": MS_RELATIME,
     "strictatime": MS_STRICTATIME,
 }
-_HIDDEN_DIRS = ("/var/tmp", "/dev/shm", "/run/lock")
+# World-writable dirs, and /run, where host services keep their Unix sockets (D-Bus, systemd,
+# nscd): a socket file stays connectable through a read-only mount, so it must not be visible.
+_HIDDEN_DIRS = ("/var/tmp", "/dev/shm", "/run")
 _SCRATCH = "/tmp"
+_SHM = "/dev/shm"
+_SHM_BYTES = 16 * 1024 * 1024
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -79,8 +91,8 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
         raise OSError(err, f"mount {fstype or source} on {target}: {os.strerror(err)}")
 
 
-def prctl(option: int, arg2: int = 0) -> None:
-    if _libc.prctl(option, arg2, 0, 0, 0) != 0:
+def prctl(option: int, arg2: int = 0, arg3: int = 0) -> None:
+    if _libc.prctl(option, arg2, arg3, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl({option}, {arg2}): {os.strerror(err)}")
 
@@ -118,6 +130,10 @@ def build_jail(spec: dict[str, Any], files: dict[str, bytes]) -> list[str]:
         except OSError:
             mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
             problems.append("/proc mounted without hidepid")
+        try:  # the host's sysfs lists the host's network interfaces; a fresh one shows the jail's
+            mount("sysfs", "/sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        except OSError as exc:
+            problems.append(f"host /sys kept (host network interfaces visible): {exc}")
     owner = f",uid={uid},gid={gid}" if uid is not None else ""
     mount("tmpfs", _SCRATCH, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
           f"size={spec['scratch_bytes']},nr_inodes={spec['scratch_inodes']},mode=0700{owner}")
@@ -132,6 +148,9 @@ def build_jail(spec: dict[str, Any], files: dict[str, bytes]) -> list[str]:
         os.close(fd)
     for directory in sealed:
         mount(None, directory, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    if _SHM in sealed:  # a private, small one on top: POSIX semaphores (multiprocessing locks) live here
+        mount("tmpfs", _SHM, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              f"size={_SHM_BYTES},nr_inodes=256,mode=0700{owner}")
     _write_files(_SCRATCH, files, uid, gid)
     return problems
 
@@ -187,13 +206,135 @@ def _write_files(directory: str, files: dict[str, bytes], uid: int | None, gid: 
             os.chown(path, uid, gid)
 
 
-def _drop_privileges_and_exec(spec: dict[str, Any], scratch: str, err_fd: int) -> None:
+# Classic BPF for seccomp (linux/filter.h, linux/seccomp.h). seccomp_data: nr at 0, arch at 4,
+# args[i] at 16 + 8 i (low word first on these little-endian arches).
+_BPF_LD_ABS, _BPF_JEQ, _BPF_JGE, _BPF_RET = 0x20, 0x15, 0x35, 0x06
+_RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
+_AF_UNIX = 1
+# arch: (AUDIT_ARCH_*, __NR_socket, x32 syscall bit or 0); io_uring_{setup,enter,register} are
+# 425-427 on every arch (the unified syscall table).
+_SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 0x40000000), "aarch64": (0xC00000B7, 198, 0)}
+_IO_URING = (425, 426, 427)
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                ("k", ctypes.c_uint)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def seccomp_program(machine: str) -> list[tuple[int, int, int, int]] | None:
+    """The filter, or None for an arch without a table: refuse socket(AF_UNIX, ...) and io_uring.
+
+    A Unix socket file stays connectable through a read-only mount and the network namespace
+    does not cover it, so a world-writable host socket (D-Bus, a service's control socket) would
+    be reachable; io_uring can open and connect sockets without the socket syscall. Pipes and
+    `socketpair` (multiprocessing's fork start method, asyncio) still work. Foreign-arch and
+    x32 syscalls get ENOSYS, so the table cannot be side-stepped.
+    """
+    if machine not in _SECCOMP_ARCH:
+        return None
+    arch, nr_socket, x32 = _SECCOMP_ARCH[machine]
+    deny, nosys = _RET_ERRNO | errno.EPERM, _RET_ERRNO | errno.ENOSYS
+    body: list[tuple[int, int, int, int]] = [(_BPF_LD_ABS, 0, 0, 4), (_BPF_JEQ, 0, -2, arch),
+                                                   (_BPF_LD_ABS, 0, 0, 0)]
+    if x32:
+        body.append((_BPF_JGE, -2, 0, x32))
+    body += [(_BPF_JEQ, -1, 0, nr) for nr in _IO_URING]
+    body += [(_BPF_JEQ, 0, -3, nr_socket), (_BPF_LD_ABS, 0, 0, 16), (_BPF_JEQ, -1, -3, _AF_UNIX)]
+    tail = [(_BPF_RET, 0, 0, deny), (_BPF_RET, 0, 0, nosys), (_BPF_RET, 0, 0, _RET_ALLOW)]
+    # negative jump targets name the tail: -1 deny, -2 ENOSYS, -3 allow
+    out = []
+    for i, (code, jt, jf, k) in enumerate(body):
+        def target(j: int, i: int = i) -> int:
+            return j if j >= 0 else len(body) - i - 1 + (-j - 1)
+        out.append((code, target(jt), target(jf), k))
+    return out + tail
+
+
+def install_seccomp(program: list[tuple[int, int, int, int]]) -> None:
+    """Load `program` for this process and every child (needs no-new-privileges first)."""
+    filters = (_SockFilter * len(program))(*(_SockFilter(*ins) for ins in program))
+    fprog = _SockFprog(len(program), filters)
+    prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog))
+
+
+class CgroupWatch:
+    """The run's cgroups, joined; `fired()` tells whether the tree has had an OOM kill."""
+
+    def __init__(self, spec: dict[str, Any] | None) -> None:
+        self.joined = self.oom_exempt = False
+        self.problems: list[str] = []
+        self.read_fds: list[int] = []
+        self.except_fds: list[int] = []
+        self._fds: list[int] = []
+        if not spec:
+            return
+        try:
+            for path in spec["join"]:
+                with open(path, "w", encoding="ascii") as fh:
+                    fh.write("0")  # 0: the writing process; its children are born inside
+            self.joined = True
+        except OSError as exc:
+            self.problems.append(f"cgroup join: {exc}")
+            return
+        watch = spec.get("oom")
+        if watch:
+            try:
+                with open("/proc/self/oom_score_adj", "w", encoding="ascii") as fh:
+                    fh.write("-1000")  # the OOM killer (and v2 oom.group) must pick the program, not us
+                self.oom_exempt = True
+            except OSError:
+                pass  # not real root (user namespace): the init may then be a victim too
+        try:
+            if watch and watch["version"] == 1:
+                efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+                ofd = os.open(watch["oom_control"], os.O_RDONLY | os.O_CLOEXEC)
+                self._fds += [efd, ofd]
+                with open(watch["event_control"], "w", encoding="ascii") as fh:
+                    fh.write(f"{efd} {ofd}")
+                self.read_fds.append(efd)
+            elif watch and watch["version"] == 2:
+                fd = os.open(watch["events"], os.O_RDONLY | os.O_CLOEXEC)
+                self._fds.append(fd)
+                self.except_fds.append(fd)  # kernfs signals a changed file with POLLPRI
+        except OSError as exc:
+            self.problems.append(f"cgroup OOM watch: {exc}")
+
+    def fired(self, readable: list[int], exceptional: list[int]) -> bool:
+        hit = False
+        for fd in self.read_fds:
+            if fd in readable:
+                with contextlib.suppress(BlockingIOError):
+                    os.eventfd_read(fd)
+                hit = True
+        for fd in self.except_fds:
+            if fd in exceptional:
+                for line in os.pread(fd, 4096, 0).decode().splitlines():
+                    key, _, value = line.partition(" ")
+                    hit |= key in ("oom_kill", "oom_group_kill") and value.strip() not in ("", "0")
+        return hit
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
+
+
+def _drop_privileges_and_exec(spec: dict[str, Any], scratch: str, err_fd: int, oom_exempt: bool,
+                              seccomp: list[tuple[int, int, int, int]] | None) -> None:
     """In the forked child: never returns (exec or _exit)."""
     try:
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)  # Python ignores SIGPIPE/SIGXFSZ; exec keeps "ignored"
         signal.set_wakeup_fd(-1)
         os.setpgid(0, 0)
+        if oom_exempt:  # undo the init's exemption: an unkillable program would wedge its cgroup
+            with open("/proc/self/oom_score_adj", "w", encoding="ascii") as fh:
+                fh.write("0")
         if os.geteuid() == 0:
             with open("/proc/sys/kernel/cap_last_cap") as fh:
                 last_cap = int(fh.read())
@@ -205,6 +346,8 @@ def _drop_privileges_and_exec(spec: dict[str, Any], scratch: str, err_fd: int) -
             os.setresgid(spec["gid"], spec["gid"], spec["gid"])
             os.setresuid(spec["uid"], spec["uid"], spec["uid"])
         prctl(PR_SET_NO_NEW_PRIVS, 1)  # setuid binaries (su, mount) cannot raise privileges
+        if seccomp is not None:
+            install_seccomp(seccomp)
         for name, value in spec["rlimits"].items():
             resource.setrlimit(getattr(resource, name), (value[0], value[1]))
         os.chdir(scratch)
@@ -221,7 +364,10 @@ def _drop_privileges_and_exec(spec: dict[str, Any], scratch: str, err_fd: int) -
 
 def _kill_uid(uid: int) -> None:
     """SIGKILL every process of `uid` (run as that uid: `kill(-1)` then reaches exactly those)."""
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        return  # the tree's pids cgroup is full: the host kills every member afterwards
     if pid == 0:
         try:
             os.setresgid(uid, uid, uid)
@@ -234,7 +380,8 @@ def _kill_uid(uid: int) -> None:
     os.waitpid(pid, 0)
 
 
-def supervise(spec: dict[str, Any], scratch: str) -> dict[str, Any]:
+def supervise(spec: dict[str, Any], scratch: str, cgroup: CgroupWatch,
+              seccomp: list[tuple[int, int, int, int]] | None) -> dict[str, Any]:
     """Fork the program, wait for it under the limits, kill its leftovers; the status dict."""
     status_fd, control_fd = spec["status_fd"], spec["control_fd"]
     as_init = os.getpid() == 1
@@ -250,7 +397,7 @@ def supervise(spec: dict[str, Any], scratch: str) -> dict[str, Any]:
     child = os.fork()
     if child == 0:
         os.close(err_r)
-        _drop_privileges_and_exec(spec, scratch, err_w)
+        _drop_privileges_and_exec(spec, scratch, err_w, cgroup.oom_exempt, seccomp)
     os.close(err_w)
     exec_error = b""
     while chunk := os.read(err_r, 1000):
@@ -260,7 +407,7 @@ def supervise(spec: dict[str, Any], scratch: str) -> dict[str, Any]:
     deadline = start + spec["wall_s"]
     child_status: int | None = None
     rusage: Any = None
-    timed_out = killed_by_host = False
+    timed_out = killed_by_host = memory_limited = False
     while child_status is None:
         while True:  # reap the program and, as PID 1, every orphan it left
             try:
@@ -277,11 +424,15 @@ def supervise(spec: dict[str, Any], scratch: str) -> dict[str, Any]:
         if remaining <= 0:
             timed_out = True
             break
-        ready, _, _ = select.select([control_fd, wake_r], [], [], remaining)
+        ready, _, exceptional = select.select([control_fd, wake_r, *cgroup.read_fds], [],
+                                              cgroup.except_fds, remaining)
         if wake_r in ready:
             os.read(wake_r, 4096)
         if control_fd in ready:
             killed_by_host = True  # output over its cap, or the host gave up / died
+            break
+        if cgroup.fired(ready, exceptional):
+            memory_limited = True  # the tree hit its memory bound: stop all of it, not one victim
             break
     wall = time.monotonic() - start
 
@@ -310,6 +461,8 @@ def supervise(spec: dict[str, Any], scratch: str) -> dict[str, Any]:
         "max_rss_kb": rusage.ru_maxrss if rusage else None,
         "timed_out": timed_out,
         "killed_by_host": killed_by_host,
+        "memory_limited": memory_limited,
+        "cgroup": cgroup.joined,
         "exit_code": os.WEXITSTATUS(child_status) if os.WIFEXITED(child_status) else None,
         "signal": os.WTERMSIG(child_status) if os.WIFSIGNALED(child_status) else None,
     }
@@ -322,14 +475,15 @@ def main(spec_dir: str) -> int:
     with open(os.path.join(spec_dir, "spec.json"), encoding="utf-8") as fh:
         spec = json.load(fh)
     status_fd = spec["status_fd"]
+    cgroup = CgroupWatch(spec.get("cgroup"))  # first: /sys is read-only once the jail is built
     try:
         files = {}
         for name in spec["files"]:
             with open(os.path.join(spec_dir, "files", name), "rb") as fh:
                 files[name] = fh.read()
-        problems: list[str] = []
+        problems = list(cgroup.problems)
         if spec["mount_namespace"]:
-            problems = build_jail(spec, files)
+            problems += build_jail(spec, files)
             scratch = _SCRATCH
         else:
             scratch = os.path.join(spec_dir, "work")
@@ -340,7 +494,11 @@ def main(spec_dir: str) -> int:
     except Exception as exc:
         os.write(status_fd, (json.dumps({"ok": False, "error": f"sandbox setup: {exc}"}) + "\n").encode())
         return 125
-    result = supervise(spec, scratch)
+    seccomp = seccomp_program(os.uname().machine)
+    if seccomp is None:
+        problems.append(f"no seccomp filter for {os.uname().machine}: Unix sockets and io_uring allowed")
+    result = supervise(spec, scratch, cgroup, seccomp)
+    cgroup.close()
     if problems:
         result["setup_warnings"] = problems
     os.write(status_fd, (json.dumps(result) + "\n").encode())

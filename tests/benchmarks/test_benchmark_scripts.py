@@ -36,6 +36,7 @@ TESTED = {
     "predictive_accuracy.py",
     "simulate_scale.py",
     "bench_scaleout.py",
+    "hostile_corpus.py",
 }
 
 
@@ -337,3 +338,19 @@ def test_bench_scaleout_quick(cache_dir: Path) -> None:
                                             rel=0.02, abs=0.006)
     m = match(r"^\s*pipeline k=2: 2 engines x({N})\s+4 engines x({N})$", out)
     assert positive(m[2]) == pytest.approx(sps[("pipeline", 4)] / sps[("pipeline", 1)], rel=0.02, abs=0.006)
+
+
+@pytest.mark.timeout(120)
+def test_hostile_corpus_subset(cache_dir: Path) -> None:
+    """Three programs (the full corpus runs in tests/rewards/test_sandbox_corpus.py): the table has
+    their rows, each contained, and the summary counts them."""
+    out = run_script("hostile_corpus.py", "--only", "fork_bomb,env_secret,write_outside",
+                     cache_dir=cache_dir, timeout=100)
+    assert match(r"^protections: sandbox mode '(\w+)'", out)[1] in ("namespaces", "userns", "none")
+    for name in ("fork_bomb", "env_secret", "write_outside"):
+        row = match(rf"^\| {name} \| [^|]+ \| [^|]+ \| (\w+) \| (\w+) \| ({{N}}) \|", out)
+        assert row[2] == "yes" and positive(row[3])
+    m = match(r"^programs tried: (\d+); escapes: (\d+); not tried: (\d+);", out)
+    assert (int(m[1]), int(m[2]), int(m[3])) == (3, 0, 0)
+    listing = run_script("hostile_corpus.py", "--list", cache_dir=cache_dir, timeout=60)
+    assert len(listing.strip().splitlines()) >= 30

@@ -52,7 +52,7 @@ def processes_with(marker: str) -> list[int]:
 
 
 def leftover_spec_dirs() -> set[str]:
-    return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("scalerl-sbx-")}
+    return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith(f"scalerl-sbx-{os.getpid()}-")}
 
 
 # -- basic behaviour -------------------------------------------------------------------------
@@ -453,10 +453,14 @@ def test_unprivileged_user_gets_the_user_namespace_mode() -> None:
         pytest.skip("the checkout is not readable by an unprivileged user")
     script = textwrap.dedent(f"""
         import importlib.util, sys
-        # sandbox.py is stdlib-only; load it alone (the package pulls numpy via scalerl.data).
-        spec = importlib.util.spec_from_file_location("sbx", {str(REPO / "scalerl/rewards/sandbox.py")!r})
-        sbx = sys.modules["sbx"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sbx)
+        # sandbox.py and cgroup.py are stdlib-only; load them alone, not the package.
+        def load(name, path):
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = sys.modules[name] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+        load("scalerl.rewards.cgroup", {str(REPO / "scalerl/rewards/cgroup.py")!r})
+        sbx = load("sbx", {str(REPO / "scalerl/rewards/sandbox.py")!r})
         Sandbox, SandboxConfig = sbx.Sandbox, sbx.SandboxConfig
         sb = Sandbox(SandboxConfig(python={SYSTEM_PYTHON!r}, max_parallel=1))
         print(sb.protections.mode)
@@ -469,7 +473,7 @@ def test_unprivileged_user_gets_the_user_namespace_mode() -> None:
     """)
     proc = subprocess.run(
         [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", SYSTEM_PYTHON, "-c", script],
-        capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+        capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"}, cwd="/")
     if "no sandbox mode works" in proc.stderr and "userns" in proc.stderr:
         pytest.skip(f"unprivileged user namespaces are disabled here: {proc.stderr[-300:]}")
     assert proc.returncode == 0, proc.stderr
