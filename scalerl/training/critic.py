@@ -194,6 +194,10 @@ class Critic:
         kept for `update`)."""
         mask = batch.response_mask
         values = self.values(batch)
+        if not bool(torch.isfinite(values[mask]).all()):
+            # The trainer skips and counts the step (a critic gone bad stops the run after
+            # optim.max_consecutive_bad_steps such steps).
+            raise FloatingPointError("non-finite critic values")
         step_rewards = token_rewards(rewards.float(), mask, token_penalty)
         policy_lam, value_lam = self._lambdas(mask)
         adv, returns = gae_advantages(step_rewards, values, mask, self.cfg.gamma, policy_lam)

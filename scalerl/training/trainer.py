@@ -313,7 +313,7 @@ class Trainer:
                     self._accumulate(*prepared, metrics)
                     self._apply(prepared[0], metrics)
                     metrics.update(self.advantages.update(prepared[0]))
-            except _NonFiniteError as bad:
+            except (_NonFiniteError, FloatingPointError) as bad:
                 self._bad_step(metrics, str(bad))
         elapsed = time.perf_counter() - start
         metrics["step_time_s"] = elapsed
@@ -335,7 +335,7 @@ class Trainer:
             if prepared is None:
                 raise ValueError("groups: every group has zero reward variance; nothing to differentiate")
             self._accumulate(*prepared, metrics)
-        except _NonFiniteError as bad:
+        except (_NonFiniteError, FloatingPointError) as bad:
             raise FloatingPointError(str(bad)) from None
         return metrics
 
