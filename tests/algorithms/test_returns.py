@@ -56,7 +56,8 @@ def test_gae_matches_the_reference_loop_over_each_rows_steps(seed: int, gamma: f
         assert adv[i, steps].tolist() == pytest.approx(ref_adv, rel=1e-12, abs=1e-12)
         assert ret[i, steps].tolist() == pytest.approx(ref_ret, rel=1e-12, abs=1e-12)
         off = ~mask[i]
-        assert adv[i, off].tolist() == [0.0] * int(off.sum()) and ret[i, off].tolist() == [0.0] * int(off.sum())
+        zeros = [0.0] * int(off.sum())
+        assert adv[i, off].tolist() == zeros and ret[i, off].tolist() == zeros
 
 
 def test_gae_with_gamma_and_lambda_one_is_return_minus_value() -> None:
@@ -65,8 +66,9 @@ def test_gae_with_gamma_and_lambda_one_is_return_minus_value() -> None:
     values = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8]], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
     adv, ret = gae_advantages(rewards, values, mask, 1.0, 1.0)
-    torch.testing.assert_close(adv, torch.tensor([[0.9, 0.8, 0.7, 0.6], [1.5, 1.4, 0.0, 0.0]], dtype=torch.float64))
-    torch.testing.assert_close(ret, torch.tensor([[1.0, 1.0, 1.0, 1.0], [2.0, 2.0, 0.0, 0.0]], dtype=torch.float64))
+    f64 = torch.float64
+    torch.testing.assert_close(adv, torch.tensor([[0.9, 0.8, 0.7, 0.6], [1.5, 1.4, 0.0, 0.0]], dtype=f64))
+    torch.testing.assert_close(ret, torch.tensor([[1.0, 1.0, 1.0, 1.0], [2.0, 2.0, 0.0, 0.0]], dtype=f64))
 
 
 def test_gae_lambda_zero_is_one_step_td() -> None:
@@ -141,8 +143,10 @@ def test_length_adaptive_lambda_closed_form() -> None:
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: gae_advantages(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3)), "values: expected shape"),
-        (lambda: gae_advantages(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 2)), "mask: expected shape"),
+        (lambda: gae_advantages(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3)),
+         "values: expected shape"),
+        (lambda: gae_advantages(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 2)),
+         "mask: expected shape"),
         (lambda: gae_advantages(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), gamma=1.5), "gamma:"),
         (lambda: gae_advantages(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), lam=-0.1), "lam:"),
         (lambda: gae_advantages(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), lam=torch.ones(3)),
@@ -150,7 +154,8 @@ def test_length_adaptive_lambda_closed_form() -> None:
         (lambda: gae_advantages(torch.tensor([[math.nan]]), torch.zeros(1, 1), torch.ones(1, 1)),
          "rewards: contains NaN at index"),
         (lambda: token_rewards(torch.zeros(2), torch.ones(3, 4)), "mask: expected shape"),
-        (lambda: token_rewards(torch.zeros(2), torch.ones(2, 4), torch.zeros(2, 3)), "penalty: expected shape"),
+        (lambda: token_rewards(torch.zeros(2), torch.ones(2, 4), torch.zeros(2, 3)),
+         "penalty: expected shape"),
         (lambda: length_adaptive_lambda(torch.tensor([1, -1]), 0.05), "lengths: expected non-negative"),
         (lambda: length_adaptive_lambda(torch.tensor([10]), 0.0), "alpha:"),
     ],

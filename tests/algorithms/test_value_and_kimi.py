@@ -99,7 +99,8 @@ def test_kimi_gradient_is_the_reports_equation_3() -> None:
     want = -((rewards - r_bar) - tau * rho)[:, None].expand(n, t) / n
     torch.testing.assert_close(lp.grad, torch.where(mask, want, 0.0))
     # The loss value: mean_i (A_i - tau rho_i)^2 / (2 tau).
-    assert float(loss.detach()) == pytest.approx(float(((adv - tau * rho) ** 2 / (2 * tau)).mean()), rel=1e-12)
+    want_loss = float(((adv - tau * rho) ** 2 / (2 * tau)).mean())
+    assert float(loss.detach()) == pytest.approx(want_loss, rel=1e-12)
 
 
 def test_kimi_per_token_loss_broadcasts_the_sample_loss() -> None:

@@ -20,7 +20,8 @@ from scalerl.data.curriculum import (
 
 def _records(n: int, levels: int = 5) -> list[PromptRecord]:
     return [PromptRecord(id=f"p{i}", task="math", prompt=f"q{i}", answer=str(i),
-                         metadata={"difficulty": 1 + i % levels}, source=f"f.jsonl:{i + 1}") for i in range(n)]
+                         metadata={"difficulty": 1 + i % levels}, source=f"f.jsonl:{i + 1}")
+            for i in range(n)]
 
 
 def test_frontier_grows_linearly_from_the_start_share_to_everything() -> None:

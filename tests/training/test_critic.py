@@ -73,7 +73,8 @@ def test_the_critic_update_does_not_depend_on_the_micro_batch_size(make_policy, 
     groups = make_groups(base, n_groups=2, n=4) + make_groups(base, n_groups=1, n=2, seed=5)
     results = []
     for mbs in (1, 3, 64):
-        trainer = Trainer(copy.deepcopy(base), CRITIC, OptimConfig(lr=1e-3, micro_batch_size=mbs, warmup_steps=0))
+        optim = OptimConfig(lr=1e-3, micro_batch_size=mbs, warmup_steps=0)
+        trainer = Trainer(copy.deepcopy(base), CRITIC, optim)
         torch.manual_seed(0)
         torch.nn.init.normal_(trainer.advantages.model.head.weight, std=0.1)
         metrics = trainer.step(groups)
@@ -152,7 +153,8 @@ def test_critic_config_errors_name_the_keys():
     with pytest.raises(ConfigError, match="adv_norm: 'group' divides group-centred"):
         load_config(overrides=["algorithm.baseline=critic", "algorithm.adv_norm=group"])
     with pytest.raises(ConfigError, match="loss_type: 'kimi' needs one advantage per sample"):
-        load_config(overrides=["algorithm.baseline=critic", "algorithm.loss_type=kimi", "algorithm.adv_norm=none"])
+        load_config(overrides=["algorithm.baseline=critic", "algorithm.loss_type=kimi",
+                               "algorithm.adv_norm=none"])
     with pytest.raises(ConfigError, match=r"algorithm.baseline: 'critic' .* local trainer only"):
         load_config(overrides=["algorithm.baseline=critic", "distributed.backend=ray"])
     with pytest.raises(ConfigError, match="kl_reward_level: 'token' needs kl_in_reward"):
@@ -164,7 +166,8 @@ def test_a_separate_critic_model_must_read_the_policys_tokens(make_policy, tmp_p
 
     other = load_policy(model_config(seed=3), device="cpu")
     other.model.save_pretrained(str(tmp_path / "critic"))
-    algo = CRITIC.model_copy(update={"critic": CRITIC.critic.model_copy(update={"model": str(tmp_path / "critic")})})
+    separate = CRITIC.critic.model_copy(update={"model": str(tmp_path / "critic")})
+    algo = CRITIC.model_copy(update={"critic": separate})
     trainer = Trainer(make_policy(), algo, OptimConfig())
     own = dict(other.model.named_parameters())
     for name, p in trainer.advantages.model.backbone.named_parameters():
@@ -199,3 +202,29 @@ def test_square_root_lr_rule(make_policy):
     cfg = RunConfig.model_validate({"optim": {"lr": 1e-4, "lr_scaling": "sqrt", "lr_reference_batch": 64},
                                     "pipeline": {"prompts_per_step": 32}, "generation": {"n": 8}})
     assert Trainer.from_config(cfg, make_policy()).optim_cfg.lr == pytest.approx(2e-4)
+
+
+def test_vapo_decoupled_and_length_adaptive_lambdas(make_policy, make_groups):
+    """VAPO: the policy's advantages use their own lambda (fixed, or 1 - 1/(alpha l) per sample);
+    the value targets use `value_lambda`."""
+    from scalerl.algorithms import gae_advantages, length_adaptive_lambda
+
+    policy = make_policy()
+    groups = make_groups(policy, n_groups=2, n=4)
+    batch = collate(groups, policy.pad_token_id)
+    mask = batch.response_mask
+    for critic_cfg, lam in [({"gae_lambda": 0.95, "value_lambda": 1.0}, 0.95),
+                            ({"length_adaptive_alpha": 0.5, "value_lambda": 1.0},
+                             length_adaptive_lambda(mask.sum(dim=-1), 0.5).float())]:
+        algo = CRITIC.model_copy(update={"critic": CRITIC.critic.model_copy(update=critic_cfg)})
+        trainer = Trainer(make_policy(), algo, OptimConfig())
+        critic = trainer.advantages
+        torch.nn.init.normal_(critic.model.head.weight, std=0.5)
+        adv, _ = critic.estimate(batch, batch.rewards, None)
+        values, returns = critic._pending
+        rewards = token_rewards(batch.rewards, mask)
+        want_adv, _ = gae_advantages(rewards, values, mask, 1.0, lam)
+        _, want_ret = gae_advantages(rewards, values, mask, 1.0, 1.0)
+        torch.testing.assert_close(adv, want_adv)
+        torch.testing.assert_close(returns, want_ret)
+        assert not torch.allclose(want_adv, gae_advantages(rewards, values, mask, 1.0, 1.0)[0])
