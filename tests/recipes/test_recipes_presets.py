@@ -343,3 +343,34 @@ def test_the_readme_documents_every_recipe_with_its_source() -> None:
         info = recipe_info(name)
         assert info.description and info.source, name
         assert f"| `{name}` | {info.description} | {info.source} |" in readme, name
+
+
+OFF_POLICY_LABELS = {"sync": "sync", "ppo_offpolicy": "PPO-off-policy-{k}", "pipeline": "PipelineRL-{k}"}
+
+
+def _docs_table(heading: str) -> dict[str, list[str]]:
+    """The first table under `heading` in docs/recipes.md: recipe name -> its row's cells."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "recipes.md").read_text()
+    section = text.split(f"\n{heading}\n", 1)[1]
+    rows: dict[str, list[str]] = {}
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            rows[cells[0].strip("`")] = cells[1:]
+        elif rows and not line.startswith("|"):
+            break
+    return rows
+
+
+def test_the_docs_settings_table_matches_each_recipe() -> None:
+    """docs/recipes.md's settings table has a row per recipe whose aggregation, off-policy mode,
+    FP32-head and prompts-per-step cells are the recipe's resolved values."""
+    rows = _docs_table("## The recipes")
+    assert sorted(rows) == EXPECTED_NAMES
+    for name, cells in rows.items():
+        cfg = load_recipe_config(name)
+        _loss, aggregation, _adv, off_policy, fp32, *_filters, prompts, _length = cells
+        assert aggregation == cfg.algorithm.aggregation, name
+        assert off_policy == OFF_POLICY_LABELS[cfg.pipeline.off_policy].format(k=cfg.pipeline.k), name
+        assert fp32 == ("yes" if cfg.model.fp32_lm_head else "no"), name
+        assert int(prompts) == cfg.pipeline.prompts_per_step, name
