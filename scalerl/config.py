@@ -149,9 +149,10 @@ class CurriculumConfig(Section):
     """How training prompts are drawn (Kimi k1.5 §2.3.4 "Sampling Strategies"; `data.pool`).
 
     `order: easy_to_hard` opens the prompts to training from the easiest (by the record's
-    `metadata[difficulty_key]`) to the hardest: the easiest `start_fraction` first, all of them
-    after `ramp_prompts` draws. `priority: failure_rate` draws each available prompt with weight
-    `1 - s`, `s` its success rate so far (1 for a prompt never drawn). Both off: epoch shuffles.
+    `metadata[difficulty_key]`, a dotted path for a nested value) to the hardest: the easiest
+    `start_fraction` first, all of them after `ramp_prompts` draws. `priority: failure_rate` draws
+    each available prompt with weight `1 - s`, `s` its success rate so far (1 for a prompt never
+    drawn). Both off: epoch shuffles.
     """
 
     order: Literal["shuffle", "easy_to_hard"] = "shuffle"

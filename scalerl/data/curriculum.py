@@ -59,15 +59,28 @@ class CurriculumSpec:
         return self.order != "shuffle" or self.priority != "uniform"
 
 
+def metadata_value(metadata: dict, key: str) -> object:
+    """`metadata[key]`, or, when `key` is absent and has dots, the nested value it names
+    (`"model_difficulty.pass_rate"`: the pass rate `scalerl data difficulty` writes); None if missing."""
+    if key in metadata or "." not in key:
+        return metadata.get(key)
+    value: object = metadata
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
 def difficulty_ranks(records: Sequence[PromptRecord], key: str, harder: str, seed: int) -> dict[str, int]:
     """Each prompt's rank from easiest (0) to hardest; ties are broken by a seeded permutation.
 
-    Raises `ValueError` naming the record (and its source) whose `metadata[key]` is missing or not
-    a finite number.
+    `key` names `metadata[key]`, or a nested value by a dotted path (`metadata_value`). Raises
+    `ValueError` naming the record (and its source) whose value is missing or not a finite number.
     """
     values = []
     for r in records:
-        v = r.metadata.get(key)
+        v = metadata_value(r.metadata, key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             where = f" ({r.source})" if r.source else ""
             raise ValueError(

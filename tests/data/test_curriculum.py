@@ -112,6 +112,19 @@ def test_a_record_without_a_difficulty_is_named() -> None:
         PromptPool(records, seed=0, curriculum=CurriculumSpec(order="easy_to_hard"))
 
 
+def test_a_dotted_key_reads_the_pass_rate_scalerl_data_difficulty_writes() -> None:
+    """`metadata["model_difficulty"]["pass_rate"]` ranks with `harder="lower"`: highest pass rate first."""
+    records = [PromptRecord(id=f"p{i}", task="math", prompt="q", answer="1",
+                            metadata={"model_difficulty": {"pass_rate": rate, "k": 10}})
+               for i, rate in enumerate([0.3, 0.9, 0.0, 0.6])]
+    ranks = difficulty_ranks(records, "model_difficulty.pass_rate", "lower", seed=0)
+    assert sorted(ranks, key=ranks.get) == ["p1", "p3", "p0", "p2"]
+    records[2].metadata["model_difficulty"].pop("pass_rate")
+    missing = r"prompt 'p2' has no numeric metadata\['model_difficulty.pass_rate'\]"
+    with pytest.raises(ValueError, match=missing):
+        difficulty_ranks(records, "model_difficulty.pass_rate", "lower", seed=0)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [({"order": "random"}, "order: unknown 'random'"), ({"priority": "x"}, "priority: unknown"),
