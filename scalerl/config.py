@@ -81,6 +81,10 @@ class LengthControlConfig(Section):
     # DAPO overlong penalty: clip((L_max - |y|) / L_cache - 1, -1, 0), L_max = max_new_tokens.
     overlong_cache: int = Field(16, gt=0)
     kimi_coef: float = 0.1
+    # Kimi k1.5 §2.3.3 warm-up: no length reward for the first `kimi_warmup_steps` optimizer steps,
+    # then `kimi_coef` (reached linearly over `kimi_ramp_steps` when > 0).
+    kimi_warmup_steps: int = Field(0, ge=0)
+    kimi_ramp_steps: int = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _budget_order(self) -> LengthControlConfig:
@@ -121,10 +125,53 @@ class TisConfig(Section):
     level: Literal["token", "sequence"] = "token"
 
 
+class CriticConfig(Section):
+    """`algorithm.baseline: critic` only (PPO with a value model; docs/algorithms.md).
+
+    The value model is a copy of the policy's starting weights (or the causal LM at `model`) with
+    its LM head replaced by a scalar value head; it has its own AdamW (`optim.*` with the learning
+    rate `lr_scale * optim.lr`) and is saved in every checkpoint. GAE(gamma, lambda) gives the
+    policy's advantages; Open-Reasoner-Zero uses gamma = lambda = 1. VAPO's options: a separate
+    `value_lambda` for the value targets (decoupled GAE) and a length-adaptive policy lambda.
+    """
+
+    model: str | None = None
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    gae_lambda: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda of the policy's advantages")
+    value_lambda: float | None = Field(None, ge=0.0, le=1.0, description="None: the policy's lambda")
+    length_adaptive_alpha: float | None = Field(None, gt=0.0, description="VAPO: lambda = 1 - 1/(alpha l)")
+    value_clip: float | None = Field(0.2, gt=0.0)
+    lr_scale: float = Field(1.0, gt=0.0)
+    updates_per_step: int = Field(1, ge=1, description="critic optimizer steps per trainer step")
+
+
+class CurriculumConfig(Section):
+    """How training prompts are drawn (Kimi k1.5 §2.3.4 "Sampling Strategies"; `data.pool`).
+
+    `order: easy_to_hard` opens the prompts to training from the easiest (by the record's
+    `metadata[difficulty_key]`, a dotted path for a nested value) to the hardest: the easiest
+    `start_fraction` first, all of them after `ramp_prompts` draws. `priority: failure_rate` draws
+    each available prompt with weight `1 - s`, `s` its success rate so far (1 for a prompt never
+    drawn). Both off: epoch shuffles.
+    """
+
+    order: Literal["shuffle", "easy_to_hard"] = "shuffle"
+    priority: Literal["uniform", "failure_rate"] = "uniform"
+    difficulty_key: str = "difficulty"
+    harder: Literal["higher", "lower"] = Field("higher", description="which difficulty_key values are harder")
+    ramp_prompts: int = Field(2048, gt=0)
+    start_fraction: float = Field(0.25, gt=0.0, le=1.0)
+
+
 class AlgorithmConfig(Section):
-    loss_type: Literal["cispo", "grpo", "gspo"] = "cispo"
+    loss_type: Literal["cispo", "grpo", "gspo", "kimi"] = "cispo"
     aggregation: Literal["prompt", "sample", "token", "constant"] = "prompt"
+    # What is subtracted from a sample's reward (scalerl.algorithms.compute_advantages), and how
+    # the result is scaled: group_mean (GRPO), leave_one_out (RLOO), none (REINFORCE++, whose
+    # `batch` normalisation subtracts the batch mean), critic (PPO: GAE with a value model).
+    baseline: Literal["group_mean", "leave_one_out", "none", "critic"] = "group_mean"
     adv_norm: Literal["batch", "group", "none"] = "batch"
+    critic: CriticConfig = CriticConfig()
     eps_low: float = Field(0.2, ge=0.0)
     eps_high: float = Field(0.28, ge=0.0)
     eps_max: float = Field(4.0, gt=0.0, description="CISPO truncation of the IS ratio")
@@ -134,6 +181,10 @@ class AlgorithmConfig(Section):
     kl_coef: float = Field(0.0, ge=0.0)
     kl_estimator: Literal["k1", "k2", "k3", "unbiased_k3"] = "k3"
     kl_in_reward: bool = False
+    # With kl_in_reward: the sequence's summed KL off its outcome reward, or REINFORCE++'s per-token
+    # KL reward (each token's advantage is the reward minus the KL still to come).
+    kl_reward_level: Literal["sequence", "token"] = "sequence"
+    kimi_tau: float = Field(0.1, gt=0.0, description="loss_type kimi: the mirror-descent temperature")
     entropy_coef: float = 0.0
     zero_variance_filter: bool = True
     no_positive_resampling: bool = True
@@ -141,6 +192,24 @@ class AlgorithmConfig(Section):
     dynamic_sampling: bool = False
     offpolicy_mask_delta: float | None = Field(None, gt=0.0)
     keep_sampling_mask: bool = False
+    curriculum: CurriculumConfig = CurriculumConfig()
+
+    @model_validator(mode="after")
+    def _advantage_combinations(self) -> AlgorithmConfig:
+        per_token = self.baseline == "critic" or (self.kl_in_reward and self.kl_reward_level == "token")
+        if self.loss_type == "kimi" and per_token:
+            raise ValueError(
+                "loss_type: 'kimi' needs one advantage per sample; baseline 'critic' and "
+                "kl_reward_level 'token' give one per token"
+            )
+        if self.adv_norm == "group" and self.baseline in ("none", "critic"):
+            raise ValueError(
+                f"adv_norm: 'group' divides group-centred advantages by the group std; baseline "
+                f"{self.baseline!r} has no group centring (use adv_norm 'batch' or 'none')"
+            )
+        if self.kl_reward_level == "token" and not self.kl_in_reward:
+            raise ValueError("kl_reward_level: 'token' needs kl_in_reward: true")
+        return self
 
 
 class OptimConfig(Section):
@@ -154,6 +223,10 @@ class OptimConfig(Section):
     grad_clip: float | None = Field(1.0, gt=0.0)
     micro_batch_size: int = Field(64, gt=0, description="samples per forward/backward")
     max_consecutive_bad_steps: int = Field(5, gt=0)
+    # sqrt: lr * sqrt(B / lr_reference_batch), B = pipeline.prompts_per_step * generation.n samples
+    # per optimizer step (the square-root rule for adaptive optimizers; training.optim.scaled_lr).
+    lr_scaling: Literal["none", "sqrt"] = "none"
+    lr_reference_batch: int = Field(64, gt=0, description="samples per step at which optim.lr applies")
 
 
 class PipelineConfig(Section):
@@ -289,6 +362,12 @@ class RunConfig(Section):
         d = self.distributed
         if d.backend == "local":
             return self
+        if self.algorithm.baseline == "critic":
+            raise ValueError(
+                "algorithm.baseline: 'critic' (a value model beside the policy) runs in the local "
+                "trainer only; distributed.backend=ray shards the policy over FSDP2 ranks and has no "
+                "sharded critic (use distributed.backend=local, or another baseline)"
+            )
         if self.pipeline.off_policy == "pipeline" and self.pipeline.schedule == "interleaved":
             raise ValueError(
                 "pipeline.schedule: 'interleaved' (a reproducible single-thread schedule) is local-only; "

@@ -12,7 +12,7 @@ function documents its formula and source; see docs/algorithms.md for the overvi
     kl = kl_penalty(logprobs, ref_logprobs, estimator="k3", mask=mask)
 """
 
-from scalerl.algorithms.advantages import ADV_NORMS, compute_advantages
+from scalerl.algorithms.advantages import ADV_NORMS, BASELINES, compute_advantages, masked_whiten
 from scalerl.algorithms.aggregation import AGGREGATIONS, aggregate, token_weights, weighted_token_sum
 from scalerl.algorithms.entropy import entropy_bonus, entropy_from_logits
 from scalerl.algorithms.filters import (
@@ -28,6 +28,7 @@ from scalerl.algorithms.kl import KL_ESTIMATORS, kl_penalty, kl_shaped_rewards
 from scalerl.algorithms.length import (
     apply_kimi_length_reward,
     apply_overlong_penalty,
+    kimi_length_coef,
     kimi_length_reward,
     overlong_penalty,
 )
@@ -38,12 +39,22 @@ from scalerl.algorithms.masks import (
     support_mask_from_indices,
     top_k_top_p_support,
 )
+from scalerl.algorithms.mirror_descent import kimi_sequence_loss
 from scalerl.algorithms.objectives import LOSS_TYPES, TIS_LEVELS, TokenStats, per_token_policy_loss
+from scalerl.algorithms.returns import (
+    discounted_returns,
+    gae_advantages,
+    last_step_index,
+    length_adaptive_lambda,
+    token_rewards,
+)
 from scalerl.algorithms.stats import STAT_KEYS, merge_policy_stats, reduce_token_stats
+from scalerl.algorithms.value import explained_variance, value_loss
 
 __all__ = [
     "ADV_NORMS",
     "AGGREGATIONS",
+    "BASELINES",
     "KL_ESTIMATORS",
     "LOSS_TYPES",
     "STAT_KEYS",
@@ -56,13 +67,21 @@ __all__ = [
     "apply_kimi_length_reward",
     "apply_overlong_penalty",
     "compute_advantages",
+    "discounted_returns",
     "entropy_bonus",
     "entropy_from_logits",
+    "explained_variance",
+    "gae_advantages",
     "is_informative_group",
     "keep_sampling_logprobs",
+    "kimi_length_coef",
     "kimi_length_reward",
+    "kimi_sequence_loss",
     "kl_penalty",
     "kl_shaped_rewards",
+    "last_step_index",
+    "length_adaptive_lambda",
+    "masked_whiten",
     "merge_policy_stats",
     "no_positive_resampling",
     "off_policy_sequence_mask",
@@ -71,8 +90,10 @@ __all__ = [
     "policy_loss",
     "reduce_token_stats",
     "support_mask_from_indices",
+    "token_rewards",
     "token_weights",
     "top_k_top_p_support",
+    "value_loss",
     "weighted_token_sum",
     "zero_variance_filter",
     "zero_variance_mask",

@@ -6,7 +6,7 @@ deep inside a loss. Messages look like:
 
     mask: expected shape [N, T] = (4, 7) matching logprobs, got (4, 6)
     rewards: contains NaN at index 3
-    loss_type: unknown 'foo'; expected one of cispo, grpo, gspo
+    loss_type: unknown 'foo'; expected one of cispo, grpo, gspo, kimi
     mask: no response tokens (empty mask)
 """
 

@@ -143,3 +143,25 @@ def apply_kimi_length_reward(
     check_number("coef", coef)
     bonus = kimi_length_reward(lengths, rewards, group_ids, correct_threshold=correct_threshold)
     return rewards.detach() + coef * bonus
+
+
+def kimi_length_coef(step: int, coef: float, warmup_steps: int = 0, ramp_steps: int = 0) -> float:
+    """Weight of the Kimi k1.5 length reward at optimizer step `step` (0-based), with its warm-up.
+
+    The report found the length penalty slows the start of training and warms it up: "standard
+    policy optimization without length penalty, followed by a constant length penalty for the rest
+    of training" (Kimi Team 2025, arXiv 2501.12599, §2.3.3). So `0` for `step < warmup_steps`,
+    then `coef`; `ramp_steps > 0` replaces the step by a linear rise over that many steps:
+    `coef * min(1, (step - warmup_steps + 1) / ramp_steps)`.
+    """
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step: expected an integer >= 0, got {step!r}")
+    check_number("coef", coef)
+    for name, value in (("warmup_steps", warmup_steps), ("ramp_steps", ramp_steps)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name}: expected an integer >= 0, got {value!r}")
+    if step < warmup_steps:
+        return 0.0
+    if ramp_steps == 0:
+        return float(coef)
+    return float(coef) * min(1.0, (step - warmup_steps + 1) / ramp_steps)

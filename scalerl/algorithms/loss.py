@@ -29,10 +29,11 @@ def policy_loss(
     tis_cap: float | None = None,
     tis_level: str = "token",
     keep_mask: Tensor | None = None,
+    kimi_tau: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Scalar policy loss to minimise over the batch given, and its statistics.
 
-    `loss = sum_{i,t} w_{i,t} l_{i,t}` with `l = per_token_policy_loss(...)` (GRPO / GSPO / CISPO,
+    `loss = sum_{i,t} w_{i,t} l_{i,t}` with `l = per_token_policy_loss(...)` (GRPO / GSPO / CISPO / Kimi,
     optional dual clip, TIS and keep mask; see there for formulas and sources) and
     `w = token_weights(mask, group_ids, aggregation, max_tokens)` (sample / prompt / token /
     constant; see there). The defaults are ScaleRL's choices (CISPO, prompt-level aggregation).
@@ -70,6 +71,7 @@ def policy_loss(
         tis_cap=tis_cap,
         tis_level=tis_level,
         keep_mask=keep_mask,
+        kimi_tau=kimi_tau,
     )
     weights = token_weights(mask, group_ids, aggregation, max_tokens, dtype=loss_tokens.dtype)
     return weighted_token_sum(loss_tokens, weights), reduce_token_stats(token_stats)

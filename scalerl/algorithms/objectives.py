@@ -1,4 +1,4 @@
-"""Per-token policy-gradient objectives: GRPO (PPO clip, DAPO clip-higher, dual-clip), GSPO, CISPO.
+"""Per-token policy-gradient objectives: GRPO (PPO clip, DAPO clip-higher, dual-clip), GSPO, CISPO, Kimi.
 
 `per_token_policy_loss` returns the loss of every response token (`[N, T]`, exactly 0 at padding)
 plus per-token diagnostics; aggregating it with `aggregation.token_weights` gives the scalar loss.
@@ -30,8 +30,9 @@ from scalerl.algorithms._checks import (
     check_number,
     check_same_shape,
 )
+from scalerl.algorithms.mirror_descent import kimi_sequence_loss
 
-LOSS_TYPES: tuple[str, ...] = ("cispo", "grpo", "gspo")
+LOSS_TYPES: tuple[str, ...] = ("cispo", "grpo", "gspo", "kimi")
 TIS_LEVELS: tuple[str, ...] = ("sequence", "token")
 
 
@@ -174,6 +175,21 @@ def _cispo_loss(
     return -weight * adv * lp, ratio, raised_low, truncated_high
 
 
+def _kimi_loss(lp: Tensor, old: Tensor, adv: Tensor, m: Tensor, tau: float) -> tuple[Tensor, Tensor]:
+    """Kimi k1.5 surrogate as a per-token loss: the sample's `l_i` on each of its response tokens.
+
+    `l_i = (A_i - tau rho_i)^2 / (2 tau)` (see `mirror_descent.kimi_sequence_loss`). Any
+    aggregation weights of one sample sum to its share of the batch, so aggregating this per-token
+    loss gives `sum_i (sum_t w_{i,t}) l_i`; with `"sample"` aggregation `(1/N) sum_i l_i`, the
+    report's `1/k` mean over a prompt's samples averaged over prompts of equal group size.
+
+    Shapes: `lp, old [N, T]` (padding zeroed), `adv [N]`, `m [N, T]` -> (loss, token ratio), `[N, T]`.
+    """
+    per_sample, _ = kimi_sequence_loss(lp, old, adv, m, tau)
+    loss = torch.where(m, per_sample[:, None].expand_as(lp), torch.zeros_like(lp))
+    return loss, torch.exp(lp.detach() - old)
+
+
 def _tis_weight(old: Tensor, behavior: Tensor, m: Tensor, cap: float, level: str) -> tuple[Tensor, Tensor]:
     """Truncated importance-sampling weight against the generator's (behaviour) policy.
 
@@ -209,8 +225,9 @@ def per_token_policy_loss(
     tis_cap: float | None = None,
     tis_level: str = "token",
     keep_mask: Tensor | None = None,
+    kimi_tau: float | None = None,
 ) -> tuple[Tensor, TokenStats]:
-    """Loss of every response token for `loss_type` `"grpo"`, `"gspo"` or `"cispo"`.
+    """Loss of every response token for `loss_type` `"grpo"`, `"gspo"`, `"cispo"` or `"kimi"`.
 
     - `"grpo"`: PPO clipped surrogate on the token ratio with range
       `[1 - eps_low, 1 + eps_high]` (DAPO clip-higher when `eps_high > eps_low`) and optional
@@ -219,6 +236,11 @@ def per_token_policy_loss(
       (see `_gspo_loss`); `dual_clip_c` applies as for GRPO.
     - `"cispo"`: `-sg(clip(r, cispo_eps_min, eps_max)) A logp` (ScaleRL eq. 4; the lower bound is
       off by default). `eps_low`/`eps_high` are unused.
+    - `"kimi"`: Kimi k1.5's online-mirror-descent surrogate `(A_i - tau rho_i)^2 / (2 tau)` with
+      the sequence log-ratio `rho_i` against `old_logprobs` (Kimi k1.5, arXiv 2501.12599,
+      §2.3.2; see `_kimi_loss`), on each of the sample's tokens. Needs `kimi_tau` and per-sample
+      advantages `[N]` (the group-mean advantage `r_i - mean_g` is the report's estimate of
+      `r - tau log Z`); no clipping.
 
     With `behavior_logprobs` (generator log-probs) and `tis_cap`, each token loss is multiplied by
     the truncated IS weight `sg(min(pi_old / pi_gen, tis_cap))`, per token or per sequence
@@ -243,13 +265,26 @@ def per_token_policy_loss(
     check_number("eps_high", eps_high, low=0.0)
     check_number("eps_max", eps_max, low=0.0, low_inclusive=False)
     if dual_clip_c is not None:
-        if loss_type == "cispo":
+        if loss_type in ("cispo", "kimi"):
             raise ValueError("dual_clip_c: only used by loss_type 'grpo' or 'gspo'")
         check_number("dual_clip_c", dual_clip_c, low=1.0, low_inclusive=False)
     if cispo_eps_min is not None:
         if loss_type != "cispo":
             raise ValueError("cispo_eps_min: only used by loss_type 'cispo'")
         check_number("cispo_eps_min", cispo_eps_min, low=0.0, high=eps_max)
+    if loss_type == "kimi":
+        if kimi_tau is None:
+            raise ValueError("kimi_tau: required for loss_type 'kimi'")
+        check_number("kimi_tau", kimi_tau, low=0.0, low_inclusive=False)
+        if dual_clip_c is not None:
+            raise ValueError("dual_clip_c: only used by loss_type 'grpo' or 'gspo'")
+        if adv_in.dim() != 1:
+            raise ValueError(
+                f"advantages: loss_type 'kimi' needs one advantage per sample, shape [N] = "
+                f"({lp_in.shape[0]},), got {tuple(adv_in.shape)}"
+            )
+    elif kimi_tau is not None:
+        raise ValueError(f"kimi_tau: only used by loss_type 'kimi', got loss_type={loss_type!r}")
     check_choice("tis_level", tis_level, TIS_LEVELS)
     if behavior_logprobs is not None and tis_cap is None:
         raise ValueError("tis_cap: required when behavior_logprobs is given")
@@ -285,6 +320,10 @@ def per_token_policy_loss(
     elif loss_type == "gspo":
         loss, ratio, low, high, dual = _gspo_loss(lp, old, adv, m, eps_low, eps_high, dual_clip_c)
         eps_trunc = no_flags
+    elif loss_type == "kimi":
+        loss, ratio = _kimi_loss(lp, old, torch.where(m.any(dim=-1), adv_d, torch.zeros_like(adv_d)), m,
+                                 float(kimi_tau))  # type: ignore[arg-type]
+        low = high = dual = eps_trunc = no_flags
     else:
         loss, ratio, low, high = _cispo_loss(lp, old, adv, eps_max, cispo_eps_min)
         dual = no_flags

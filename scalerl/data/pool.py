@@ -7,6 +7,10 @@ advantage signal) and the extra prompts drawn to refill a batch under DAPO dynam
 saves all of that with a checkpoint so a resumed run draws exactly the prompts the original would
 have drawn.
 
+With a `CurriculumSpec` that asks for it (`scalerl.data.curriculum`), draws instead follow Kimi
+k1.5's strategies: an easy-to-hard frontier over the prompts' difficulty and/or prioritized
+resampling by failure rate, seeded by the draw count so that a restored pool draws the same.
+
 The trainer's loop is: `prompts = pool.next_prompts(k)`, generate a group per prompt,
 `pool.report(prompt.id, rewards)` per group; under dynamic sampling, when `report` says a group is
 not informative, it asks `pool.next_prompts(m, refill=True)` for replacements.
@@ -15,6 +19,7 @@ not informative, it asks `pool.next_prompts(m, refill=True)` for replacements.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -22,6 +27,13 @@ import numpy as np
 from torch import Tensor
 
 from scalerl.algorithms.filters import PassRateHistory, is_informative_group
+from scalerl.data.curriculum import (
+    CurriculumSpec,
+    curriculum_frontier,
+    difficulty_ranks,
+    draw_weighted,
+    failure_rate_weights,
+)
 from scalerl.data.records import PromptRecord
 
 STATE_VERSION = 1
@@ -67,6 +79,7 @@ class PromptPool:
         no_positive_resampling: bool = True,
         retire_basis: str = "last",
         heldout_ids: Iterable[str] = (),
+        curriculum: CurriculumSpec | None = None,
     ) -> None:
         if not records:
             raise ValueError("records: the prompt pool needs at least one training prompt")
@@ -94,6 +107,7 @@ class PromptPool:
         self.epoch = 0
         self._order: list[str] = []
         self._position = 0
+        self._init_curriculum(curriculum or CurriculumSpec(), records)
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -124,14 +138,59 @@ class PromptPool:
         self._order = [active[i] for i in perm]
         self._position = 0
 
+    # -- Kimi k1.5 sampling (scalerl.data.curriculum) -------------------------------------------
+
+    def _init_curriculum(self, spec: CurriculumSpec, records: Sequence[PromptRecord]) -> None:
+        self.curriculum = spec
+        self.curriculum_draws = 0
+        self.curriculum_fallbacks = 0  # draws where every open prompt had weight 0 (uniform instead)
+        self._ranks: dict[str, int] | None = None
+        if spec.order == "easy_to_hard":
+            self._ranks = difficulty_ranks(records, spec.difficulty_key, spec.harder, self.seed)
+
+    @property
+    def frontier(self) -> float:
+        """Share of the active prompts (easiest first) open to the next draw; 1 without a curriculum."""
+        spec = self.curriculum
+        if spec.order != "easy_to_hard":
+            return 1.0
+        return curriculum_frontier(self.curriculum_draws, spec.ramp_prompts, spec.start_fraction)
+
+    def _next_weighted(self, k: int) -> list[PromptRecord]:
+        """`k` prompts drawn by the curriculum's weights (no epochs)."""
+        active = self.active_ids
+        if not active:
+            raise PoolExhaustedError(
+                f"all {len(self._ids)} training prompts are retired (pass rate >= {self.retire_threshold})"
+            )
+        if self._ranks is not None:
+            ranks = self._ranks
+            open_count = max(1, math.ceil(self.frontier * len(active)))
+            active = sorted(active, key=lambda pid: ranks[pid])[:open_count]
+        if self.curriculum.priority == "failure_rate":
+            weights = failure_rate_weights([self.history.pass_rate(pid, "cumulative") for pid in active])
+        else:
+            weights = np.ones(len(active))
+        rng = np.random.default_rng([self.seed, 0x4B31, self.curriculum_draws])
+        picked, fell_back = draw_weighted(rng, weights, k)
+        self.curriculum_draws += k
+        self.curriculum_fallbacks += int(fell_back)
+        return [self._records[active[i]] for i in picked]
+
     def next_prompts(self, k: int, *, refill: bool = False) -> list[PromptRecord]:
-        """The next `k` prompts, crossing into new epochs as needed.
+        """The next `k` prompts, crossing into new epochs as needed (or drawn by the curriculum).
 
         `refill=True` marks them as replacements for groups that dynamic sampling dropped (counted in
         `refill_prompts`). Raises `PoolExhaustedError`, drawing nothing, when the prompts run out.
         """
         if k < 0:
             raise ValueError(f"k: must be >= 0, got {k}")
+        if self.curriculum.weighted and k > 0:
+            drawn = self._next_weighted(k)
+            self.counters["prompts_drawn"] += len(drawn)
+            if refill:
+                self.counters["refill_prompts"] += len(drawn)
+            return drawn
         saved = (self.epoch, self._order, self._position, self.counters["retired_skips"])
         drawn: list[PromptRecord] = []
         try:
@@ -199,6 +258,9 @@ class PromptPool:
             "zero_variance_fraction": self.counters["zero_variance_groups"] / groups if groups else 0.0,
         }
         out.update({k: float(v) for k, v in self.counters.items()})
+        if self.curriculum.weighted:
+            out["curriculum_frontier"] = self.frontier
+            out["curriculum_fallbacks"] = float(self.curriculum_fallbacks)
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -213,6 +275,7 @@ class PromptPool:
             "retired": sorted(self.retired),
             "history": self.history.state_dict(),
             "counters": dict(self.counters),
+            "curriculum": {"draws": self.curriculum_draws, "fallbacks": self.curriculum_fallbacks},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -247,6 +310,13 @@ class PromptPool:
             raise ValueError(f"pool state: 'seed' must be an integer, got {state['seed']!r}")
         history = PassRateHistory()
         history.load_state_dict(state["history"])
+        # Absent in states saved before the curriculum existed (epoch draws only).
+        curriculum = state.get("curriculum", {"draws": 0, "fallbacks": 0})
+        if not isinstance(curriculum, dict) or any(
+            isinstance(curriculum.get(key), bool) or not isinstance(curriculum.get(key), int)
+            or curriculum[key] < 0 for key in ("draws", "fallbacks")
+        ):
+            raise ValueError("pool state: 'curriculum' must map draws and fallbacks to counts")
         self.seed = int(state["seed"])
         self.epoch = epoch
         self._order = list(order)
@@ -254,3 +324,5 @@ class PromptPool:
         self.retired = set(retired)
         self.history = history
         self.counters = dict(counters)
+        self.curriculum_draws = curriculum["draws"]
+        self.curriculum_fallbacks = curriculum["fallbacks"]

@@ -29,6 +29,7 @@ from scalerl.data import (
     split_by_ids,
     split_heldout,
 )
+from scalerl.data.curriculum import CurriculumSpec
 from scalerl.evaluation.evaluator import Evaluator
 from scalerl.pipeline.driver import Components, Driver, success_threshold
 from scalerl.pipeline.scoring import GroupScorer
@@ -67,6 +68,13 @@ def sampling_params(config: RunConfig, tokenizer: Any) -> SamplingParams:
         interruption=interruption,
     )
     return replace(params, return_support=config.algorithm.keep_sampling_mask and params.truncates_support)
+
+
+def curriculum_spec(config: RunConfig) -> CurriculumSpec:
+    """`algorithm.curriculum` for the prompt pool (Kimi k1.5 sampling strategies)."""
+    c = config.algorithm.curriculum
+    return CurriculumSpec(order=c.order, priority=c.priority, difficulty_key=c.difficulty_key,
+                          harder=c.harder, ramp_prompts=c.ramp_prompts, start_fraction=c.start_fraction)
 
 
 def load_records(config: RunConfig) -> list[PromptRecord]:
@@ -241,6 +249,7 @@ def _build_training(
         retire_threshold=config.algorithm.retire_threshold,
         no_positive_resampling=config.algorithm.no_positive_resampling,
         heldout_ids=split.heldout_ids,
+        curriculum=curriculum_spec(config),
     )
     router = RewardRouter(RewardConfig.from_dict(config.rewards.model_dump()))
     closers: list[Any] = [router.close]

@@ -126,7 +126,7 @@ class Driver:
         max_lag = pipe.k if pipe.off_policy == "pipeline" else self._updates_per_round() - 1
         self.controller = StalenessController(max_lag, self.batch_size, train_version=c.trainer.version)
         threshold = success_threshold(config)
-        shaping = LengthShaping.from_config(config, threshold)
+        shaping = LengthShaping.from_config(config, threshold, version=lambda: c.trainer.version)
         self.group_scorer = GroupScorer(
             c.scorer,
             c.decode,

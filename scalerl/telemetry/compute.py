@@ -79,6 +79,7 @@ class ComputeMeter:
         self.trained_tokens = 0
         self.trained_samples = 0
         self.logprob_tokens = 0
+        self.auxiliary_trained_tokens = 0
         self._running_since: float | None = None
         self._running_depth = 0
         # The generator and trainer threads of a pipelined run report to one meter.
@@ -152,6 +153,13 @@ class ComputeMeter:
             self.logprob_tokens += int(tokens)
             self.flops += FORWARD_FLOPS_PER_PARAM * (n_params or self.n_params) * int(tokens)
 
+    def add_auxiliary_training(self, tokens: int, n_params: int) -> None:
+        """Tokens through a forward + backward of another model trained beside the policy (a
+        critic): 6 n_params each. Counted in the FLOPs, not in the policy's `trained_tokens`."""
+        with self._lock:
+            self.auxiliary_trained_tokens += int(tokens)
+            self.flops += TRAIN_FLOPS_PER_PARAM * int(n_params) * int(tokens)
+
     # -- reporting -------------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, float | int]:
@@ -185,6 +193,7 @@ class ComputeMeter:
                 "trained_tokens": self.trained_tokens,
                 "trained_samples": self.trained_samples,
                 "logprob_tokens": self.logprob_tokens,
+                "auxiliary_trained_tokens": self.auxiliary_trained_tokens,
             }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -198,5 +207,5 @@ class ComputeMeter:
                 self.role_devices.setdefault(role, self.num_devices)
             self.flops = float(state["flops"])
             for key in ("generated_tokens", "prompt_tokens", "samples", "trained_tokens",
-                        "trained_samples", "logprob_tokens"):
+                        "trained_samples", "logprob_tokens", "auxiliary_trained_tokens"):
                 setattr(self, key, int(state.get(key, 0)))

@@ -83,7 +83,7 @@ class TrainBatch:
     response_lengths: Tensor  # [N] long
     finish_reasons: list[str]
     old_logprobs: Tensor | None = None  # [N, T] float32
-    advantages: Tensor | None = None  # [N] float32
+    advantages: Tensor | None = None  # [N] or [N, T] float32
     # Per row: per response token, the token ids the sampler could draw (None: full vocabulary).
     support: list[list[list[int]] | None] | None = field(default=None, repr=False)
 
@@ -143,7 +143,9 @@ class TrainBatch:
             response_lengths=rows_of(self.response_lengths),
             finish_reasons=[self.finish_reasons[i] for i in idx.tolist()],
             old_logprobs=rows_of(self.old_logprobs, resp),
-            advantages=rows_of(self.advantages),
+            # Per-sample [N] advantages, or per-token [N, T] ones (a critic, a per-token KL reward).
+            advantages=rows_of(self.advantages, resp if self.advantages is not None
+                               and self.advantages.dim() == 2 else None),
             support=None if self.support is None else [self.support[i] for i in idx.tolist()],
         )
 

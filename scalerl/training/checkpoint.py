@@ -19,7 +19,7 @@ import os
 import random
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -173,10 +173,13 @@ def save_checkpoint(
     trainer_state: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
     keep: int | None = None,
+    extra_files: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write the checkpoint of `step`; then delete all but the newest `keep` checkpoints.
 
     `extra` is the caller's opaque state (prompt pool, counters, compute meter), stored as JSON.
+    `extra_files(directory)` writes more files into the checkpoint before it is marked complete
+    (e.g. a critic's weights and optimizer).
     """
     tmp, final = begin_checkpoint(run_dir, step, keep, token=str(os.getpid()))
     tmp.mkdir()
@@ -189,6 +192,8 @@ def save_checkpoint(
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         torch.save(rng_state(), tmp / "rng.pt")
+        if extra_files is not None:
+            extra_files(tmp)
         write_state(tmp, step, trainer_state, extra)
         return finish_checkpoint(tmp, final, run_dir, keep)
     except BaseException:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from scalerl.config import OptimConfig
+from scalerl.config import OptimConfig, RunConfig
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, object]]:
@@ -21,6 +23,30 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
     return groups
+
+
+def scaled_lr(lr: float, batch: int, reference: int, rule: str) -> float:
+    """The learning rate for `batch` samples per step, given `lr` at `reference` samples.
+
+    `"sqrt"`: `lr * sqrt(batch / reference)`, the square-root scaling rule for adaptive optimizers
+    (Malladi et al. 2022, "On the SDEs and Scaling Rules for Adaptive Gradient Algorithms",
+    arXiv 2205.10287: Adam's noise scale is kept when the LR grows as the square root of the batch),
+    the rule the IsoCompute study of RL batch sizes applies; `"none"`: `lr` itself.
+    """
+    if rule not in ("none", "sqrt"):
+        raise ValueError(f"optim.lr_scaling: unknown {rule!r}; expected none or sqrt")
+    if batch <= 0 or reference <= 0:
+        raise ValueError(f"batch and reference: expected positive sample counts, got {batch} and {reference}")
+    return lr if rule == "none" else lr * math.sqrt(batch / reference)
+
+
+def scaled_optim(cfg: RunConfig) -> OptimConfig:
+    """`cfg.optim` with `optim.lr_scaling` applied to its learning rate for this run's batch
+    (`pipeline.prompts_per_step * generation.n` samples per optimizer step)."""
+    o = cfg.optim
+    batch = cfg.pipeline.prompts_per_step * cfg.generation.n
+    lr = scaled_lr(o.lr, batch, o.lr_reference_batch, o.lr_scaling)
+    return o if lr == o.lr else o.model_copy(update={"lr": lr})
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:

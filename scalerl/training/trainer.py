@@ -5,14 +5,17 @@ states into log-probs from `scalerl.models.lm_head` (through `training.forward`)
 is the order of operations of one step:
 
 1. collate the groups; drop zero-variance groups (counted; all dropped = a counted no-op step);
-2. advantages on the kept samples (`adv_norm`), optionally after KL-shaping the rewards;
+2. advantages on the kept samples from the step's `AdvantageEstimator` (`training.advantage`:
+   a baseline and `adv_norm` on the outcome rewards, or the critic's GAE), optionally with the KL
+   in the reward (per sequence, or per token as REINFORCE++);
 3. per-token aggregation weights computed once on the whole kept batch, then sliced per
    micro-batch, so the loss and gradient do not depend on `micro_batch_size`;
 4. per micro-batch: forward, off-policy sequence mask, per-token policy loss, KL and entropy
    terms, `backward()` of the weighted sum (gradients accumulate);
 5. NaN/Inf anywhere (inputs, log-probs, loss, gradient norm) skips the update and counts a bad
    step; `max_consecutive_bad_steps` in a row raise `TrainingDivergedError`;
-6. clip, AdamW step, LR schedule step, `version += 1`.
+6. clip, AdamW step, LR schedule step, `version += 1`;
+7. the estimator's own update (the critic's optimizer step; nothing for outcome baselines).
 
 Steps 1-3 always see the whole batch. The model passes, the merge of their statistics and the
 clipping go through a `StepCollectives` (`training.collectives`): for one process the identity;
@@ -38,7 +41,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from scalerl.algorithms.advantages import compute_advantages
 from scalerl.algorithms.aggregation import token_weights, weighted_token_sum
 from scalerl.algorithms.entropy import entropy_bonus
 from scalerl.algorithms.filters import zero_variance_filter
@@ -49,16 +51,16 @@ from scalerl.algorithms.stats import merge_policy_stats, reduce_token_stats
 from scalerl.config import AlgorithmConfig, OptimConfig, RunConfig
 from scalerl.models.lm_head import output_head
 from scalerl.telemetry.compute import ComputeMeter
+from scalerl.training.advantage import AdvantageEstimator, OutcomeAdvantages
 from scalerl.training.batch import ScoredGroup, TrainBatch, collate
 from scalerl.training.checkpoint import CheckpointState, load_checkpoint, save_checkpoint
 from scalerl.training.collectives import StepCollectives
+from scalerl.training.critic import Critic
 from scalerl.training.forward import EntropyMode, ResponseForward
-from scalerl.training.optim import build_optimizer, build_scheduler
+from scalerl.training.optim import build_optimizer, build_scheduler, scaled_optim
 from scalerl.training.policy import Policy
 
 logger = logging.getLogger(__name__)
-
-ADV_EPS = 1e-6
 
 
 class TrainingDivergedError(RuntimeError):
@@ -161,6 +163,7 @@ class Trainer:
     after `engine.update_weights(trainer.weights_for_engine(), trainer.version)`.
 
     `collectives` spreads the step over processes (`scalerl.distributed`); the default is one process.
+    `advantages` is the step's advantage estimator; the default is the one `algorithm` names.
     """
 
     def __init__(
@@ -173,6 +176,7 @@ class Trainer:
         max_new_tokens: int | None = None,
         meter: ComputeMeter | None = None,
         collectives: StepCollectives | None = None,
+        advantages: AdvantageEstimator | None = None,
     ) -> None:
         if temperature <= 0:
             raise ValueError(
@@ -202,6 +206,17 @@ class Trainer:
         self.bad_steps = 0
         self.noop_steps = 0
         self._reference: torch.nn.Module | None = None
+        self.advantages = advantages if advantages is not None else self._default_estimator()
+
+    def _default_estimator(self) -> AdvantageEstimator:
+        if self.algo.baseline != "critic":
+            return OutcomeAdvantages(self.algo)
+        if self.collectives.lockstep:
+            raise ValueError(
+                "algorithm.baseline: 'critic' has no sharded form (the value model is one process's); "
+                "use distributed.backend=local"
+            )
+        return Critic.for_policy(self.policy, self.algo, self.optim_cfg, meter=self.meter)
 
     @classmethod
     def from_config(
@@ -214,7 +229,7 @@ class Trainer:
         return cls(
             policy,
             cfg.algorithm,
-            cfg.optim,
+            scaled_optim(cfg),
             temperature=cfg.generation.temperature,
             max_new_tokens=cfg.generation.max_new_tokens,
             meter=meter,
@@ -297,7 +312,8 @@ class Trainer:
                 else:
                     self._accumulate(*prepared, metrics)
                     self._apply(prepared[0], metrics)
-            except _NonFiniteError as bad:
+                    metrics.update(self.advantages.update(prepared[0]))
+            except (_NonFiniteError, FloatingPointError) as bad:
                 self._bad_step(metrics, str(bad))
         elapsed = time.perf_counter() - start
         metrics["step_time_s"] = elapsed
@@ -319,7 +335,7 @@ class Trainer:
             if prepared is None:
                 raise ValueError("groups: every group has zero reward variance; nothing to differentiate")
             self._accumulate(*prepared, metrics)
-        except _NonFiniteError as bad:
+        except (_NonFiniteError, FloatingPointError) as bad:
             raise FloatingPointError(str(bad)) from None
         return metrics
 
@@ -349,13 +365,23 @@ class Trainer:
         if batch.old_logprobs is not None and not _finite(batch.old_logprobs, batch.response_mask):
             raise _NonFiniteError("non-finite old log-probs")
 
-        rewards = batch.rewards
+        rewards, token_penalty = batch.rewards, None
         if self.algo.kl_in_reward and self.algo.kl_coef > 0:
             policy_lp = batch.old_logprobs if batch.old_logprobs is not None else self.compute_logprobs(batch)
             ref_lp = self.compute_logprobs(batch, self.reference)
-            rewards = kl_shaped_rewards(rewards, policy_lp, ref_lp, batch.response_mask, self.algo.kl_coef)
-        batch.advantages = compute_advantages(rewards, batch.group_ids, self.algo.adv_norm, ADV_EPS)
-        metrics["advantage_abs_mean"] = float(batch.advantages.abs().mean())
+            if self.algo.kl_reward_level == "token":
+                # REINFORCE++ eq. 9: KL(t) = log pi_old(t) / pi_ref(t), the k1 estimate per token.
+                kl = kl_penalty(policy_lp, ref_lp, "k1", mask=batch.response_mask)
+                token_penalty = self.algo.kl_coef * kl
+            else:
+                mask, beta = batch.response_mask, self.algo.kl_coef
+                rewards = kl_shaped_rewards(rewards, policy_lp, ref_lp, mask, beta)
+        batch.advantages, estimated = self.advantages.estimate(batch, rewards, token_penalty)
+        metrics.update(estimated)
+        adv = batch.advantages
+        metrics["advantage_abs_mean"] = float(
+            (adv.abs() if adv.dim() == 1 else adv[batch.response_mask].abs()).mean()
+        )
         # Computed once on the whole kept batch: the per-prompt (or per-batch) token counts the
         # aggregation divides by must not depend on how the batch is split into micro-batches.
         weights = token_weights(
@@ -453,11 +479,12 @@ class Trainer:
             eps_low=self.algo.eps_low,
             eps_high=self.algo.eps_high,
             eps_max=self.algo.eps_max,
-            dual_clip_c=self.algo.dual_clip_c if self.algo.loss_type != "cispo" else None,
+            dual_clip_c=self.algo.dual_clip_c if self.algo.loss_type in ("grpo", "gspo") else None,
             behavior_logprobs=behaviour if self.algo.tis.enabled else None,
             tis_cap=self.algo.tis.cap if self.algo.tis.enabled else None,
             tis_level=self.algo.tis.level,
             keep_mask=keep_mask,
+            kimi_tau=self.algo.kimi_tau if self.algo.loss_type == "kimi" else None,
         )
         policy_part = weighted_token_sum(per_token, w)
         loss = policy_part
@@ -544,12 +571,13 @@ class Trainer:
     def weights_for_engine(self) -> dict[str, Tensor]:
         return self.policy.weights_for_engine()
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, Any]:
         return {
             "version": self.version,
             "consecutive_bad_steps": self.consecutive_bad_steps,
             "bad_steps": self.bad_steps,
             "noop_steps": self.noop_steps,
+            "advantages": self.advantages.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -557,11 +585,13 @@ class Trainer:
         self.consecutive_bad_steps = int(state.get("consecutive_bad_steps", 0))
         self.bad_steps = int(state.get("bad_steps", 0))
         self.noop_steps = int(state.get("noop_steps", 0))
+        self.advantages.load_state_dict(state.get("advantages", {}))
 
     def save(
         self, run_dir: str | Path, step: int, extra: Mapping[str, Any] | None = None, keep: int | None = None
     ) -> Path:
-        """Checkpoint the policy, optimizer, schedule, RNG, trainer counters and the caller's `extra`."""
+        """Checkpoint the policy, optimizer, schedule, RNG, trainer counters, the advantage
+        estimator's files (the critic's) and the caller's `extra`."""
         return save_checkpoint(
             run_dir,
             step,
@@ -572,6 +602,7 @@ class Trainer:
             trainer_state=self.state_dict(),
             extra=extra,
             keep=keep,
+            extra_files=self.advantages.save,
         )
 
     def load(self, path: str | Path, restore_rng: bool = True) -> CheckpointState:
@@ -583,5 +614,6 @@ class Trainer:
             scheduler=self.scheduler,
             restore_rng=restore_rng,
         )
+        self.advantages.load(Path(path))
         self.load_state_dict(state.trainer)
         return state

@@ -39,7 +39,7 @@ def _raises(message: str, **override: Any) -> None:
 
 def test_documented_messages() -> None:
     _raises("mask: expected shape [N, T] = (4, 7) matching logprobs, got (4, 6)", mask=torch.ones(N, 6))
-    _raises("loss_type: unknown 'foo'; expected one of cispo, grpo, gspo", loss_type="foo")
+    _raises("loss_type: unknown 'foo'; expected one of cispo, grpo, gspo, kimi", loss_type="foo")
     _raises("mask: no response tokens (empty mask)", mask=torch.zeros(N, T))
     with pytest.raises(ValueError, match=r"^rewards: contains NaN at index 3$"):
         compute_advantages(torch.tensor([0.0, 1.0, 0.0, float("nan")]), torch.tensor([0, 0, 1, 1]))

@@ -21,11 +21,17 @@ from scalerl.recipes import (
 EXPECTED_NAMES = [
     "base",
     "deepseek_grpo",
+    "deepseek_v32",
     "dr_grpo",
     "gspo",
+    "kimi_k15",
     "magistral",
     "minimax",
+    "ppo_orz",
     "qwen_dapo",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+    "rloo",
     "scalerl",
 ]
 
@@ -109,12 +115,64 @@ PAPER_SETTINGS: dict[str, dict[str, Any]] = {
         "algorithm.aggregation": "sample",
         "algorithm.adv_norm": "group",
     },
+    # RLOO (arXiv 2402.14740) Sec. 3.2: leave-one-out baseline, REINFORCE on-policy, sequence-level.
+    "rloo": {
+        "algorithm.baseline": "leave_one_out",
+        "algorithm.adv_norm": "none",
+        "algorithm.aggregation": "constant",
+        "pipeline.off_policy": "sync",
+        "algorithm.kl_coef": 0.0,
+    },
+    # REINFORCE++ (arXiv 2501.03262) eq. 8-10: token KL in the reward, global whitening, PPO clip.
+    "reinforce_pp": {
+        "algorithm.baseline": "none",
+        "algorithm.adv_norm": "batch",
+        "algorithm.kl_in_reward": True,
+        "algorithm.kl_reward_level": "token",
+        "algorithm.loss_type": "grpo",
+    },
+    "reinforce_pp_baseline": {
+        "algorithm.baseline": "group_mean",
+        "algorithm.adv_norm": "batch",
+        "algorithm.kl_in_reward": True,
+        "algorithm.kl_reward_level": "token",
+    },
+    # Open-Reasoner-Zero (arXiv 2503.24290) Sec. 2.2: PPO, GAE gamma = lambda = 1, no KL, critic lr 5x.
+    "ppo_orz": {
+        "algorithm.baseline": "critic",
+        "algorithm.critic.gamma": 1.0,
+        "algorithm.critic.gae_lambda": 1.0,
+        "algorithm.critic.lr_scale": 5.0,
+        "algorithm.adv_norm": "batch",
+        "algorithm.kl_coef": 0.0,
+        "algorithm.loss_type": "grpo",
+    },
+    # Kimi k1.5 (arXiv 2501.12599) Sec. 2.3.2-2.3.4.
+    "kimi_k15": {
+        "algorithm.loss_type": "kimi",
+        "algorithm.baseline": "group_mean",
+        "algorithm.adv_norm": "none",
+        "algorithm.aggregation": "sample",
+        "algorithm.curriculum.order": "easy_to_hard",
+        "algorithm.curriculum.priority": "failure_rate",
+        "generation.length_control.kind": "kimi",
+        "pipeline.off_policy": "ppo_offpolicy",
+    },
+    # DeepSeek-V3.2 (arXiv 2512.02556) Sec. 3.1.
+    "deepseek_v32": {
+        "algorithm.loss_type": "grpo",
+        "algorithm.adv_norm": "none",
+        "algorithm.kl_estimator": "unbiased_k3",
+        "algorithm.keep_sampling_mask": True,
+        "generation.top_p": 0.95,
+    },
 }
 
 # Every recipe writes these out, so its meaning never depends on the built-in defaults.
 AXIS_KEYS = (
     "algorithm.loss_type",
     "algorithm.aggregation",
+    "algorithm.baseline",
     "algorithm.adv_norm",
     "algorithm.kl_coef",
     "algorithm.zero_variance_filter",
@@ -133,6 +191,18 @@ ALLOWED_KEYS = {
     "algorithm.eps_max",
     "algorithm.retire_threshold",
     "pipeline.prompts_per_step",
+    "algorithm.kimi_tau",
+    "algorithm.kl_in_reward",
+    "algorithm.kl_reward_level",
+    "algorithm.kl_estimator",
+    "algorithm.offpolicy_mask_delta",
+    "algorithm.keep_sampling_mask",
+    *(f"algorithm.critic.{k}" for k in ("gamma", "gae_lambda", "value_lambda", "length_adaptive_alpha",
+                                        "value_clip", "lr_scale", "updates_per_step")),
+    *(f"algorithm.curriculum.{k}" for k in ("order", "priority", "ramp_prompts", "start_fraction")),
+    "generation.top_p",
+    "generation.length_control.kimi_coef",
+    "generation.length_control.kimi_warmup_steps",
 }
 
 
@@ -200,19 +270,29 @@ def test_recipes_set_only_algorithmic_keys_and_write_every_axis_out(name: str) -
     keys = _file_keys(name)
     assert keys <= ALLOWED_KEYS, sorted(keys - ALLOWED_KEYS)
     assert set(AXIS_KEYS) <= keys, sorted(set(AXIS_KEYS) - keys)
-    loss = load_recipe_config(name).algorithm.loss_type
-    # Each loss's own clip parameters are written; the other loss's are not (they would be unused).
+    cfg = load_recipe_config(name)
+    loss = cfg.algorithm.loss_type
+    # Each loss's own parameters are written; the other losses' are not (they would be unused).
+    clip = {"algorithm.eps_low", "algorithm.eps_high"}
     if loss == "cispo":
-        assert "algorithm.eps_max" in keys and not keys & {"algorithm.eps_low", "algorithm.eps_high"}
+        assert "algorithm.eps_max" in keys and not keys & clip
+    elif loss == "kimi":
+        assert "algorithm.kimi_tau" in keys and not keys & {*clip, "algorithm.eps_max"}
     else:
-        assert {"algorithm.eps_low", "algorithm.eps_high"} <= keys and "algorithm.eps_max" not in keys
+        assert clip <= keys and "algorithm.eps_max" not in keys
+    assert ("algorithm.kimi_tau" in keys) == (loss == "kimi")
+    # Settings of a component are written only where the component is used.
+    assert any(k.startswith("algorithm.critic.") for k in keys) == (cfg.algorithm.baseline == "critic")
+    if "algorithm.kl_reward_level" in keys:
+        assert cfg.algorithm.kl_in_reward and cfg.algorithm.kl_coef > 0
 
 
 def test_larger_batch_recipes_keep_the_papers_80_to_48_ratio_on_the_default_batch() -> None:
     default = RunConfig().pipeline.prompts_per_step
     for name in ("qwen_dapo", "magistral", "minimax"):
         assert load_recipe_config(name).pipeline.prompts_per_step == round(default * 80 / 48)
-    for name in ("scalerl", "base", "deepseek_grpo", "dr_grpo", "gspo"):
+    for name in ("scalerl", "base", "deepseek_grpo", "dr_grpo", "gspo", "rloo", "reinforce_pp",
+                 "reinforce_pp_baseline", "ppo_orz", "kimi_k15", "deepseek_v32"):
         assert "pipeline.prompts_per_step" not in _file_keys(name)
 
 
@@ -263,3 +343,34 @@ def test_the_readme_documents_every_recipe_with_its_source() -> None:
         info = recipe_info(name)
         assert info.description and info.source, name
         assert f"| `{name}` | {info.description} | {info.source} |" in readme, name
+
+
+OFF_POLICY_LABELS = {"sync": "sync", "ppo_offpolicy": "PPO-off-policy-{k}", "pipeline": "PipelineRL-{k}"}
+
+
+def _docs_table(heading: str) -> dict[str, list[str]]:
+    """The first table under `heading` in docs/recipes.md: recipe name -> its row's cells."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "recipes.md").read_text()
+    section = text.split(f"\n{heading}\n", 1)[1]
+    rows: dict[str, list[str]] = {}
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            rows[cells[0].strip("`")] = cells[1:]
+        elif rows and not line.startswith("|"):
+            break
+    return rows
+
+
+def test_the_docs_settings_table_matches_each_recipe() -> None:
+    """docs/recipes.md's settings table has a row per recipe whose aggregation, off-policy mode,
+    FP32-head and prompts-per-step cells are the recipe's resolved values."""
+    rows = _docs_table("## The recipes")
+    assert sorted(rows) == EXPECTED_NAMES
+    for name, cells in rows.items():
+        cfg = load_recipe_config(name)
+        _loss, aggregation, _adv, off_policy, fp32, *_filters, prompts, _length = cells
+        assert aggregation == cfg.algorithm.aggregation, name
+        assert off_policy == OFF_POLICY_LABELS[cfg.pipeline.off_policy].format(k=cfg.pipeline.k), name
+        assert fp32 == ("yes" if cfg.model.fp32_lm_head else "no"), name
+        assert int(prompts) == cfg.pipeline.prompts_per_step, name

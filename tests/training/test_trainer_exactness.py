@@ -15,7 +15,7 @@ def _grads(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in trainer.policy.model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("loss_type", ["cispo", "grpo", "gspo"])
+@pytest.mark.parametrize("loss_type", ["cispo", "grpo", "gspo", "kimi"])
 @pytest.mark.parametrize("aggregation", ["prompt", "sample", "token", "constant"])
 def test_loss_and_gradients_do_not_depend_on_micro_batch_size(
     make_policy, make_groups, loss_type, aggregation
