@@ -373,7 +373,8 @@ class EmbeddedEngine(SteppingEngine):
         seq.interruption = None
         if params.interruption is not None:
             rng = np.random.default_rng([seq.budget_seed, seq.segments])
-            seq.interruption = InterruptionState(params.interruption, draw_think_budget(params.interruption, rng))
+            budget = draw_think_budget(params.interruption, rng)
+            seq.interruption = InterruptionState(params.interruption, budget)
 
     def _step_locked(self) -> list[Finished]:
         version = self._version
