@@ -205,10 +205,7 @@ class TrajectoryEngine(SteppingEngine):
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
         for ep in list(self._episodes.values()) + self._in_env:
-            ep.env.close()
-        close = getattr(self.inner, "close", None)
-        if callable(close):
-            close()
+            ep.env.close()  # the inner engine belongs to whoever built it
 
     # ------------------------------------------------------------------------------ submission
     def _submit_locked(self, requests: Sequence[GenerationRequest], serials: list[int]) -> None:
