@@ -396,7 +396,10 @@ def tool_factories(names: Sequence[str], settings: ToolSettings) -> dict[str, To
         else:
             raise ValueError(f"{where}: unknown tool {spec!r} (built-in: {', '.join(BUILTIN_TOOLS)}, "
                              "or 'package.module:Factory')")
-        probe = factory()
+        try:
+            probe = factory()
+        except Exception as err:
+            raise ValueError(f"{where}: making {spec!r} failed: {type(err).__name__}: {err}") from None
         if not isinstance(probe, Tool):
             raise ValueError(f"{where}: {spec!r} did not make a tool (needs name, description, "
                              "parameters, call, close)")
