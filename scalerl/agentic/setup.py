@@ -48,7 +48,9 @@ def settings_of(a: AgenticConfig) -> AgenticSettings:
     )
 
 
-def environment_factory(a: AgenticConfig, router: RewardRouter | None) -> tuple[Callable[[], Environment], ToolBox]:
+def environment_factory(
+    a: AgenticConfig, router: RewardRouter | None
+) -> tuple[Callable[[], Environment], ToolBox]:
     """The per-episode environment factory `agentic.environment` names (errors name the key)."""
     spec = a.environment
     if spec is None:

@@ -57,7 +57,7 @@ class ScriptedEngine(SteppingEngine):
     def _segment(self, s: _Sample) -> tuple[list[int], str]:
         context = self.tok.decode([*s.request.prompt_ids, *s.tokens], skip_special_tokens=False)
         text = self.policy(context)
-        ids = list(self.tok.encode(text, add_special_tokens=False)) + [self.eos]
+        ids = [*self.tok.encode(text, add_special_tokens=False), self.eos]
         out: list[int] = []
         p = s.params
         for t in ids:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from typing import ClassVar
 
 import pytest
 
@@ -150,7 +151,7 @@ def test_versions_and_start_version_across_an_in_flight_update() -> None:
     while engine.num_unfinished():
         out += engine.step()
     (c,) = out
-    (_, m0, m1), (_, e0, e1), (_, a0, a1) = c.metadata["agentic"]["segments"]
+    (_, m0, m1), _, (_, a0, a1) = c.metadata["agentic"]["segments"]
     assert set(c.versions[m0:m1]) == {0} and set(c.versions[a0:a1]) == {4}
     assert c.start_version == 0 and engine.version == 4 and inner.weights_loaded == 1
 
@@ -192,7 +193,7 @@ def test_without_a_strategy_a_full_context_ends_the_episode() -> None:
 class UserTurnEnv:
     """Answers every turn with a new *user* message (how some agent frameworks relay tool output)."""
 
-    tool_schemas: list = []
+    tool_schemas: ClassVar[list] = []
 
     def __init__(self) -> None:
         self.turns = 0

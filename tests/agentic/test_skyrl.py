@@ -6,14 +6,14 @@ import pytest
 
 pytest.importorskip("skyrl_gym")
 
-from scalerl.agentic.chat import ChatFormat  # noqa: E402
-from scalerl.agentic.rollout import AgenticSettings, TrajectoryEngine  # noqa: E402
-from scalerl.agentic.scoring import TrajectoryScorer  # noqa: E402
-from scalerl.agentic.setup import environment_factory  # noqa: E402
-from scalerl.config import AgenticConfig  # noqa: E402
-from scalerl.rewards import RewardRouter  # noqa: E402
-from tests.agentic.fakes import ScriptedEngine  # noqa: E402
-from tests.agentic.test_rollout import RECORD, TOK, decode, run  # noqa: E402
+from scalerl.agentic.chat import ChatFormat
+from scalerl.agentic.rollout import AgenticSettings, TrajectoryEngine
+from scalerl.agentic.scoring import TrajectoryScorer
+from scalerl.agentic.setup import environment_factory
+from scalerl.config import AgenticConfig
+from scalerl.rewards import RewardRouter
+from tests.agentic.fakes import ScriptedEngine
+from tests.agentic.test_rollout import RECORD, TOK, decode, run
 
 
 def make(policy, max_turns: int = 3):

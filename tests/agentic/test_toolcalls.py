@@ -6,8 +6,9 @@ from scalerl.agentic.toolcalls import CallError, ToolCall, format_tool_call, par
 
 
 def test_hermes_blocks_parse_in_order_with_string_or_object_arguments() -> None:
-    text = ('<think>two calls</think><tool_call>\n{"name": "calculator", "arguments": {"expression": "1+2"}}\n'
-            '</tool_call> then <tool_call>{"name": "search", "arguments": "{\\"query\\": \\"cats\\"}"}</tool_call>')
+    text = ('<think>two calls</think><tool_call>\n{"name": "calculator", '
+            '"arguments": {"expression": "1+2"}}\n</tool_call> then '
+            '<tool_call>{"name": "search", "arguments": "{\\"query\\": \\"cats\\"}"}</tool_call>')
     assert parse_tool_calls(text) == [ToolCall("calculator", {"expression": "1+2"}),
                                       ToolCall("search", {"query": "cats"})]
 

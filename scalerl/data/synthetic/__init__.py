@@ -78,8 +78,8 @@ def make_synthetic(
     if task == "tool_math":  # the agentic task (long additions; the calculator tool is the right move)
         from scalerl.data.synthetic.tool_math import DEFAULT_TOOL_MATH_DIFFICULTY, make_tool_math_task
 
-        return make_tool_math_task(n, seed, DEFAULT_TOOL_MATH_DIFFICULTY if difficulty is None else difficulty,
-                                   weights)
+        levels = DEFAULT_TOOL_MATH_DIFFICULTY if difficulty is None else difficulty
+        return make_tool_math_task(n, seed, levels, weights)
     raise ValueError(f"task: unknown synthetic task {task!r}; built-in tasks are {SYNTHETIC_TASKS}")
 
 
