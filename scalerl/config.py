@@ -49,7 +49,7 @@ class ModelConfig(Section):
 
 
 class SyntheticDataConfig(Section):
-    task: Literal["math", "code", "math+code", "tool_math"] = "math"
+    task: Literal["math", "code", "math+code", "tool_math", "tool_code"] = "math"
     num_prompts: int = Field(4096, gt=0)
     difficulty: tuple[int, int] = (1, 6)
     seed: int = 1234

@@ -8,11 +8,12 @@ the tool's answer (loss-masked: context, not target), then the model's answer:
     <|end|><|user|><tool_response>1033</tool_response><|assistant|>     (masked)
     \boxed{1033}<|end|>
 
-A record with `metadata["tool_call"]` (the built-in `tool_math` task) gets the tool trace with
-probability `agentic.sft_tool_fraction`, else its direct trace (`metadata["solution"]`); records
-without one get the direct trace. The choice is seeded, so the examples (and the cache key of the
-warm start) are a function of the config. A warm start that only sometimes calls the tool leaves RL
-the choice to learn.
+A record with `metadata["tool_call"]` (the built-in `tool_math` task: a calculator expression) or
+`metadata["tool_trace"]` (`tool_code`: a tool call, its output, then the gold solution as the answer)
+gets the tool trace with probability `agentic.sft_tool_fraction`, else its direct trace
+(`metadata["solution"]`); records without one get the direct trace. The choice is seeded, so the
+examples (and the cache key of the warm start) are a function of the config. A warm start that
+only sometimes calls the tool leaves RL the choice to learn.
 """
 
 from __future__ import annotations
@@ -31,15 +32,23 @@ from scalerl.training.sft import SFTExample
 
 
 def tool_trace(record: PromptRecord, chat: ChatFormat, answer_text: str | None = None) -> SFTExample:
-    """The calculator trace of `record` (its `metadata["tool_call"]` expression)."""
-    expr = record.metadata["tool_call"]
-    result = str(evaluate_arithmetic(expr))
+    """The tool trace of `record`: its `metadata["tool_trace"]` (name, arguments, result; the answer
+    is the gold solution), else the calculator on its `metadata["tool_call"]` expression (the answer
+    boxes the result)."""
+    trace = record.metadata.get("tool_trace")
+    if isinstance(trace, dict):
+        call_obj = ToolCall(str(trace["name"]), dict(trace["arguments"]))
+        result = str(trace["result"])
+        default_answer = str(record.metadata["solution"])
+    else:
+        expr = record.metadata["tool_call"]
+        call_obj = ToolCall("calculator", {"expression": expr})
+        result = str(evaluate_arithmetic(expr))
+        default_answer = f"\\boxed{{{result}}}"
     tok = chat.tokenizer
-    text = format_tool_call(ToolCall("calculator", {"expression": expr}))
-    call = tok.encode(text, add_special_tokens=False)
-    env = chat.segment_ids([{"role": "tool", "name": "calculator", "content": result}])
-    answer = tok.encode(answer_text if answer_text is not None else f"\\boxed{{{result}}}",
-                        add_special_tokens=False)
+    call = tok.encode(format_tool_call(call_obj), add_special_tokens=False)
+    env = chat.segment_ids([{"role": "tool", "name": call_obj.name, "content": result}])
+    answer = tok.encode(answer_text if answer_text is not None else default_answer, add_special_tokens=False)
     answer = [*answer, int(tok.eos_token_id)]
     prompt = chat.render_ids(record.chat())
     mask = (True,) * len(call) + (False,) * len(env) + (True,) * len(answer)
@@ -63,7 +72,8 @@ def agentic_examples(
     for record in records:
         if not isinstance(record.metadata.get("solution"), str):
             continue
-        use_tool = "tool_call" in record.metadata and rng.random() < fraction
+        has_tool = "tool_call" in record.metadata or "tool_trace" in record.metadata
+        use_tool = has_tool and rng.random() < fraction
         ex = tool_trace(record, chat) if use_tool else direct_trace(record, chat)
         total = len(ex.prompt_ids) + len(ex.response_ids)
         if total > max_length:
