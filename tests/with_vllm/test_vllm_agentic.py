@@ -99,3 +99,28 @@ def test_vllm_and_embedded_build_the_same_trajectories(engine: VLLMEngine,
     assert max(c.metadata["agentic"]["turns"] for c in a) >= 2  # continuation was exercised
     for x, y in zip(a, b, strict=True):
         assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["sync", "pipeline"])
+def test_scalerl_train_runs_trajectories_on_vllm(tmp_path: Path, mode: str) -> None:
+    import json
+
+    from vllm_helpers import save_tiny
+
+    from scalerl.cli import main
+
+    model = save_tiny(tmp_path / "model", seed=0, std=0.02)
+    out = tmp_path / "run"
+    assert main([
+        "train", "--model", str(model), "--output-dir", str(out), "--max-steps", "2", "--off-policy", mode,
+        "--max-lag", "1", "--device", vllm_device(), "generation.engine=vllm", "logging.progress=false",
+        "generation.length_control.kind=none", "generation.n=2", "generation.max_new_tokens=24",
+        "generation.max_batch_size=8", "pipeline.prompts_per_step=2", "data.heldout_size=2", "eval.k=2",
+        "eval.every=2", "data.synthetic.task=tool_math", "data.synthetic.num_prompts=20",
+        "agentic.environment=tools", "agentic.max_turns=2", "agentic.max_total_tokens=48",
+    ]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["agentic_turns_mean"] >= 1 and r["agentic_gen_time_s"] > 0 for r in steps)
+    assert any("val_agentic_turns_mean" in r for r in rows if r["kind"] == "eval")
