@@ -27,7 +27,7 @@ def router() -> RewardRouter:
     r.close()
 
 
-RECORDS = make_synthetic("tool_code", 10, seed=3)
+RECORDS = list({r.metadata["difficulty"]: r for r in make_synthetic("tool_code", 20, seed=3)}.values())
 
 
 def test_every_level_has_a_trace_the_interpreter_reproduces(router: RewardRouter) -> None:
