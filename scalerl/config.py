@@ -49,7 +49,7 @@ class ModelConfig(Section):
 
 
 class SyntheticDataConfig(Section):
-    task: Literal["math", "code", "math+code"] = "math"
+    task: Literal["math", "code", "math+code", "tool_math", "tool_code"] = "math"
     num_prompts: int = Field(4096, gt=0)
     difficulty: tuple[int, int] = (1, 6)
     seed: int = 1234
@@ -338,6 +338,30 @@ class DistributedConfig(Section):
     startup_timeout_s: float = Field(600.0, gt=0.0)
 
 
+class AgenticConfig(Section):
+    """Multi-turn tool-using rollouts (`scalerl.agentic`, docs/agentic.md); off while `environment`
+    is None. `environment`: "tools" (the built-in tool environment with `tools`), "skyrl:pkg.mod:Env"
+    (a skyrl-gym text environment through the adapter) or "pkg.mod:factory" (called with the ToolBox).
+    `tools`: "calculator", "python", "search" (needs `corpus_path`) or "pkg.mod:Factory"."""
+
+    environment: str | None = None
+    tools: list[str] = ["calculator"]
+    max_turns: int = Field(4, ge=1)
+    max_total_tokens: int = Field(256, ge=1, description="sampled + environment tokens per trajectory")
+    context_budget: int | None = Field(None, ge=1, description="context tokens that trigger context_strategy")
+    context_strategy: Literal["none", "summary", "discard_75", "discard_all"] = "none"
+    thinking_retention: Literal["deepseek_v32", "keep_all"] = "deepseek_v32"
+    max_observation_tokens: int = Field(64, ge=1)
+    tool_timeout_s: float = Field(10.0, gt=0.0)
+    corpus_path: str | None = None
+    # True: environment steps overlap decoding (threaded pipeline); False: each engine step waits for
+    # them, so the reproducible schedules stay reproducible.
+    overlap_env: bool = False
+    env_workers: int = Field(4, ge=1)
+    # Share of the SFT warm start's examples that are tool-use traces (the rest: direct traces).
+    sft_tool_fraction: float = Field(0.25, ge=0.0, le=1.0)
+
+
 class RunConfig(Section):
     name: str = "run"
     recipe: str | None = None
@@ -356,6 +380,7 @@ class RunConfig(Section):
     logging: LoggingConfig = LoggingConfig()
     rewards: RewardConfig = RewardConfig()
     distributed: DistributedConfig = DistributedConfig()
+    agentic: AgenticConfig = AgenticConfig()
 
     @model_validator(mode="after")
     def _distributed_combinations(self) -> RunConfig:

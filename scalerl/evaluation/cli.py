@@ -148,23 +148,35 @@ def _evaluate_with(engine: Any, cfg: RunConfig, tokenizer: Any, records: list[An
                              system_prompt=resolve_system_prompt(d.think_system_prompt, d.system_prompt),
                              on_error="error")
     router = RewardRouter(RewardConfig.from_dict(cfg.rewards.model_dump()))
+    closers: list[Any] = [router.close]
     try:
         router.check_tasks({r.task for r in records})
-        scorer = GroupScorer(router, lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True)),
-                             max_workers=cfg.rewards.max_workers, success_threshold=success_threshold(cfg))
-        try:
-            params = replace(sampling_params(cfg, tokenizer), temperature=temperature)
-            check_params = getattr(engine, "check_params", None)
-            if callable(check_params):
-                check_params(params)
-            # The same request seeds as the evaluations during training (prefix and seed), so a
-            # checkpoint of an evaluated step reproduces that evaluation.
-            return evaluate(engine.generate, records, lambda r: encoded.token_ids[r.id], k, params, scorer,
-                            seed=seed, prefix="", request_prefix="eval/heldout/")
-        finally:
-            scorer.close()
+
+        def decode(ids: list[int]) -> str:
+            return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+        params = replace(sampling_params(cfg, tokenizer), temperature=temperature)
+        check_params = getattr(engine, "check_params", None)
+        if callable(check_params):
+            check_params(params)
+        encode: Any = lambda r: encoded.token_ids[r.id]  # noqa: E731
+        verdicts: Any = router
+        if cfg.agentic.environment is not None:  # an agentic run is evaluated on trajectories
+            from scalerl.agentic.setup import build_agentic
+
+            agentic = build_agentic(cfg, tokenizer, engine, router, decode)
+            closers.append(agentic.close)
+            engine, encode, verdicts = agentic.engine, agentic.encode, agentic.scorer
+        scorer = GroupScorer(verdicts, decode, max_workers=cfg.rewards.max_workers,
+                             success_threshold=success_threshold(cfg))
+        closers.append(scorer.close)
+        # The same request seeds as the evaluations during training (prefix and seed), so a
+        # checkpoint of an evaluated step reproduces that evaluation.
+        return evaluate(engine.generate, records, encode, k, params, scorer,
+                        seed=seed, prefix="", request_prefix="eval/heldout/")
     finally:
-        router.close()
+        for close in reversed(closers):
+            close()
 
 
 def render(metrics: dict[str, float], header: str) -> str:

@@ -56,7 +56,7 @@ def evaluate(
             request_id=f"{request_prefix}{i}",
             prompt_ids=encode(record),
             params=replace(params, n=k, seed=(seed * _SEED_STRIDE + i) % (1 << 63)),
-            metadata={"prompt_id": record.id},
+            metadata={"prompt_id": record.id, "record": record},
         )
         for i, record in enumerate(records)
     ]
@@ -94,6 +94,10 @@ def evaluate(
         "version_max": float(max(versions)),
         "time_s": time.perf_counter() - start,
     }
+    if any("agentic" in c.metadata for c in samples):
+        from scalerl.agentic.metrics import agentic_metrics
+
+        metrics.update(agentic_metrics(samples))
     return {f"{prefix}{name}": value for name, value in metrics.items()}
 
 

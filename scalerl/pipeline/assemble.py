@@ -262,10 +262,17 @@ def _build_training(
     check_params = getattr(engine, "check_params", None)
     if callable(check_params):
         check_params(params)  # settings the engine cannot honour fail before any generation
+    scorer: Any = router
+    if config.agentic.environment is not None:  # multi-turn tool use: trajectories (docs/agentic.md)
+        from scalerl.agentic.setup import build_agentic
+
+        agentic = build_agentic(config, tokenizer, engine, router, decode)
+        engine, encode, scorer = agentic.engine, agentic.encode, agentic.scorer  # type: ignore[assignment]
+        closers.append(agentic.close)
 
     evaluator = None
     if split.heldout:
-        eval_scorer = GroupScorer(router, decode, max_workers=config.rewards.max_workers,
+        eval_scorer = GroupScorer(scorer, decode, max_workers=config.rewards.max_workers,
                                   success_threshold=success_threshold(config))
         closers.append(eval_scorer.close)
         evaluator = Evaluator(
@@ -287,7 +294,7 @@ def _build_training(
     if backend.wrap_metrics is not None and telemetry is not None:
         metrics = backend.wrap_metrics(telemetry)
     components = Components(
-        engine=engine, trainer=trainer, source=pool, scorer=router, encode=encode, decode=decode,
+        engine=engine, trainer=trainer, source=pool, scorer=scorer, encode=encode, decode=decode,
         params=params, evaluator=evaluator, metrics=metrics,
         checkpoint=backend.checkpoint if checkpoints else None, meter=meter, channel=backend.channel,
     )

@@ -316,7 +316,7 @@ class Generator:
                         request_id=request_id,
                         prompt_ids=ids,
                         params=self._request_params(ticket),
-                        metadata={"prompt_id": record.id, "ticket": ticket},
+                        metadata={"prompt_id": record.id, "ticket": ticket, "record": record},
                     )
                 )
                 self._open[request_id] = _OpenGroup(

@@ -105,7 +105,13 @@ class GroupScorer:
     def _score_one(self, record: PromptRecord, completion: Completion) -> tuple[float, bool, bool]:
         """(reward, correct, failed) of one sample."""
         try:
-            verdict = self.scorer.score(record, self.decode(completion.token_ids))
+            # A scorer that reads the completion itself (trajectories: the answer turn, or the
+            # environment's own score) rather than its decoded text.
+            by_completion = getattr(self.scorer, "score_completion", None)
+            if callable(by_completion):
+                verdict = by_completion(record, completion, self.decode)
+            else:
+                verdict = self.scorer.score(record, self.decode(completion.token_ids))
         except Exception as err:  # a verifier bug or crash is counted and scored as a failure
             self._note_failure(f"{type(err).__name__}: {err} (prompt {record.id!r})")
             return self.failure_reward, False, True

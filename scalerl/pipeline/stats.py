@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 from scalerl.pipeline.generator import Generator
 from scalerl.pipeline.interfaces import ReadyGroup
+from scalerl.rollout.protocol import Completion
 
 
 def batch_metrics(items: Sequence[ReadyGroup], train_version: int) -> dict[str, float]:
@@ -45,7 +46,17 @@ def batch_metrics(items: Sequence[ReadyGroup], train_version: int) -> dict[str, 
         "response_length_max": float(max(lengths)),
         "batch_groups": float(len(items)),
         "batch_samples": float(n),
+        **_agentic(samples),
     }
+
+
+def _agentic(samples: Sequence[Completion]) -> dict[str, float]:
+    """Trajectory figures (turns, tool calls and errors, context events, env vs generation time)."""
+    if not any("agentic" in c.metadata for c in samples):
+        return {}
+    from scalerl.agentic.metrics import agentic_metrics
+
+    return agentic_metrics(samples)
 
 
 class IntervalMeter:

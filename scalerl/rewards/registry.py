@@ -54,25 +54,32 @@ def check_verifier(fn: Any, name: str) -> Verifier:
 
 def load_callable(path: str) -> Verifier:
     """Import `package.module:function` (or `package.module.function`); ValueError naming `path`."""
+    return check_verifier(import_object(path, "verifier"), path)
+
+
+def import_object(path: str, what: str = "object") -> Any:
+    """Import `package.module:attr` (or `package.module.attr`, dotted attributes allowed); a
+    ValueError naming `what` and `path` when it cannot. Custom verifiers, environments and tools
+    are all loaded this way."""
     if not isinstance(path, str) or not path.strip():
-        raise ValueError(f"verifier path: expected 'package.module:function', got {path!r}")
+        raise ValueError(f"{what} path: expected 'package.module:function', got {path!r}")
     if ":" in path:
         module_name, _, attr_path = path.partition(":")
     else:
         module_name, _, attr_path = path.rpartition(".")
     if not module_name or not attr_path:
-        raise ValueError(f"verifier path {path!r}: expected 'package.module:function'")
+        raise ValueError(f"{what} path {path!r}: expected 'package.module:function'")
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"verifier path {path!r}: cannot import module {module_name!r}: {exc}") from exc
+        raise ValueError(f"{what} path {path!r}: cannot import module {module_name!r}: {exc}") from exc
     for attr in attr_path.split("."):
         try:
             obj = getattr(obj, attr)
         except AttributeError:
             raise ValueError(
-                f"verifier path {path!r}: {module_name!r} has no attribute {attr_path!r}") from None
-    return check_verifier(obj, path)
+                f"{what} path {path!r}: {module_name!r} has no attribute {attr_path!r}") from None
+    return obj
 
 
 class VerifierRegistry:

@@ -198,6 +198,17 @@ class RewardRouter:
             return VerifierResult(0.0, "error", f"verifier raised {type(value).__name__}: {value}"[:500])
         return _coerce(value)
 
+    def outcome(self, value: Any, task: str) -> RewardOutcome:
+        """The reward for a verdict computed elsewhere (an environment's own score): a number in
+        [0, 1], a bool or a `VerifierResult`, mapped like a verifier's; counted under `task`."""
+        outcome = self._to_outcome(_coerce(value), task)
+        with self._lock:
+            counts = self._counts.setdefault(task, dict.fromkeys((*STATUSES, "correct", "total"), 0))
+            counts[outcome.status] += 1
+            counts["correct"] += outcome.correct
+            counts["total"] += 1
+        return outcome
+
     def _to_outcome(self, result: VerifierResult, task: str) -> RewardOutcome:
         cfg = self.config
         if result.status in ("error", "timeout"):

@@ -13,6 +13,13 @@ cache and continue; every token sampled afterwards records the new version. Noth
 restarted. A waiting update is served before the next step starts, so a busy generator loop cannot
 starve the trainer.
 
+Multi-turn continuation (`ContinuableEngine`): a sample of a `hold=True` request that finishes keeps
+its slot and KV cache; `extend` appends an environment segment as one multi-token chunk (the same
+path as the forced-interruption phrase, loss-masked, not scored) and the sample generates its next
+segment from there, so the prefix is never recomputed. A held sample whose slot a waiting sequence
+needs is evicted (its cache dropped, counted in `stats.evictions`); extending it then re-prefills
+its whole prefix (`stats.recomputed_tokens`).
+
 Log-probs of sampled tokens come from `scalerl.models.lm_head` (the functions the trainer uses),
 with the same `fp32_lm_head` option, and the sampling rules of `scalerl.rollout.sampling`.
 Each sequence samples from its own `torch.Generator` (seeded from `SamplingParams.seed` and its
@@ -39,8 +46,8 @@ from scalerl.models.lm_head import (
     token_logprobs,
 )
 from scalerl.rollout.base import Finished, SteppingEngine
-from scalerl.rollout.interruption import Action, InterruptionState, draw_think_budget
-from scalerl.rollout.protocol import Completion, FinishReason, GenerationRequest
+from scalerl.rollout.interruption import Action, InterruptionState, draw_think_budget, ends_with
+from scalerl.rollout.protocol import Completion, FinishReason, GenerationRequest, SamplingParams
 from scalerl.rollout.sampling import sample_next_tokens, support_ids
 from scalerl.rollout.slot_cache import SlotKVCache, attention_masks
 
@@ -76,6 +83,9 @@ class EngineStats:
     generated_tokens: int = 0  # sampled tokens (forced phrase tokens excluded)
     prefill_tokens: int = 0
     max_batch_size: int = 1
+    appended_tokens: int = 0  # environment tokens fed by `extend`
+    evictions: int = 0  # held samples whose KV cache was dropped to free their slot
+    recomputed_tokens: int = 0  # prefix tokens re-prefilled when an evicted sample was extended
 
     @property
     def occupancy(self) -> float:
@@ -104,6 +114,14 @@ class _Sequence:
     pending: list[int] = field(default_factory=list)  # tokens the next forward feeds
     forced_pending: int = 0  # trailing tokens of `pending` that were forced (need their log-probs)
     start_version: int = 0
+    params: SamplingParams | None = None  # this segment's sampling settings
+    budget_seed: int = 0
+    hold: bool = False
+    held: bool = False  # finished a segment, waiting for `extend` (slot kept unless evicted)
+    admitted: bool = False  # has entered a slot at least once (start_version is set)
+    segment_start: int = 0  # index in token_ids where this segment's sampled tokens begin
+    segments: int = 0
+    appended: int = 0  # tokens the last `extend` appended
 
 
 class EmbeddedEngine(SteppingEngine):
@@ -159,6 +177,7 @@ class EmbeddedEngine(SteppingEngine):
         self._cache = SlotKVCache(max_batch_size)
         self._slots: list[_Sequence | None] = [None] * max_batch_size
         self._waiting: deque[_Sequence] = deque()
+        self._held: dict[tuple[str, int], _Sequence] = {}
         self.stats = EngineStats(max_batch_size=max_batch_size)
 
     # ----------------------------------------------------------------------------- model layout
@@ -228,7 +247,7 @@ class EmbeddedEngine(SteppingEngine):
             )
 
     def _num_unfinished_locked(self) -> int:
-        return len(self._waiting) + sum(s is not None for s in self._slots)
+        return len(self._waiting) + sum(s is not None and not s.held for s in self._slots)
 
     def _submit_locked(self, requests: Sequence[GenerationRequest], serials: list[int]) -> None:
         for request in requests:
@@ -261,26 +280,109 @@ class EmbeddedEngine(SteppingEngine):
                         top_k=params.top_k,
                         top_p=params.top_p,
                         support=[] if want_support else None,
+                        params=params,
+                        budget_seed=budget_seed,
+                        hold=request.hold,
                     )
                 )
 
     def _admit(self, version: int) -> None:
-        for slot in range(self.max_batch_size):
+        free = [slot for slot, s in enumerate(self._slots) if s is None]
+        if len(free) < len(self._waiting):
+            # Held samples give up their slot (oldest first) before a waiting sequence starves.
+            held = [slot for slot, s in enumerate(self._slots) if s is not None and s.held]
+            for slot in held[: len(self._waiting) - len(free)]:
+                self._evict(slot)
+                free.append(slot)
+        for slot in sorted(free):
             if not self._waiting:
                 return
-            if self._slots[slot] is None:
-                seq = self._waiting.popleft()
-                seq.slot, seq.cache_len, seq.start_version = slot, 0, version
+            seq = self._waiting.popleft()
+            seq.slot, seq.cache_len = slot, 0
+            if seq.admitted:
+                # An evicted held sample: its whole prefix is fed again, then its new segment.
+                seq.pending = [*seq.request.prompt_ids, *seq.token_ids]
+                self.stats.recomputed_tokens += len(seq.pending) - seq.appended
+            else:
+                seq.start_version, seq.admitted = version, True
                 seq.pending = list(seq.request.prompt_ids)
-                self._slots[slot] = seq
+            self._slots[slot] = seq
+            self.stats.prefill_tokens += len(seq.pending)
+
+    def _evict(self, slot: int) -> None:
+        """Drop the KV cache of the held sample in `slot` so a waiting sequence can use the slot."""
+        seq = self._slots[slot]
+        assert seq is not None and seq.held
+        seq.slot, seq.cache_len = -1, 0
+        self._slots[slot] = None
+        self.stats.evictions += 1
+
+    # ----------------------------------------------------------------------------- continuation
+    def _held_sequence(self, request_id: str, sample_index: int) -> _Sequence:
+        seq = self._held.get((request_id, sample_index))
+        if seq is None:
+            raise KeyError(f"no held sample {sample_index} of request {request_id!r}")
+        return seq
+
+    def extend(
+        self, request_id: str, sample_index: int, append_ids: Sequence[int], params: SamplingParams,
+        *, hold: bool = True,
+    ) -> None:
+        """Append `append_ids` (loss-masked, not scored) to a held sample; it then samples a new
+        segment under `params` (see the module docstring). Thread-safe like `submit`."""
+        append = [int(t) for t in append_ids]
+        if not append:
+            raise ValueError(f"extend {request_id!r}/{sample_index}: nothing to append")
+        bad = [t for t in [*append, *params.stop_token_ids] if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"extend {request_id!r}: token ids {bad[:5]} outside [0, {self.vocab_size})")
+        with self._lock:
+            seq = self._held_sequence(request_id, sample_index)
+            del self._held[(request_id, sample_index)]
+            version = self._version
+            k = len(append)
+            seq.token_ids.extend(append)
+            seq.logprobs.extend([0.0] * k)
+            seq.versions.extend([version] * k)
+            seq.loss_mask.extend([False] * k)
+            if seq.support is not None:
+                seq.support.extend([t] for t in append)
+            self.stats.appended_tokens += k
+            seq.appended = k
+            self._start_segment(seq, params, hold)
+            if seq.slot >= 0:
+                seq.pending = [*seq.pending, *append]  # the last sampled token, then the segment
                 self.stats.prefill_tokens += len(seq.pending)
+            else:
+                self._waiting.appendleft(seq)
+
+    def release(self, request_id: str, sample_index: int) -> None:
+        """Free a held sample's slot and cache."""
+        with self._lock:
+            seq = self._held_sequence(request_id, sample_index)
+            del self._held[(request_id, sample_index)]
+            if seq.slot >= 0:
+                self._slots[seq.slot] = None
+
+    def _start_segment(self, seq: _Sequence, params: SamplingParams, hold: bool) -> None:
+        seq.held, seq.hold, seq.params = False, hold, params
+        seq.segment_start = len(seq.token_ids)
+        seq.segments += 1
+        seq.stop_ids = frozenset(params.stop_token_ids) | frozenset(self.eos_token_ids)
+        seq.temperature, seq.top_k, seq.top_p = params.temperature, params.top_k, params.top_p
+        seq.interruption = None
+        if params.interruption is not None:
+            rng = np.random.default_rng([seq.budget_seed, seq.segments])
+            budget = draw_think_budget(params.interruption, rng)
+            seq.interruption = InterruptionState(params.interruption, budget)
 
     def _step_locked(self) -> list[Finished]:
         version = self._version
         self._admit(version)
-        active = [s for s in self._slots if s is not None]
+        active = [s for s in self._slots if s is not None and not s.held]
         if not active:
-            self._cache.reset()  # idle: release the KV buffers
+            if not self._held:
+                self._cache.reset()  # idle: release the KV buffers
             return []
         with torch.no_grad():
             chunks = [s for s in active if len(s.pending) > 1]
@@ -313,7 +415,12 @@ class EmbeddedEngine(SteppingEngine):
                 seq.support.append(support_ids(sampled.support[i]))
             reason = self._advance(seq, tokens[i])
             if reason is not None:
-                self._slots[seq.slot] = None
+                if seq.hold:
+                    # Keep slot and cache; the last sampled token is fed first when extended.
+                    seq.held, seq.pending = True, [tokens[i]]
+                    self._held[(seq.request.request_id, seq.sample_index)] = seq
+                else:
+                    self._slots[seq.slot] = None
                 finished.append((seq.serial, seq.sample_index, self._completion(seq, reason)))
         return finished
 
@@ -395,17 +502,20 @@ class EmbeddedEngine(SteppingEngine):
         seq.forced_pending = 0
 
     def _advance(self, seq: _Sequence, token: int) -> FinishReason | None:
-        """Apply stop / length / interruption rules after `token`; set what the next step feeds."""
-        params = seq.request.params
+        """Apply stop / length / interruption rules after `token`; set what the next step feeds.
+
+        Budgets, stop sequences and the interruption count this segment's tokens only."""
+        params = seq.params or seq.request.params
         state = seq.interruption
-        if token in seq.stop_ids:
+        segment = seq.token_ids[seq.segment_start :] if seq.segment_start else seq.token_ids
+        if token in seq.stop_ids or any(ends_with(segment, stop) for stop in params.stop_sequences):
             return "interrupted" if state is not None and state.interrupted else "stop"
-        if len(seq.token_ids) >= params.max_new_tokens:
+        if len(segment) >= params.max_new_tokens:
             return "length"
         seq.pending = [token]
         if state is None:
             return None
-        action = state.after_token(seq.token_ids, params.max_new_tokens)
+        action = state.after_token(segment, params.max_new_tokens)
         if action is Action.FINISH_INTERRUPTED:
             return "interrupted"
         if action is Action.FINISH_LENGTH:
@@ -429,18 +539,20 @@ class EmbeddedEngine(SteppingEngine):
         if seq.interruption is not None:
             metadata["interruption"] = {
                 "think_budget": seq.interruption.budget,
-                "phrase_start": seq.interruption.interrupted_at,
+                "phrase_start": None if seq.interruption.interrupted_at is None
+                else seq.segment_start + seq.interruption.interrupted_at,
             }
+        # Copies: a held sample's lists keep growing when it is extended.
         return Completion(
             request_id=request.request_id,
             sample_index=seq.sample_index,
             prompt_ids=list(request.prompt_ids),
-            token_ids=seq.token_ids,
-            logprobs=seq.logprobs,
-            versions=seq.versions,
-            loss_mask=seq.loss_mask,
+            token_ids=list(seq.token_ids),
+            logprobs=list(seq.logprobs),
+            versions=list(seq.versions),
+            loss_mask=list(seq.loss_mask),
             finish_reason=reason,
             start_version=seq.start_version,
-            support=seq.support,
+            support=None if seq.support is None else list(seq.support),
             metadata=metadata,
         )

@@ -63,6 +63,9 @@ class SamplingParams:
     return_support: bool = False
     interruption: InterruptionSpec | None = None
     seed: int | None = None
+    # Multi-token stop sequences (e.g. `</tool_call>` in a char-level vocabulary): a sample that
+    # ends with one finishes with reason "stop", the sequence included in its tokens.
+    stop_sequences: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -75,6 +78,8 @@ class SamplingParams:
             raise ValueError(f"top_k: must be >= 0, got {self.top_k}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens: must be >= 1, got {self.max_new_tokens}")
+        if any(not seq for seq in self.stop_sequences):
+            raise ValueError("stop_sequences: every stop sequence must be non-empty")
 
     @property
     def truncates_support(self) -> bool:
@@ -83,12 +88,17 @@ class SamplingParams:
 
 @dataclass
 class GenerationRequest:
-    """`n` samples of one prompt. `request_id` is echoed back on every completion."""
+    """`n` samples of one prompt. `request_id` is echoed back on every completion.
+
+    `hold=True` (engines with `ContinuableEngine`): a finished sample keeps its state (the KV cache)
+    so that `extend` can append environment tokens and continue it; `release` frees it.
+    """
 
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
     metadata: dict = field(default_factory=dict)
+    hold: bool = False
 
 
 @dataclass
@@ -165,4 +175,28 @@ class Engine(Protocol):
 
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Load new policy weights (in flight) and tag every later token with `version`."""
+        ...
+
+
+@runtime_checkable
+class ContinuableEngine(Engine, Protocol):
+    """An engine that continues a finished sample after appended tokens, keeping its prefix state.
+
+    Multi-turn rollouts (scalerl.agentic): a sample of a `hold=True` request finishes one model
+    segment; the caller appends an environment segment (a tool result) with `extend`, and the
+    engine continues the same sequence without recomputing the prefix. The appended tokens are not
+    the policy's actions: `loss_mask` False, log-prob 0. The completion the continued sample
+    finishes with holds every token since the original prompt (earlier segments included), and
+    each segment samples under `params` afresh (`max_new_tokens` counts that segment's tokens).
+    """
+
+    def extend(
+        self, request_id: str, sample_index: int, append_ids: Sequence[int], params: SamplingParams,
+        *, hold: bool = True,
+    ) -> None:
+        """Append `append_ids` to the held sample and queue it to generate its next segment."""
+        ...
+
+    def release(self, request_id: str, sample_index: int) -> None:
+        """Free a held sample (its slot and cache); unknown ids are an error."""
         ...

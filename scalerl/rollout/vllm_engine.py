@@ -14,6 +14,9 @@ behaviour:
   (`skip_tokenizer_init`): any tokenizer works, the embedded default's char-level one included.
   vLLM then knows no eos: every request's stop ids are passed explicitly (the stop token is kept in
   the output, as in the embedded engine).
+- Multi-token stop sequences (`SamplingParams.stop_sequences`, e.g. `</tool_call>` in a char-level
+  vocabulary; vLLM's stop strings would need detokenization): each step's new tokens are checked and
+  a request that ends in one is aborted and finishes with "stop", the sequence kept in its tokens.
 - In-flight weight updates: between two steps, the worker's `reload_weights(weights_iterator=...,
   is_checkpoint_format=True)` loads Hugging Face-named tensors through the model's own loader and
   then re-runs vLLM's post-load processing (on CPU the linear weights are repacked after loading,
@@ -429,7 +432,8 @@ class VLLMEngine(SteppingEngine):
             if not request.prompt_ids:
                 raise ValueError(f"request {request.request_id!r}: empty prompt")
             spec = params.interruption
-            to_check = [*request.prompt_ids, *params.stop_token_ids]
+            to_check = [*request.prompt_ids, *params.stop_token_ids,
+                        *(t for stop in params.stop_sequences for t in stop)]
             if spec is not None:
                 to_check += [*spec.phrase_ids, *spec.think_end_ids]
             bad = [t for t in to_check if not 0 <= int(t) < self.vocab_size]
@@ -480,11 +484,14 @@ class VLLMEngine(SteppingEngine):
             if sample is None:
                 continue
             out = output.outputs[0]
-            self._append(sample, out, version)
-            if not output.finished:
+            stopped = self._append(sample, out, version)
+            if stopped and not output.finished:
+                # A multi-token stop sequence (vLLM's own stop strings need detokenization).
+                self._engine.abort_request([output.request_id])
+            if not (output.finished or stopped):
                 continue
             del self._samples[output.request_id]
-            reason = self._after_phase(sample, out.finish_reason)
+            reason = self._after_phase(sample, "stop" if stopped else out.finish_reason)
             if reason is not None:
                 self._unfinished -= 1
                 finished.append((sample.serial, sample.sample_index, self._completion(sample, reason)))
@@ -501,13 +508,16 @@ class VLLMEngine(SteppingEngine):
         )
 
     # ----------------------------------------------------------------------------- bookkeeping
-    def _append(self, sample: _Sample, out: Any, version: int) -> None:
+    def _append(self, sample: _Sample, out: Any, version: int) -> bool:
+        """Append the step's new tokens; True when they end in one of the request's
+        `stop_sequences` (tokens after the match are dropped, the sequence itself kept)."""
         new_ids = list(out.token_ids)
         if not new_ids:
-            return
+            return False
         if out.logprobs is None or len(out.logprobs) < len(new_ids):
             raise RuntimeError("vLLM returned fewer log-prob entries than tokens")
         entries = list(out.logprobs)[-len(new_ids) :]
+        stops = sample.request.params.stop_sequences
         for tok, entry in zip(new_ids, entries, strict=True):
             sample.token_ids.append(int(tok))
             sample.logprobs.append(float(entry[tok].logprob))
@@ -515,6 +525,9 @@ class VLLMEngine(SteppingEngine):
             sample.loss_mask.append(True)
             if sample.support is not None:
                 sample.support.append(sorted(int(t) for t, lp in entry.items() if math.isfinite(lp.logprob)))
+            if stops and any(ends_with(sample.token_ids, stop) for stop in stops):
+                return True
+        return False
 
     def _after_phase(self, sample: _Sample, vllm_reason: str | None) -> FinishReason | None:
         """Finish reason when a vLLM request ends, or None after queueing its continuation."""

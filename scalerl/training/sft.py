@@ -55,8 +55,17 @@ INFO_FILE = "sft_info.json"
 
 @dataclass(frozen=True)
 class SFTExample:
+    """`response_mask` (None: every response token) marks the tokens the loss is taken over: a
+    multi-turn trace's environment segments (tool results) are context, not targets."""
+
     prompt_ids: tuple[int, ...]
     response_ids: tuple[int, ...]
+    response_mask: tuple[bool, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.response_mask is not None and len(self.response_mask) != len(self.response_ids):
+            raise ValueError(f"response_mask: {len(self.response_mask)} flags for "
+                             f"{len(self.response_ids)} tokens")
 
 
 @dataclass
@@ -139,6 +148,12 @@ def sft_loss(policy: Policy, examples: Sequence[SFTExample]) -> tuple[torch.Tens
         out = response_forward(policy.model, tokens, temperature=1.0, fp32_lm_head=policy.fp32_lm_head)
     lp = out.logprobs
     mask = tokens.token_mask
+    if any(e.response_mask is not None for e in examples):
+        given = torch.zeros_like(mask)
+        for row, e in enumerate(examples):
+            flags = e.response_mask if e.response_mask is not None else (True,) * len(e.response_ids)
+            given[row, : len(flags)] = torch.tensor(flags, dtype=torch.bool)
+        mask = mask & given.to(mask.device)
     count = int(mask.sum())
     return -torch.where(mask, lp, torch.zeros_like(lp)).sum() / count, count
 
@@ -243,7 +258,10 @@ def warm_start_key(cfg: RunConfig, sft: SFTConfig, examples: Sequence[SFTExample
         "recipe": SFT_RECIPE_VERSION,
         "model": cfg.model.model_dump(mode="json", include={"tiny", "init_seed"}),
         "sft": asdict(sft),
-        "examples": _digest([[list(e.prompt_ids), list(e.response_ids)] for e in examples]),
+        # A mask joins the digest only where one is set, so mask-less warm starts keep their key.
+        "examples": _digest([[list(e.prompt_ids), list(e.response_ids),
+                              *([list(e.response_mask)] if e.response_mask is not None else [])]
+                             for e in examples]),
         "torch": torch.__version__.split("+")[0],
     })
 
@@ -276,8 +294,15 @@ def warm_start_default(
         raise ValueError("warm_start_default: only for the embedded tiny model (model.name_or_path is set)")
     sft = sft or SFTConfig(seed=cfg.seed)
     policy = load_policy(cfg.model.model_copy(update=WARM_START_MODEL), device="cpu")
-    pairs = solution_pairs(records if records is not None else default_sft_records(cfg))
-    examples = examples_from_records(pairs, policy.tokenizer, system_prompt_of(cfg), sft.max_length)
+    sft_records = records if records is not None else default_sft_records(cfg)
+    if cfg.agentic.environment is not None:
+        # Agentic runs warm-start on a mix of tool-use and direct traces (cached under its own key).
+        from scalerl.agentic.sft import agentic_examples
+
+        examples = agentic_examples(cfg, policy.tokenizer, sft_records, sft.max_length)
+    else:
+        pairs = solution_pairs(sft_records)
+        examples = examples_from_records(pairs, policy.tokenizer, system_prompt_of(cfg), sft.max_length)
     key = warm_start_key(cfg, sft, examples)
     root = Path(cache_dir) if cache_dir is not None else cache_root() / "sft"
     target = root / f"tiny-{key[:16]}"

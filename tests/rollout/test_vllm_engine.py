@@ -97,11 +97,17 @@ class FakeCore:
         self.requests: dict[str, dict[str, Any]] = {}
         self.added: list[tuple[str, list[int], int]] = []
         self.weights_version = 0
+        self.aborted: list[str] = []
 
     def add_request(self, rid: str, prompt: dict, params: Any) -> str:
         self.requests[rid] = {"ids": list(prompt["prompt_token_ids"]), "params": params, "n": 0}
         self.added.append((rid, list(prompt["prompt_token_ids"]), params.max_tokens))
         return f"{rid}-internal"  # as vLLM 0.32: a randomized internal id; outputs carry ours
+
+    def abort_request(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            del self.requests[rid]
+        self.aborted.extend(request_ids)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -179,6 +185,18 @@ def test_stop_token_finishes_as_stop() -> None:
     engine, _ = fake_engine(lambda ids: 1 if len(ids) == 5 else 20)
     (c,) = engine.generate([GenerationRequest("a", [5, 6], SamplingParams(max_new_tokens=10))])
     assert c.token_ids == [20, 20, 20, 1] and c.finish_reason == "stop"
+
+
+def test_a_stop_sequence_aborts_the_request_and_finishes_as_stop() -> None:
+    engine, core = fake_engine(counting)  # tokens 12, 13, 14, ...
+    params = SamplingParams(max_new_tokens=10, stop_sequences=((30, 31), (13, 14)))
+    (c,) = engine.generate([GenerationRequest("a", [5, 6], params)])
+    assert c.token_ids == [12, 13, 14] and c.finish_reason == "stop" and c.loss_mask == [True] * 3
+    assert len(core.aborted) == 1 and not core.requests
+    # A sequence that never appears: the request runs to its length.
+    (c,) = engine.generate([GenerationRequest("b", [5, 6], SamplingParams(max_new_tokens=4,
+                                                                         stop_sequences=((13, 12),)))])
+    assert c.token_ids == [12, 13, 14, 15] and c.finish_reason == "length"
 
 
 SPEC = InterruptionSpec(

@@ -29,7 +29,7 @@ from scalerl.data.synthetic.functions import (
     make_code_task,
 )
 
-SYNTHETIC_TASKS: tuple[str, ...] = ("math", "code", "math+code")
+SYNTHETIC_TASKS: tuple[str, ...] = ("math", "code", "math+code", "tool_math", "tool_code")
 
 
 def _mixed(n: int, seed: int, difficulty: int | tuple[int, int] | None) -> list[PromptRecord]:
@@ -75,6 +75,16 @@ def make_synthetic(
         return make_math_task(n, seed, DEFAULT_MATH_DIFFICULTY if difficulty is None else difficulty, weights)
     if task == "code":
         return make_code_task(n, seed, DEFAULT_CODE_DIFFICULTY if difficulty is None else difficulty, weights)
+    if task == "tool_math":  # the agentic task (long additions; the calculator tool is the right move)
+        from scalerl.data.synthetic.tool_math import DEFAULT_TOOL_MATH_DIFFICULTY, make_tool_math_task
+
+        levels = DEFAULT_TOOL_MATH_DIFFICULTY if difficulty is None else difficulty
+        return make_tool_math_task(n, seed, levels, weights)
+    if task == "tool_code":  # the code task with an interpreter trace (run the candidate, then answer)
+        from scalerl.data.synthetic.tool_code import make_tool_code_task
+
+        return make_tool_code_task(n, seed, DEFAULT_CODE_DIFFICULTY if difficulty is None else difficulty,
+                                   weights)
     raise ValueError(f"task: unknown synthetic task {task!r}; built-in tasks are {SYNTHETIC_TASKS}")
 
 

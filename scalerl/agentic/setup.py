@@ -1,0 +1,100 @@
+"""Wiring an agentic run from `RunConfig.agentic`: environment factory, engine wrapper, scorer.
+
+`build_agentic(config, tokenizer, engine, router, decode)` returns what `scalerl train` and
+`scalerl eval` swap in when `agentic.environment` is set: the `TrajectoryEngine` around the run's
+engine, `encode(record)` (the environment's initial context, rendered as the rollout renders it)
+and the `TrajectoryScorer`. `agentic.environment`:
+
+* `"tools"`: `ToolEnvironment` over the `agentic.tools` (built-in names or dotted paths);
+* `"skyrl:pkg.module:EnvClass"`: a skyrl-gym `BaseTextEnv` subclass through `scalerl.agentic.skyrl`;
+* `"pkg.module:factory"`: called with the `ToolBox`, returns an `Environment` (one per episode).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from scalerl.agentic.chat import ChatFormat
+from scalerl.agentic.environment import Environment, ToolEnvironment
+from scalerl.agentic.rollout import AgenticSettings, TrajectoryEngine
+from scalerl.agentic.scoring import TrajectoryScorer
+from scalerl.agentic.tools import ToolBox, ToolSettings, tool_factories
+from scalerl.config import AgenticConfig, RunConfig
+from scalerl.data.records import PromptRecord
+from scalerl.rewards.registry import import_object
+from scalerl.rewards.router import RewardRouter
+from scalerl.rollout.protocol import Engine
+
+
+@dataclass
+class Agentic:
+    engine: TrajectoryEngine
+    encode: Callable[[PromptRecord], list[int]]
+    scorer: TrajectoryScorer
+    make_env: Callable[[], Environment]
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def settings_of(a: AgenticConfig) -> AgenticSettings:
+    return AgenticSettings(
+        max_turns=a.max_turns, max_total_tokens=a.max_total_tokens, context_budget=a.context_budget,
+        context_strategy=a.context_strategy, thinking_retention=a.thinking_retention,
+        max_observation_tokens=a.max_observation_tokens, overlap_env=a.overlap_env,
+        env_workers=a.env_workers,
+    )
+
+
+def environment_factory(
+    a: AgenticConfig, router: RewardRouter | None
+) -> tuple[Callable[[], Environment], ToolBox]:
+    """The per-episode environment factory `agentic.environment` names (errors name the key)."""
+    spec = a.environment
+    if spec is None:
+        raise ValueError("agentic.environment: not set (agentic rollouts are off)")
+    sandbox = router.sandbox if router is not None else None
+    box = ToolBox(tool_factories(a.tools, ToolSettings(sandbox=sandbox, timeout_s=a.tool_timeout_s,
+                                                       corpus_path=a.corpus_path)))
+    if spec == "tools":
+        return (lambda: ToolEnvironment(box, timeout_s=a.tool_timeout_s)), box
+    if spec.startswith("skyrl:"):
+        from scalerl.agentic.skyrl import SkyRLEnvironment, load_skyrl_env
+
+        cls = load_skyrl_env(spec[len("skyrl:"):])
+        return (lambda: SkyRLEnvironment(cls, max_turns=a.max_turns)), box
+    try:
+        factory: Any = import_object(spec, "agentic.environment")
+    except ValueError as err:
+        raise ValueError(f"agentic.environment: {err}") from None
+    if not callable(factory):
+        raise ValueError(f"agentic.environment: {spec!r} is not callable")
+    return (lambda: factory(box)), box
+
+
+def build_agentic(
+    config: RunConfig, tokenizer: Any, engine: Engine, router: RewardRouter | None,
+    decode: Callable[[list[int]], str],
+) -> Agentic:
+    a = config.agentic
+    make_env, _ = environment_factory(a, router)
+    probe = make_env()
+    chat = ChatFormat(tokenizer, tools=list(probe.tool_schemas) or None)
+    probe.close()
+    wrapped = TrajectoryEngine(engine, make_env, chat, decode, settings_of(a))
+    cache: dict[str, list[int]] = {}
+
+    def encode(record: PromptRecord) -> list[int]:
+        ids = cache.get(record.id)
+        if ids is None:
+            env = make_env()
+            try:
+                ids = cache[record.id] = chat.render_ids(env.reset(record))
+            finally:
+                env.close()
+        return ids
+
+    scorer = TrajectoryScorer(router) if router is not None else None
+    return Agentic(engine=wrapped, encode=encode, scorer=scorer, make_env=make_env)  # type: ignore[arg-type]
