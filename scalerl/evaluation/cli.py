@@ -146,7 +146,7 @@ def _evaluate_with(engine: Any, cfg: RunConfig, tokenizer: Any, records: list[An
     d = cfg.data
     encoded = encode_prompts(records, tokenizer, max_prompt_tokens=d.max_prompt_tokens,
                              system_prompt=resolve_system_prompt(d.think_system_prompt, d.system_prompt),
-                             on_error="error")
+                             on_error="error", template=d.template)
     router = RewardRouter(RewardConfig.from_dict(cfg.rewards.model_dump()))
     try:
         router.check_tasks({r.task for r in records})
