@@ -22,6 +22,7 @@ from scalerl import __version__
 COMMANDS: dict[str, tuple[str, str]] = {
     "fit": ("scalerl.scaling.cli", "fit the ScaleRL sigmoid to runs and predict where they end"),
     "compare": ("scalerl.scaling.cli", "compare recipes: asymptote, efficiency, crossover, fixed-A refit"),
+    "fit-cross": ("scalerl.scaling.cli", "fit the cross-model-size law (Tan et al.) to runs of many sizes"),
     "recipes": ("scalerl.recipes.cli", "list the named recipes, or print one"),
     "data": ("scalerl.data.cli", "write a synthetic prompt set, check, rate or curate a prompt file"),
     "sft": ("scalerl.training.cli", "supervised fine-tuning (warm start before RL)"),
