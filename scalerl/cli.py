@@ -29,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("scalerl.pipeline.cli", "run RL training (recipe + config + overrides)"),
     "eval": ("scalerl.evaluation.cli", "mean@k / pass@k of a checkpoint or model on held-out prompts"),
     "ablate": ("scalerl.studies.ablate",
-               "leave-one-out or grid ablation study: run, fit, tabulate (paper Fig. 7)"),
+               "leave-one-out, grid or coupled-axis study: run, fit, tabulate (paper Fig. 7)"),
     "demo": ("scalerl.studies.demo",
              "train the tiny default, fit the first half, check the predicted final pass rate"),
 }
