@@ -93,3 +93,16 @@ def test_math_code_run_logs_per_task_curves(tmp_path: Path) -> None:
     # Per-domain curves fit straight from the run directory.
     curve = read_run_dir(tmp_path, x="flops", y="val_pass_rate/code")
     assert curve.y.tolist() == [r["val_pass_rate/code"] for r in evals]
+
+
+def test_eval_render_lists_each_task() -> None:
+    from scalerl.evaluation.cli import render
+
+    metrics = {"k": 4.0, "pass_rate": 0.5, "pass_at_k": 0.7, "reward_mean": 0.5, "response_length": 20.0,
+               "truncation_rate": 0.0, "interruption_rate": 0.0, "verifier_failures": 0.0, "time_s": 1.0,
+               "pass_rate/code": 0.25, "num_prompts/code": 4.0,
+               "pass_rate/math": 0.75, "num_prompts/math": 4.0}
+    text = render(metrics, "eval")
+    assert "mean@4 code" in text and "0.2500 (4 prompts)" in text and "mean@4 math" in text
+    one = {k: v for k, v in metrics.items() if "code" not in k}
+    assert "mean@4 math" not in render(one, "eval")  # a single task adds nothing to the overall line
