@@ -22,13 +22,14 @@ from scalerl import __version__
 COMMANDS: dict[str, tuple[str, str]] = {
     "fit": ("scalerl.scaling.cli", "fit the ScaleRL sigmoid to runs and predict where they end"),
     "compare": ("scalerl.scaling.cli", "compare recipes: asymptote, efficiency, crossover, fixed-A refit"),
+    "fit-cross": ("scalerl.scaling.cli", "fit the cross-model-size law (Tan et al.) to runs of many sizes"),
     "recipes": ("scalerl.recipes.cli", "list the named recipes, or print one"),
-    "data": ("scalerl.data.cli", "write a synthetic prompt set, or check a prompt file"),
+    "data": ("scalerl.data.cli", "write a synthetic prompt set, check, rate or curate a prompt file"),
     "sft": ("scalerl.training.cli", "supervised fine-tuning (warm start before RL)"),
     "train": ("scalerl.pipeline.cli", "run RL training (recipe + config + overrides)"),
     "eval": ("scalerl.evaluation.cli", "mean@k / pass@k of a checkpoint or model on held-out prompts"),
     "ablate": ("scalerl.studies.ablate",
-               "leave-one-out or grid ablation study: run, fit, tabulate (paper Fig. 7)"),
+               "leave-one-out, grid or coupled-axis study: run, fit, tabulate (paper Fig. 7)"),
     "demo": ("scalerl.studies.demo",
              "train the tiny default, fit the first half, check the predicted final pass rate"),
 }

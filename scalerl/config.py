@@ -67,8 +67,20 @@ class DataConfig(Section):
     shuffle_seed: int = 0
     think_system_prompt: bool = False
     system_prompt: str | None = None
+    # How a record becomes the model's input (scalerl/data/tokenize.py): the tokenizer's chat
+    # template, or a text template for base models (R1-Zero's `r1`, `qwen_math`, `raw`).
+    template: Literal["chat", "r1", "qwen_math", "raw"] = "chat"
     max_prompt_tokens: int = Field(256, gt=0)
     on_bad_row: Literal["error", "skip"] = "error"
+
+    @model_validator(mode="after")
+    def _template_instruction(self) -> DataConfig:
+        # r1 / qwen_math carry their own instruction; a system prompt on top is not that template.
+        has_system = self.system_prompt is not None or self.think_system_prompt
+        if self.template in ("r1", "qwen_math") and has_system:
+            raise ValueError(f"template {self.template} carries its own instruction: unset system_prompt "
+                             "and think_system_prompt (or use template chat or raw)")
+        return self
 
 
 class LengthControlConfig(Section):

@@ -39,7 +39,7 @@ def _probe(*commands: list[str]) -> list[dict[str, object]]:
 
 
 HELP = [["--help"], *([name, "--help"] for name in COMMANDS), ["data", "check", "--help"],
-        ["data", "synth", "--help"]]
+        ["data", "synth", "--help"], ["data", "difficulty", "--help"], ["data", "curate", "--help"]]
 
 
 def test_help_never_imports_torch() -> None:
@@ -55,6 +55,21 @@ def test_fit_and_compare_never_import_torch(tmp_path: Path) -> None:
                       ["compare", ref, other, "--bootstrap", "20", "--json"])
     assert fit["code"] == 0 and fit["heavy"] == []
     assert cmp["code"] == 0 and cmp["heavy"] == []
+
+
+def test_fit_cross_and_curate_never_import_torch(tmp_path: Path) -> None:
+    runs = []
+    for name, n in (("a", 1e9), ("b", 2e9)):
+        rows = [{"flops": x, "val_pass_rate": 1 - (3e9 / n / x) ** 0.3} for x in (1e12, 1e13, 1e14, 1e15)]
+        (path := tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        runs.append(str(path))
+    rated = tmp_path / "rated.jsonl"
+    rated.write_text(json.dumps({"id": "q", "task": "math", "prompt": "Compute 1+1", "answer": "2",
+                                 "metadata": {"model_difficulty": {"pass_rate": 0.5}}}) + "\n")
+    cross, cur = _probe(["fit-cross", *runs, "--size", "a=1B", "--size", "b=2B"],
+                        ["data", "curate", str(rated), "--out", str(tmp_path / "out.jsonl")])
+    assert cross["code"] == 0 and cross["heavy"] == []
+    assert cur["code"] == 0 and cur["heavy"] == []
 
 
 def test_only_the_chosen_command_is_registered_in_full() -> None:

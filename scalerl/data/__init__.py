@@ -19,6 +19,7 @@ _EXPORTS = {
     "PromptRecord": "scalerl.data.records",
     "RejectLog": "scalerl.data.rejects",
     "SYNTHETIC_TASKS": "scalerl.data.synthetic",
+    "TEMPLATES": "scalerl.data.tokenize",
     "THINK_SYSTEM_PROMPT": "scalerl.data.tokenize",
     "encode_prompt": "scalerl.data.tokenize",
     "encode_prompts": "scalerl.data.tokenize",
@@ -27,6 +28,7 @@ _EXPORTS = {
     "make_code_task": "scalerl.data.synthetic",
     "make_math_task": "scalerl.data.synthetic",
     "make_synthetic": "scalerl.data.synthetic",
+    "render_prompt": "scalerl.data.tokenize",
     "resolve_system_prompt": "scalerl.data.tokenize",
     "save_heldout_ids": "scalerl.data.split",
     "split_by_ids": "scalerl.data.split",
@@ -56,10 +58,12 @@ if TYPE_CHECKING:
         write_synthetic_jsonl,
     )
     from scalerl.data.tokenize import (
+        TEMPLATES,
         THINK_SYSTEM_PROMPT,
         EncodedPrompts,
         encode_prompt,
         encode_prompts,
+        render_prompt,
         resolve_system_prompt,
     )
 
@@ -67,6 +71,7 @@ __all__ = [
     "FILE_SUFFIXES",
     "FORMATS",
     "SYNTHETIC_TASKS",
+    "TEMPLATES",
     "THINK_SYSTEM_PROMPT",
     "DataError",
     "EncodedPrompts",
@@ -83,6 +88,7 @@ __all__ = [
     "make_code_task",
     "make_math_task",
     "make_synthetic",
+    "render_prompt",
     "resolve_system_prompt",
     "save_heldout_ids",
     "split_by_ids",

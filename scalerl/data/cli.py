@@ -1,8 +1,9 @@
-"""``scalerl data synth`` and ``scalerl data check``: write a synthetic prompt set, vet a real one.
+"""``scalerl data synth | check | difficulty | curate``: write a synthetic prompt set, vet a real one,
+rate it with a model, curate it.
 
 `check` runs exactly the loading and prompt-length checks a training run does, so a bad row is
-found (with its file:line) before any compute is spent. Registered by ``scalerl.cli`` through
-``register(subparsers)``.
+found (with its file:line) before any compute is spent. `difficulty` and `curate` live in
+`scalerl.data.curation_cli`. Registered by ``scalerl.cli`` through ``register(subparsers)``.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from collections import Counter
 from typing import Any
 
 from scalerl.config import DataConfig
+from scalerl.data.curation_cli import register_curation
 from scalerl.data.loaders import FORMATS, load_prompts
 from scalerl.data.synthetic import SYNTHETIC_TASKS, write_synthetic_jsonl
-from scalerl.data.tokenize import encode_prompts, resolve_system_prompt
+from scalerl.data.tokenize import TEMPLATES, check_template, encode_prompts, resolve_system_prompt
 
 DEFAULT_MAX_PROMPT_TOKENS = DataConfig().max_prompt_tokens
 
@@ -58,8 +60,9 @@ def _check(args: argparse.Namespace) -> int:
     # Lengths are always checked, as a training run checks them (data.max_prompt_tokens).
     tokenizer = _load_tokenizer(args.tokenizer)
     system_prompt = resolve_system_prompt(args.think, args.system_prompt)
+    check_template(args.template, system_prompt)
     enc = encode_prompts(records, tokenizer, max_prompt_tokens=args.max_prompt_tokens,
-                         system_prompt=system_prompt, on_error=on_error)
+                         system_prompt=system_prompt, on_error=on_error, template=args.template)
     lengths = sorted(len(ids) for ids in enc.token_ids.values())
     if lengths:
         print(
@@ -74,7 +77,8 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: Any) -> None:
-    data = subparsers.add_parser("data", help="write a synthetic prompt set, or check a prompt file")
+    data = subparsers.add_parser("data",
+                                 help="write a synthetic prompt set, check, rate or curate a prompt file")
     sub = data.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
 
     synth = sub.add_parser("synth", help="write a built-in synthetic task as JSONL")
@@ -101,4 +105,9 @@ def register(subparsers: Any) -> None:
                        help="'tiny' (embedded default) or a local Hugging Face tokenizer folder")
     check.add_argument("--think", action="store_true", help="include the <think> system prompt")
     check.add_argument("--system-prompt", help="a custom system prompt (overrides --think)")
+    check.add_argument("--template", choices=TEMPLATES, default="chat",
+                       help="prompt template (config key data.template): the tokenizer's chat template, "
+                            "or a text template for base models (r1, qwen_math, raw); default chat")
     check.set_defaults(func=_check)
+
+    register_curation(sub)

@@ -146,7 +146,7 @@ def _evaluate_with(engine: Any, cfg: RunConfig, tokenizer: Any, records: list[An
     d = cfg.data
     encoded = encode_prompts(records, tokenizer, max_prompt_tokens=d.max_prompt_tokens,
                              system_prompt=resolve_system_prompt(d.think_system_prompt, d.system_prompt),
-                             on_error="error")
+                             on_error="error", template=d.template)
     router = RewardRouter(RewardConfig.from_dict(cfg.rewards.model_dump()))
     closers: list[Any] = [router.close]
     try:
@@ -191,6 +191,10 @@ def render(metrics: dict[str, float], header: str) -> str:
         ("verifier failures", f"{int(metrics['verifier_failures'])}"),
         ("time", f"{metrics['time_s']:.1f} s"),
     ]
+    tasks = sorted(key.split("/", 1)[1] for key in metrics if key.startswith("pass_rate/"))
+    if len(tasks) > 1:  # a multi-task set: each task's mean@k too
+        rows += [(f"mean@{k} {task}", f"{metrics[f'pass_rate/{task}']:.4f} "
+                  f"({int(metrics[f'num_prompts/{task}'])} prompts)") for task in tasks]
     width = max(len(name) for name, _ in rows)
     return "\n".join([header, *(f"  {name:<{width}}  {value}" for name, value in rows)])
 

@@ -2,7 +2,9 @@
 
 `evaluate` samples `k` completions for every held-out prompt with the policy the engine holds and
 reports `val_pass_rate` = mean over prompts of (correct samples / k) (ScaleRL: 1,000 prompts x 16
-samples every 100 steps), plus reward, length, truncation and interruption rates and pass@k.
+samples every 100 steps), plus reward, length, truncation and interruption rates and pass@k, and
+the same per task of the set (`val_pass_rate/math`, `val_pass_rate/code`, ...), so each domain of a
+multi-task run is a curve `scalerl fit RUN --y val_pass_rate/code` reads directly.
 
 Generation goes through a `generate(requests) -> completions` function, so the caller picks how the
 engine is shared: in `sync`/`ppo_offpolicy` the engine is idle between rounds and `engine.generate`
@@ -23,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from scalerl.data.records import PromptRecord
-from scalerl.pipeline.scoring import GroupScorer
+from scalerl.pipeline.scoring import GroupScorer, ScoredBatch
 from scalerl.rollout.protocol import Completion, GenerationRequest, SamplingParams
 
 GenerateFn = Callable[[Sequence[GenerationRequest]], list[Completion]]
@@ -94,11 +96,33 @@ def evaluate(
         "version_max": float(max(versions)),
         "time_s": time.perf_counter() - start,
     }
+    metrics.update(_task_metrics(records, scored, k))
     if any("agentic" in c.metadata for c in samples):
         from scalerl.agentic.metrics import agentic_metrics
 
         metrics.update(agentic_metrics(samples))
     return {f"{prefix}{name}": value for name, value in metrics.items()}
+
+
+def _task_metrics(records: Sequence[PromptRecord], scored: Sequence[ScoredBatch], k: int) -> dict[str, float]:
+    """`pass_rate/<task>` (mean@k over the task's prompts), reward, length, truncation, prompt count.
+
+    Every task of the set gets its keys, a single-task set too (see `pipeline.stats.task_metrics`).
+    """
+    by_task: dict[str, list[ScoredBatch]] = {}
+    for record, group in zip(records, scored, strict=True):
+        by_task.setdefault(record.task, []).append(group)
+    out: dict[str, float] = {}
+    for task in sorted(by_task):
+        groups = by_task[task]
+        samples = [c for g in groups for c in g.completions]
+        rewards = [x for g in groups for x in g.rewards]
+        out[f"pass_rate/{task}"] = sum(sum(g.correct) / k for g in groups) / len(groups)
+        out[f"reward_mean/{task}"] = sum(rewards) / len(rewards)
+        out[f"response_length/{task}"] = sum(c.num_tokens for c in samples) / len(samples)
+        out[f"truncation_rate/{task}"] = sum(c.finish_reason == "length" for c in samples) / len(samples)
+        out[f"num_prompts/{task}"] = float(len(groups))
+    return out
 
 
 class Evaluator:

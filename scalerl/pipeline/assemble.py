@@ -84,10 +84,8 @@ def load_records(config: RunConfig) -> list[PromptRecord]:
         return load_prompts(d.train_path, field_map=d.field_map, default_task=d.default_task,
                             format=d.format, on_error=on_error).records
     s = d.synthetic
-    if s.task == "math+code":
-        half = s.num_prompts // 2
-        return [*make_synthetic("math", s.num_prompts - half, s.seed, s.difficulty),
-                *make_synthetic("code", half, s.seed, s.difficulty)]
+    # One call for every task: "math+code" caps the shared difficulty range at each task's own
+    # levels (code has 5, math 8), so the default range (1, 6) is valid for the mix.
     return make_synthetic(s.task, s.num_prompts, s.seed, s.difficulty)
 
 
@@ -229,14 +227,14 @@ def _build_training(
     system = resolve_system_prompt(d.think_system_prompt, d.system_prompt)
     on_error = d.on_bad_row
     train = encode_prompts(split.train, tokenizer, max_prompt_tokens=d.max_prompt_tokens,
-                           system_prompt=system, on_error=on_error)
+                           system_prompt=system, on_error=on_error, template=d.template)
     token_ids = dict(train.token_ids)
 
     def encode(record: PromptRecord) -> list[int]:
         ids = token_ids.get(record.id)
         if ids is None:
             enc = encode_prompts([record], tokenizer, max_prompt_tokens=d.max_prompt_tokens,
-                                 system_prompt=system, on_error="error")
+                                 system_prompt=system, on_error="error", template=d.template)
             ids = token_ids[record.id] = enc.token_ids[record.id]
         return ids
 

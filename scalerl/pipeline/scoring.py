@@ -87,6 +87,7 @@ class GroupScorer:
         self._pending = 0
         self.failures = 0
         self.samples_scored = 0
+        self.samples_cancelled = 0  # queued when `close()` ran, never scored
         self.last_error: str | None = None
 
     @property
@@ -165,7 +166,16 @@ class GroupScorer:
                 future: Future[tuple[float, bool, bool]] = self._executor.submit(
                     self._score_one, record, completion
                 )
-                future.add_done_callback(lambda f, i=i: self._finish_sample(pending, i, f.result()))
+                future.add_done_callback(lambda f, i=i: self._on_done(pending, i, f))
+
+    def _on_done(self, pending: _Pending, index: int, future: Future[tuple[float, bool, bool]]) -> None:
+        # `close()` cancels the samples still queued when a run stops (a slow code sandbox leaves
+        # many); their groups are abandoned, counted, and must not raise in the pool's callback.
+        if future.cancelled():
+            with self._lock:
+                self.samples_cancelled += 1
+            return
+        self._finish_sample(pending, index, future.result())
 
     def collect(self) -> list[ScoredBatch]:
         """Groups scored since the last call, in the order they became ready."""

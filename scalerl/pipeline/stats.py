@@ -3,7 +3,8 @@
 `batch_metrics` describes the groups a step trains on: their staleness (`version_lag_*`: trainer
 version at train time minus each sample's `start_version`, the quantity `max_lag` bounds;
 `token_lag_*`: the same per generated token, smaller under in-flight updates), truncation and
-interruption rates, rewards and lengths. `IntervalMeter` turns the generator's cumulative counters
+interruption rates, rewards and lengths, overall and per task (`pass_rate/math`, ...: multi-task
+runs get a curve per domain). `IntervalMeter` turns the generator's cumulative counters
 and clocks into per-step rates: generated tokens/s, generator idle fraction, prompts drawn,
 groups dropped by dynamic sampling.
 
@@ -46,8 +47,31 @@ def batch_metrics(items: Sequence[ReadyGroup], train_version: int) -> dict[str, 
         "response_length_max": float(max(lengths)),
         "batch_groups": float(len(items)),
         "batch_samples": float(n),
+        **task_metrics(items),
         **_agentic(samples),
     }
+
+
+def task_metrics(items: Sequence[ReadyGroup]) -> dict[str, float]:
+    """Reward, pass rate, length and sample count of each task in the batch, as `<name>/<task>` keys.
+
+    Every task present gets its keys (a single-task run too, so a run's per-task curves never
+    depend on how many tasks it mixes); a task absent from this batch has none in this row.
+    """
+    by_task: dict[str, list[ReadyGroup]] = {}
+    for it in items:
+        by_task.setdefault(it.group.record.task, []).append(it)
+    out: dict[str, float] = {}
+    for task in sorted(by_task):
+        groups = [it.group for it in by_task[task]]
+        rewards = [r for g in groups for r in g.rewards]
+        correct = [ok for g in groups for ok in g.is_correct]
+        lengths = [c.num_tokens for g in groups for c in g.completions]
+        out[f"reward_mean/{task}"] = sum(rewards) / len(rewards)
+        out[f"pass_rate/{task}"] = sum(correct) / len(correct)
+        out[f"response_length_mean/{task}"] = sum(lengths) / len(lengths)
+        out[f"batch_samples/{task}"] = float(len(lengths))
+    return out
 
 
 def _agentic(samples: Sequence[Completion]) -> dict[str, float]:

@@ -7,6 +7,10 @@ itself never earns reward. Rules, applied to already-decoded text:
   in the prompt produce completions with only the closing tag);
 * a completion that opens `<think>` and never closes it has no answer (truncated reasoning);
 * a completion without either tag is all answer.
+
+In the answer part, a math answer is the last complete `\\boxed{}`; without one, the content of
+the last complete `<answer>...</answer>` (the tags DeepSeek-R1-Zero's template asks for, the
+`r1` prompt template of `scalerl.data.tokenize`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import re
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
+ANSWER_OPEN = "<answer>"
+ANSWER_CLOSE = "</answer>"
 
 # `\boxed{x}`, `\boxed {x}` and `\fbox{x}`: the command, optional spaces, then a balanced group.
 _BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)\s*\{")
@@ -70,12 +76,28 @@ def extract_boxed(text: str) -> str | None:
     return None
 
 
+def extract_answer_tag(text: str) -> str | None:
+    """The content of the last complete `<answer>...</answer>` in `text` (stripped), or None.
+
+    An empty one counts as none: it gives nothing to judge.
+    """
+    close = text.rfind(ANSWER_CLOSE)
+    while close >= 0:
+        open_ = text.rfind(ANSWER_OPEN, 0, close)
+        if open_ >= 0:
+            content = text[open_ + len(ANSWER_OPEN):close].strip()
+            return content or None
+        close = text.rfind(ANSWER_CLOSE, 0, close)
+    return None
+
+
 def extract_final_answer(completion: str) -> str | None:
-    """The boxed answer after the thinking, or None when there is none."""
+    """The answer after the thinking: its last `\\boxed{}`, else its last `<answer>` tag, else None."""
     answer_part = strip_thinking(completion)
     if answer_part is None:
         return None
-    return extract_boxed(answer_part)
+    boxed = extract_boxed(answer_part)
+    return boxed if boxed is not None else extract_answer_tag(answer_part)
 
 
 def extract_code(completion: str) -> str | None:

@@ -1,7 +1,7 @@
 """Math answers checked with math-verify, time-bounded by killable worker processes.
 
-`MathVerifier.check(completion, gold)` extracts the last `\\boxed{}` after the thinking
-(`answer.extract_final_answer`) and asks a worker process (`math_worker.py`) whether it equals the
+`MathVerifier.check(completion, gold)` extracts the last `\\boxed{}` (else `<answer>` tag) after the
+thinking (`answer.extract_final_answer`) and asks a worker process (`math_worker.py`) whether it equals the
 gold answer. A worker that does not answer within `timeout_s` is killed and replaced, so a
 pathological expression costs one worker restart, never a stuck trainer thread. Calls are
 thread-safe; at most `workers` judgements run at once, the rest wait for a free worker.
@@ -168,7 +168,7 @@ class MathVerifier:
             return MathResult(False, "error", f"gold answer: expected a non-empty string, got {gold!r}")
         pred = extract_final_answer(completion)
         if pred is None:
-            return MathResult(False, "no_answer", "no \\boxed{} answer after the thinking")
+            return MathResult(False, "no_answer", "no \\boxed{} or <answer> after the thinking")
         try:
             correct, detail = self.judge(gold, pred)
         except VerifierTimeoutError:

@@ -2,7 +2,8 @@
 
 ``analyze_curve`` ties the pieces together for a curve read from disk: fit window (compute, step,
 epoch), optional record-breaking downsampling, sigmoid fit, bootstrap, profile interval for A,
-held-out error of the extrapolation, predictions, and optionally the A.4 power law.
+held-out error of the extrapolation, predictions, optionally the A.4 power law, and the run's
+instability flag (training truncation rate past `truncation_threshold`, ScaleRL A.15).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scalerl.scaling.compare import extrapolation_caveat
+from scalerl.scaling.diagnostics import TRUNCATION_THRESHOLD, TruncationFlag, truncation_flag
 from scalerl.scaling.downsample import record_breaking
 from scalerl.scaling.io import Curve, window_mask
 from scalerl.scaling.power_law import PowerLawFit, fit_power_law
@@ -42,11 +44,15 @@ class FitOptions:
     power_law: bool = False
     # Fit only x <= this fraction of each run's last x (e.g. 0.5: the first half, the rest held out).
     max_x_fraction: float | None = None
+    # Flag runs whose training truncation rate passed this (ScaleRL's instability warning).
+    truncation_threshold: float = TRUNCATION_THRESHOLD
 
     def __post_init__(self) -> None:
         f = self.max_x_fraction
         if f is not None and not 0 < f <= 1:
             raise ValueError(f"--fit-fraction must be in (0, 1], got {f}")
+        if not 0 < self.truncation_threshold <= 1:
+            raise ValueError(f"--truncation-threshold must be in (0, 1], got {self.truncation_threshold}")
 
     def window_end(self, curve: Curve) -> float | None:
         """The largest x this curve's fit may use (``max_x`` and ``max_x_fraction`` together)."""
@@ -88,6 +94,17 @@ class RunAnalysis:
     predictions: tuple[Prediction, ...]
     held_out: HeldOut | None
     power_law: PowerLawFit | None
+    truncation: TruncationFlag | None = None
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """The fit's diagnostics, then the run's own (its truncation flag)."""
+        extra = () if self.truncation is None else (self.truncation.message(),)
+        return (*self.fit.diagnostics.warnings, *extra)
+
+    @property
+    def reliable(self) -> bool:
+        return not self.warnings
 
 
 def include_mask(curve: Curve, opts: FitOptions) -> np.ndarray | None:
@@ -182,4 +199,6 @@ def analyze_curve(curve: Curve, opts: FitOptions) -> RunAnalysis:
         predictions=predictions,
         held_out=_held_out(fit, boot),
         power_law=power,
+        truncation=None if curve.truncation is None else truncation_flag(
+            curve.truncation.steps, curve.truncation.rates, opts.truncation_threshold),
     )

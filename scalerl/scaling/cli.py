@@ -1,4 +1,5 @@
-"""``scalerl fit`` and ``scalerl compare``: predict where runs end and compare recipes.
+"""``scalerl fit`` and ``scalerl compare``: predict where runs end and compare recipes (and
+``scalerl fit-cross``, the cross-model-size law, in ``scalerl.scaling.cross_cli``).
 
 Registered by ``scalerl.cli`` through ``register(subparsers)``. Each command reads every input,
 computes everything, and only then prints (and writes the plot atomically), so an error never
@@ -15,6 +16,7 @@ from pathlib import Path
 from scalerl.model_identity import identity_key
 from scalerl.scaling.analysis import FitOptions, RunAnalysis, analyze_curve
 from scalerl.scaling.compare import compare
+from scalerl.scaling.diagnostics import TRUNCATION_THRESHOLD
 from scalerl.scaling.io import DEFAULT_X, DEFAULT_Y, Curve, read_many
 from scalerl.scaling.report import comparison_to_dict, jsonable, render_comparison, render_fit, run_to_dict
 
@@ -23,6 +25,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
+    return value
+
+
+def _rate(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a rate in (0, 1], e.g. 0.1; got {text}")
     return value
 
 
@@ -101,6 +110,15 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
     )
     u.add_argument("--seed", type=int, default=0, help="random seed of the bootstrap (default 0)")
     u.add_argument("--level", type=_level, default=0.95, help="interval level (default 0.95)")
+    d = p.add_argument_group("diagnostics")
+    d.add_argument(
+        "--truncation-threshold",
+        type=_rate,
+        default=TRUNCATION_THRESHOLD,
+        metavar="F",
+        help=f"flag runs whose training truncation_rate passed F (default {TRUNCATION_THRESHOLD:g}, the "
+        "paper's instability warning; 1 = never)",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print JSON instead of tables")
     o.add_argument("--plot", metavar="OUT.png", help="write a figure (png, pdf or svg)")
@@ -127,6 +145,7 @@ def _options(
         predict_at=predict_at,
         power_law=power_law,
         max_x_fraction=args.fit_fraction,
+        truncation_threshold=args.truncation_threshold,
     )
 
 
@@ -303,3 +322,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     cmp.add_argument("--fixed-a", type=float, metavar="A", help="A for the fixed-A refit (default: mean A)")
     cmp.add_argument("--no-seed-groups", action="store_true", help="treat every run as its own recipe")
     cmp.set_defaults(func=run_compare)
+
+    from scalerl.scaling import cross_cli
+
+    cross_cli.register(subparsers)

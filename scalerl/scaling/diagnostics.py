@@ -18,6 +18,47 @@ from numpy.typing import NDArray
 IDENTIFIABLE_SPAN = 2.0
 #: Residual RMSE above this multiple of the point-to-point noise means the shape is wrong.
 MISFIT_RATIO = 3.0
+#: Training truncation rate past which a run is flagged: ScaleRL (arXiv 2510.13786) saw runs whose
+#: truncations climbed past ~10% destabilize (Sec. 3 / A.3: "truncations >10%"; A.15: 10-15%).
+TRUNCATION_THRESHOLD = 0.10
+
+
+@dataclass(frozen=True)
+class TruncationFlag:
+    """A run whose training truncation rate passed ``threshold``: where first, how high, how often."""
+
+    threshold: float
+    first_step: float
+    max_rate: float
+    max_step: float
+    n_over: int
+    n_rows: int
+
+    def message(self) -> str:
+        return (
+            f"training truncation rate passed {self.threshold:.0%} at step {self.first_step:g} (max "
+            f"{self.max_rate:.1%} at step {self.max_step:g}; above on {self.n_over} of {self.n_rows} steps): "
+            "ScaleRL saw runs destabilize once truncations passed 10-15% (A.15); points after it may be "
+            "an unstable run, not the recipe's curve"
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def truncation_flag(
+    steps: NDArray[np.float64], rates: NDArray[np.float64], threshold: float = TRUNCATION_THRESHOLD
+) -> TruncationFlag | None:
+    """The flag when some ``rates[i] > threshold`` (strictly), else None. ``steps`` label the rows."""
+    if not 0 < threshold <= 1:
+        raise ValueError(f"truncation threshold: must be in (0, 1], got {threshold}")
+    over = rates > threshold
+    if not over.any():
+        return None
+    top = int(np.argmax(rates))
+    return TruncationFlag(threshold=float(threshold), first_step=float(steps[int(np.argmax(over))]),
+                          max_rate=float(rates[top]), max_step=float(steps[top]), n_over=int(over.sum()),
+                          n_rows=int(rates.size))
 
 
 @dataclass(frozen=True)

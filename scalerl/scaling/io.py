@@ -7,7 +7,10 @@ formats:
 * a row without the y column (or with an empty / null y) is not an evaluation: it is skipped;
 * a row with y but without a usable x, a non-numeric or non-finite value, or an x that does not
   increase is an error naming ``file:line`` and the column;
-* a missing column is an error listing the columns that exist.
+* a missing column is an error listing the columns that exist;
+* a numeric ``truncation_rate`` (the share of training samples cut at the length budget, on a
+  scalerl run's step rows) is kept per row as ``Curve.truncation``, for the instability flag of
+  ``scaling.diagnostics.truncation_flag``; rows without one are not a problem.
 
 Formats:
 
@@ -42,8 +45,19 @@ DEFAULT_Y = "val_pass_rate"
 X_FALLBACKS: tuple[str, ...] = (DEFAULT_X, "compute_gpu_hours", "gpu_hours", "compute", "flops")
 Y_FALLBACKS: tuple[str, ...] = (DEFAULT_Y, "pass_rate", "val_reward", "reward")
 #: Numeric columns kept alongside x and y when present (for step/epoch fit windows).
-EXTRA_COLUMNS: tuple[str, ...] = ("step", "epoch", "compute_device_hours", "flops", "samples", "tokens")
+EXTRA_COLUMNS: tuple[str, ...] = ("step", "epoch", "compute_device_hours", "flops", "samples", "tokens",
+                                  "model_size")
 WANDB_SEP = " - "
+TRUNCATION_COLUMN = "truncation_rate"
+
+
+@dataclass(frozen=True, eq=False)
+class TruncationSeries:
+    """The training truncation rate of a run, row by row: ``step`` (the row's step, else its line)."""
+
+    steps: NDArray[np.float64]
+    rates: NDArray[np.float64]
+    lines: NDArray[np.int64]
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,6 +75,7 @@ class Curve:
     recipe: str | None = None  # ``recipe`` from a run's config.yaml: groups seeds in comparisons
     # The model a scalerl run started from (its ``start_model.json``), None when not recorded.
     start_model: dict[str, object] | None = None
+    truncation: TruncationSeries | None = None  # rows with a ``truncation_rate``, None: no such rows
 
     def where(self, i: int) -> str:
         """``file:line`` of point ``i``."""
@@ -196,7 +211,30 @@ def read_jsonl(
                 _extras(obj, x_name, y_name),
             )
         )
-    return _build(label or p.stem, str(p), x_name, y_name, rows)
+    curve = _build(label or p.stem, str(p), x_name, y_name, rows)
+    return replace(curve, truncation=_truncation(rows_raw))
+
+
+def _truncation(rows: Sequence[tuple[int, dict[str, object]]]) -> TruncationSeries | None:
+    """Every row's numeric ``truncation_rate`` with its step (rows lacking a usable one are skipped:
+    the rate is a diagnostic, never a reason to refuse a curve)."""
+    found = []
+    for lineno, row in rows:
+        value, step = row.get(TRUNCATION_COLUMN), row.get("step")
+        if isinstance(value, bool) or _missing(value):
+            continue
+        if _missing(step) or isinstance(step, bool):
+            step = lineno
+        try:
+            rate, where = float(value), float(step)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(rate) and math.isfinite(where):
+            found.append((where, rate, lineno))
+    if not found:
+        return None
+    return TruncationSeries(np.array([f[0] for f in found]), np.array([f[1] for f in found]),
+                            np.array([f[2] for f in found], dtype=np.int64))
 
 
 def _run_identity(run_dir: Path) -> tuple[str, str | None]:
@@ -309,7 +347,12 @@ def read_csv(path: str | Path, x: str | None = None, y: str | None = None) -> li
         )
     if not runs:
         raise ValueError(f"{p}: no rows with a {y_name!r} value")
-    return [_build(label, str(p), x_name, y_name, r) for label, r in runs.items()]
+    by_run: dict[str, list[tuple[int, dict[str, object]]]] = {}
+    for lineno, cells in rows:
+        key = cells[run_col].strip() if run_col is not None else p.stem
+        by_run.setdefault(key, []).append((lineno, dict(zip(header, cells, strict=True))))
+    return [replace(_build(label, str(p), x_name, y_name, r), truncation=_truncation(by_run.get(label, [])))
+            for label, r in runs.items()]
 
 
 def _read_wandb(

@@ -78,6 +78,9 @@ def run_to_dict(a: RunAnalysis) -> dict[str, object]:
     out["predictions"] = [p.__dict__ for p in a.predictions]
     out["held_out"] = None if a.held_out is None else a.held_out.__dict__
     out["power_law"] = None if a.power_law is None else a.power_law.to_dict()
+    out["truncation"] = None if a.truncation is None else a.truncation.to_dict()
+    out["warnings"] = list(a.warnings)
+    out["reliable"] = a.reliable
     return jsonable(out)  # type: ignore[return-value]
 
 
@@ -104,7 +107,7 @@ def render_fit(
                 f"{num(f.B, 3)} {ib}".strip(),
                 f"{num(f.C_mid, 4)} {im}".strip(),
                 num(f.diagnostics.rmse, 3),
-                "ok" if f.diagnostics.reliable else "WARN",
+                "ok" if a.reliable else "WARN",
             ]
         )
     parts = [head, "", table(["run", "points", "R0", "A", "B", "C_mid", "RMSE", "status"], rows)]
@@ -113,7 +116,7 @@ def render_fit(
             parts.append("")
             parts.extend(_run_details(a))
         else:
-            parts.extend(f"  {a.curve.label}: warning: {w}" for w in a.fit.diagnostics.warnings)
+            parts.extend(f"  {a.curve.label}: warning: {w}" for w in a.warnings)
     return "\n".join(parts)
 
 
@@ -158,7 +161,7 @@ def _run_details(a: RunAnalysis) -> list[str]:
             f"  power law A - D/C^B (paper A.4): A = {num(w.A)}{bound}, B = {num(w.B, 3)}, "
             f"D = {num(w.D, 3)}, RMSE {num(w.rmse, 3)}"
         )
-    for w_text in f.diagnostics.warnings:
+    for w_text in a.warnings:
         lines.append(f"  warning: {w_text}")
     if a.boot is not None and a.boot.n_unconverged:
         lines.append(

@@ -1,14 +1,23 @@
-"""`scalerl ablate`: leave-one-out and grid ablation studies, run, fitted and tabulated.
+"""`scalerl ablate`: leave-one-out, grid and coupled-axis studies, run, fitted and tabulated.
 
     scalerl ablate --base scalerl --loo max_steps=40              # paper Sec. 4 / Fig. 7
     scalerl ablate --loo --axes loss,off_policy --seeds 3
     scalerl ablate --grid pipeline.k=1,4,8 --grid generation.n=4,8 --output-dir runs/lag-by-n
     scalerl ablate --loo --dry-run                                # print the plan, run nothing
+    scalerl ablate --coupled generations_per_prompt               # n x B fixed: n4-B16, n8-B8, n16-B4
+    scalerl ablate --coupled batch_size --values 4,8,16,32 --budget 1e12 --x flops
 
 Leave-one-out: the base recipe, plus one run per design axis reverted to the paper's base algorithm
 (`scalerl.studies.variants.LOO_AXES`). Grid: the cartesian product of the `--grid` values applied
-to the base. `KEY=VALUE` overrides (e.g. `max_steps=40`) apply to every run; `--seeds N` repeats
-every variant with N rollout seeds, and the seed-to-seed spread becomes the margin on A and B.
+to the base. Coupled (ScaleRL Sec. 5): one named axis whose value moves several keys together
+(`scalerl.studies.variants.COUPLED_AXES`: generations_per_prompt at a fixed n x B, batch_size,
+generation_length with the length-control budgets scaled); `--values` picks its values (default:
+half, the base's and twice the base's). Grid and coupled studies also print the compute-optimal
+variant at each budget read off the fitted curves (IsoCompute; `scalerl.studies.isocompute`):
+`--budget X` (repeatable) or 5 budgets spaced in log compute over the study's range.
+
+`KEY=VALUE` overrides (e.g. `max_steps=40`) apply to every run; `--seeds N` repeats every variant
+with N rollout seeds, and the seed-to-seed spread becomes the margin on A and B.
 
 Runs execute in process, one after another, in `OUTPUT_DIR/runs/<name>/` (with `--ray [ADDRESS]`,
 concurrently as Ray tasks of `--run-cpus` / `--run-gpus` each, `--parallel` at a time); a rerun of the same
@@ -31,6 +40,7 @@ from scalerl.config import RunConfig, build_config, override_layer, yaml_layer
 from scalerl.recipes import recipe_path
 from scalerl.scaling.report import jsonable, run_to_dict, table
 from scalerl.studies.fitting import FitSettings, RunFit, StudyFits, analyze_study
+from scalerl.studies.isocompute import BudgetChoice, choices_markdown, choices_text, compute_optimal
 from scalerl.studies.report import (
     PREDICTION_HEADER,
     fig7_markdown,
@@ -55,14 +65,21 @@ from scalerl.studies.study import (
     shared_model,
     with_model,
 )
-from scalerl.studies.variants import Variant, grid_variants, loo_variants, parse_grid_args
+from scalerl.studies.variants import (
+    COUPLED_AXES,
+    Variant,
+    coupled_variants,
+    grid_variants,
+    loo_variants,
+    parse_grid_args,
+)
 
 
 @dataclass(frozen=True)
 class AblationPlan:
     """The runs of an ablation, before any model is prepared or anything is trained."""
 
-    kind: str  # "loo" or "grid"
+    kind: str  # "loo", "grid" or "coupled"
     base: str
     base_config: RunConfig
     variants: tuple[Variant, ...]
@@ -71,10 +88,12 @@ class AblationPlan:
     config_files: tuple[str, ...]
     study_dir: Path
     specs: tuple[RunSpec, ...]
+    coupled: str | None = None  # the coupled axis, for kind "coupled"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
+            "coupled": self.coupled,
             "base": self.base,
             "config_files": list(self.config_files),
             "overrides": list(self.overrides),
@@ -107,10 +126,15 @@ def plan_ablation(
     config_files: list[str] | None = None,
     seeds: int = 1,
     study_dir: str | Path = "runs/ablate",
+    coupled: str | None = None,
+    values: list[int] | None = None,
 ) -> AblationPlan:
     """Variants and run specs; every error (recipe, key, value, combination) is raised here."""
-    if loo == bool(grid):
-        raise ValueError("choose one study: --loo (leave-one-out) or --grid KEY=V1,V2 (forward ablation)")
+    if sum((loo, bool(grid), coupled is not None)) != 1:
+        raise ValueError("choose one study: --loo (leave-one-out), --grid KEY=V1,V2 (forward ablation) or "
+                         f"--coupled AXIS ({', '.join(COUPLED_AXES)})")
+    if values is not None and coupled is None:
+        raise ValueError("--values lists the values of a coupled axis; it needs --coupled AXIS")
     if axes and not loo:
         raise ValueError("--axes restricts a leave-one-out study; it needs --loo")
     if seeds < 1:
@@ -124,6 +148,8 @@ def plan_ablation(
             raise ValueError(f"--base {base}: it already matches the paper's baseline on every axis "
                              f"{'asked for ' if axes else ''}(nothing to leave out)")
         variants = [Variant(base, [], f"the base recipe {base!r}"), *found]
+    elif coupled is not None:
+        variants = coupled_variants(cfg, coupled, values)
     else:
         variants = grid_variants(cfg, parse_grid_args(grid or []))
     specs = [
@@ -133,13 +159,18 @@ def plan_ablation(
         for v in variants
         for i in range(seeds)
     ]
-    return AblationPlan("loo" if loo else "grid", base, cfg, tuple(variants), seeds, tuple(overrides),
-                        tuple(config_files), study, tuple(specs))
+    kind = "loo" if loo else "coupled" if coupled is not None else "grid"
+    return AblationPlan(kind, base, cfg, tuple(variants), seeds, tuple(overrides), tuple(config_files), study,
+                        tuple(specs), coupled)
+
+
+STUDY_TITLES = {"loo": "leave-one-out", "grid": "grid", "coupled": "coupled-axis"}
 
 
 def render_plan(plan: AblationPlan) -> str:
     rows = [[v.name, ", ".join(v.overrides) or "(base)", v.description] for v in plan.variants]
-    head = (f"{'leave-one-out' if plan.kind == 'loo' else 'grid'} study from {plan.base!r}: "
+    title = STUDY_TITLES[plan.kind] + (f" ({plan.coupled})" if plan.coupled else "")
+    head = (f"{title} study from {plan.base!r}: "
             f"{len(plan.variants)} variants x {plan.seeds} seed(s) = {len(plan.specs)} runs in "
             f"{plan.study_dir / 'runs'}")
     lines = [head]
@@ -153,7 +184,7 @@ def render_plan(plan: AblationPlan) -> str:
 
 
 def summary_dict(plan: AblationPlan, settings: FitSettings, outcomes: list[RunOutcome], fits: StudyFits,
-                 plot: Path | None) -> dict[str, Any]:
+                 plot: Path | None, choices: list[BudgetChoice] | None = None) -> dict[str, Any]:
     by_name = {f.name: f for f in fits.runs}
 
     def run_entry(o: RunOutcome) -> dict[str, Any]:
@@ -181,14 +212,15 @@ def summary_dict(plan: AblationPlan, settings: FitSettings, outcomes: list[RunOu
         "failed": failed,
         "not_fitted": [f.name for f in fits.runs if f.analysis is None and f.name not in failed],
         "notes": list(fits.notes),
+        "compute_optimal": None if choices is None else [c.to_dict() for c in choices],
         "files": {"report": REPORT_FILE, "plot": None if plot is None else plot.name},
     })  # type: ignore[return-value]
 
 
 def report_markdown(plan: AblationPlan, settings: FitSettings, outcomes: list[RunOutcome], fits: StudyFits,
-                    plot: Path | None) -> str:
+                    plot: Path | None, choices: list[BudgetChoice] | None = None) -> str:
     failed = [o for o in outcomes if o.status == "failed"]
-    title = "leave-one-out" if plan.kind == "loo" else "grid"
+    title = STUDY_TITLES[plan.kind] + (f": {plan.coupled}" if plan.coupled else "")
     lines = [
         f"# Ablation study ({title}) from `{plan.base}`",
         "",
@@ -209,6 +241,9 @@ def report_markdown(plan: AblationPlan, settings: FitSettings, outcomes: list[Ru
         lines += ["", "## Curves", "", f"![fits of every run]({plot.name})", "",
                   "Filled points were fitted, crosses are the held-out later points, dashed lines the "
                   "extrapolation; the right panel is the fixed-A refit, where each run is a line of slope B."]
+    if choices is not None:
+        lines += ["", "## Compute-optimal choice per budget (IsoCompute)", "",
+                  choices_markdown(choices, _x_name(fits))]
     pred = prediction_rows(fits.runs)
     if pred:
         lines += ["", "## Extrapolation to each run's last evaluation", "",
@@ -221,6 +256,10 @@ def report_markdown(plan: AblationPlan, settings: FitSettings, outcomes: list[Ru
     return "\n".join(lines) + "\n"
 
 
+def _x_name(fits: StudyFits) -> str:
+    return fits.analyses[0].curve.x_name if fits.analyses else "compute"
+
+
 def run_ablation(
     plan: AblationPlan,
     settings: FitSettings,
@@ -229,19 +268,28 @@ def run_ablation(
     train_fn: Any = None,
     out: Any = None,
     parallel: int = 1,
+    budgets: list[float] | None = None,
 ) -> int:
-    """Prepare the shared model, run, fit, write the outputs, print the table. 1 if a run failed."""
+    """Prepare the shared model, run, fit, write the outputs, print the table. 1 if a run failed.
+
+    Grid and coupled studies add the compute-optimal variant per budget (`budgets`, else spread
+    over the study's compute range)."""
     stream = out or sys.stdout
     specs = with_model(plan.specs, shared_model(plan.base_config))
     plan.study_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(plan.study_dir / PLAN_FILE, jsonable(plan.to_dict()))
     outcomes, run_fits = run_and_fit(specs, settings, device=device, train_fn=train_fn, parallel=parallel)
     fits = analyze_study(run_fits, settings, order=[v.name for v in plan.variants])
+    choices = None if plan.kind == "loo" else compute_optimal(fits, budgets)
     plot = write_plot(fits, plan.study_dir / PLOT_FILE)
-    write_atomic(plan.study_dir / REPORT_FILE, report_markdown(plan, settings, outcomes, fits, plot))
-    write_json_atomic(plan.study_dir / SUMMARY_FILE, summary_dict(plan, settings, outcomes, fits, plot))
+    report = report_markdown(plan, settings, outcomes, fits, plot, choices)
+    write_atomic(plan.study_dir / REPORT_FILE, report)
+    summary = summary_dict(plan, settings, outcomes, fits, plot, choices)
+    write_json_atomic(plan.study_dir / SUMMARY_FILE, summary)
     failed = [o for o in outcomes if o.status == "failed"]
     parts = [fig7_text(fits), "", legend_text(fits, settings), "", per_run_text(fits, settings)]
+    if choices is not None:
+        parts += ["", choices_text(choices, _x_name(fits))]
     if failed:
         parts += ["", f"{len(failed)} of {len(outcomes)} runs failed:"]
         parts += [f"  {o.name}: {o.error}" for o in failed]
@@ -267,6 +315,13 @@ def add_fit_args(p: argparse.ArgumentParser, x_default: str | None, x_help: str)
                    help="bootstrap resamples for the intervals (default 200; 0 = none)")
 
 
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--values: expected integers separated by commas, got {text!r}") from None
+
+
 def fit_settings(args: argparse.Namespace) -> FitSettings:
     return FitSettings(x=args.x, fraction=args.fit_fraction, max_x=args.fit_max_x, n_boot=args.bootstrap)
 
@@ -274,7 +329,7 @@ def fit_settings(args: argparse.Namespace) -> FitSettings:
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "ablate",
-        help="leave-one-out or grid ablation study: run, fit, tabulate (paper Fig. 7)",
+        help="leave-one-out, grid or coupled-axis study: run, fit, tabulate (paper Fig. 7)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -289,6 +344,13 @@ def register(subparsers: Any) -> None:
                       "no_positive_resampling, off_policy, length_control)")
     kind.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                       help="vary KEY over the values (repeatable: the cartesian product is run)")
+    kind.add_argument("--coupled", choices=tuple(COUPLED_AXES), metavar="AXIS",
+                      help="a coupled axis (ScaleRL Sec. 5): " + ", ".join(COUPLED_AXES))
+    kind.add_argument("--values", metavar="V1,V2", help="values of the --coupled axis (integers; default: "
+                      "half, the base's and twice the base's)")
+    kind.add_argument("--budget", type=float, action="append", metavar="X",
+                      help="compute budget for the compute-optimal choice (repeatable; default: 5 over the "
+                           "study's range)")
     kind.add_argument("--seeds", type=int, default=1, metavar="N", help="runs per variant (default 1)")
     p.add_argument("--output-dir", metavar="DIR",
                    help="study directory (default runs/ablate-<base>-<loo|grid>)")
@@ -313,9 +375,15 @@ def register(subparsers: Any) -> None:
 def run_ablate(args: argparse.Namespace) -> int:
     settings = fit_settings(args)
     axes = [a.strip() for a in args.axes.split(",") if a.strip()] if args.axes else None
-    study_dir = args.output_dir or f"runs/ablate-{args.base}-{'loo' if args.loo else 'grid'}"
+    kind = "loo" if args.loo else args.coupled if args.coupled else "grid"
+    study_dir = args.output_dir or f"runs/ablate-{args.base}-{kind}"
+    values = None if args.values is None else _int_list(args.values)
     plan = plan_ablation(args.base, loo=args.loo, axes=axes, grid=args.grid, overrides=args.overrides,
-                         config_files=args.config, seeds=args.seeds, study_dir=study_dir)
+                         config_files=args.config, seeds=args.seeds, study_dir=study_dir,
+                         coupled=args.coupled, values=values)
+    budgets = args.budget
+    if budgets is not None and plan.kind == "loo":
+        raise ValueError("--budget: the compute-optimal choice is for --grid and --coupled studies")
     print(render_plan(plan), file=sys.stderr if not args.dry_run else sys.stdout, flush=True)
     if args.dry_run:
         return 0
@@ -326,13 +394,13 @@ def run_ablate(args: argparse.Namespace) -> int:
     if args.ray is None:
         if args.parallel not in (None, 1):
             raise ValueError("--parallel: runs share this process without --ray; add --ray [ADDRESS]")
-        return run_ablation(plan, settings, device=args.device)
+        return run_ablation(plan, settings, device=args.device, budgets=budgets)
     from scalerl.distributed.studies import RayRuns
 
     with RayRuns(None if args.ray == "local" else args.ray, num_cpus=args.run_cpus,
                  num_gpus=args.run_gpus) as runs:
         return run_ablation(plan, settings, device=args.device, train_fn=runs.train,
-                            parallel=args.parallel or len(plan.specs))
+                            parallel=args.parallel or len(plan.specs), budgets=budgets)
 
 
 __all__ = ["AblationPlan", "base_config", "plan_ablation", "register", "render_plan", "run_ablation"]

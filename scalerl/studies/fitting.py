@@ -233,7 +233,7 @@ def analyze_study(fits: Sequence[RunFit], settings: FitSettings, order: Sequence
     for name in groups:
         r = recipes[name]
         members = [f for f in ok if f.group == name]
-        warnings = tuple(f"{f.name}: {w}" for f in members for w in f.analysis.fit.diagnostics.warnings)  # type: ignore[union-attr]
+        warnings = tuple(f"{f.name}: {w}" for f in members for w in f.analysis.warnings)  # type: ignore[union-attr]
         rows.append(
             GroupRow(
                 group=name,

@@ -9,6 +9,11 @@ the base, each design axis in turn is reverted to its counterpart in the paper's
 (Sec. 2; the `base` recipe). `LOO_AXES` lists the axes and what each reverts to.
 
 Grid: the cartesian product of values for chosen keys (`--grid pipeline.k=1,4,8 ...`).
+
+Coupled axes (ScaleRL Sec. 5, and the IsoCompute work): named presets that move several keys
+together so the comparison is the one the paper makes (`COUPLED_AXES`): generations per prompt
+at a fixed total batch (n x B constant), the batch size, the generation length (with the
+length-control budgets scaled along).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -345,4 +350,125 @@ def grid_variants(base_config: RunConfig, grid: Mapping[str, Sequence[Any]]) -> 
             raise ValueError(f"grid combination {combo_text} is not valid: {_one_line(err)}") from None
         name = "__".join(f"{labels[k]}-{_slug(v)}" for k, v in zip(keys, combo, strict=True))
         variants.append(Variant(name=_bounded(name), overrides=overrides, description=", ".join(overrides)))
+    return variants
+
+
+# ---------------------------------------------------------------------------------------------
+# Coupled axes
+
+
+@dataclass(frozen=True)
+class CoupledAxis:
+    """A named study axis whose one value sets several keys (`apply`), with defaults from the base."""
+
+    name: str
+    what: str
+    value_name: str
+    defaults: Callable[[RunConfig], list[int]]  # the values studied unless given
+    apply: Callable[[RunConfig, int], list[tuple[str, Any]]]  # ValueError naming a value it cannot run
+    label: Callable[[RunConfig, int], str]  # the variant's name
+
+
+def _scaled_values(base: int, factors: Sequence[float] = (0.5, 1.0, 2.0), low: int = 1) -> list[int]:
+    values = sorted({round(base * f) for f in factors})
+    return [v for v in values if v >= low]
+
+
+def _n_at_fixed_batch(base: RunConfig, n: int) -> list[tuple[str, Any]]:
+    total = base.generation.n * base.pipeline.prompts_per_step
+    if n < 2:
+        raise ValueError(f"generations per prompt {n}: needs n >= 2 (one sample: no group variance)")
+    if total % n:
+        raise ValueError(f"generations per prompt {n}: does not divide the total batch n x B = {total} "
+                         f"(generation.n={base.generation.n} x pipeline.prompts_per_step="
+                         f"{base.pipeline.prompts_per_step})")
+    return [("generation.n", n), ("pipeline.prompts_per_step", total // n)]
+
+
+def _batch_size(base: RunConfig, b: int) -> list[tuple[str, Any]]:
+    if b < 1:
+        raise ValueError(f"batch size {b}: needs at least one prompt per step")
+    return [("pipeline.prompts_per_step", b)]
+
+
+def _generation_length(base: RunConfig, length: int) -> list[tuple[str, Any]]:
+    """`max_new_tokens`, with every length-control budget scaled by the same factor, so forced
+    interruption (or the overlong penalty) sits at the same fraction of the budget."""
+    g = base.generation
+    lc = g.length_control
+    if length < 1:
+        raise ValueError(f"generation length {length}: must be >= 1 token")
+    f = length / g.max_new_tokens
+    lo, hi = lc.think_budget
+    think = [max(1, round(lo * f)), max(1, round(hi * f))]
+    answer = max(1, round(lc.answer_budget * f))
+    if lc.kind == "interruption" and think[1] + answer > length:
+        raise ValueError(f"generation length {length}: too short for the interruption budgets "
+                         f"(think {think}, answer {answer})")
+    return [("generation.max_new_tokens", length), ("generation.length_control.think_budget", think),
+            ("generation.length_control.answer_budget", answer),
+            ("generation.length_control.overlong_cache", max(1, round(lc.overlong_cache * f)))]
+
+
+COUPLED_AXES: dict[str, CoupledAxis] = {
+    axis.name: axis
+    for axis in (
+        CoupledAxis(
+            "generations_per_prompt",
+            "generations per prompt n at a fixed total batch n x B (ScaleRL Sec. 5: more samples of fewer "
+            "prompts, or fewer samples of more)", "n",
+            lambda base: [v for v in _scaled_values(base.generation.n, low=2)
+                          if (base.generation.n * base.pipeline.prompts_per_step) % v == 0],
+            _n_at_fixed_batch,
+            lambda base, n: f"n{n}-B{base.generation.n * base.pipeline.prompts_per_step // n}",
+        ),
+        CoupledAxis(
+            "batch_size",
+            "prompts per optimizer step B, generations per prompt fixed (ScaleRL Sec. 5: larger batches "
+            "reach a higher asymptote, later)", "B",
+            lambda base: _scaled_values(base.pipeline.prompts_per_step),
+            _batch_size,
+            lambda base, b: f"B{b}",
+        ),
+        CoupledAxis(
+            "generation_length",
+            "response budget max_new_tokens, length-control budgets scaled along (ScaleRL Sec. 5: "
+            "longer generation, lower efficiency early, higher asymptote)", "max_new_tokens",
+            lambda base: _scaled_values(base.generation.max_new_tokens),
+            _generation_length,
+            lambda base, n: f"len{n}",
+        ),
+    )
+}
+
+
+def coupled_variants(base_config: RunConfig, name: str, values: Sequence[int] | None = None) -> list[Variant]:
+    """One variant per value of the coupled axis `name` (its defaults from the base unless given).
+
+    The variant whose value is the base's own has no overrides that change anything; it is still a
+    variant (the study's reference point). Errors name the axis and the value.
+    """
+    axis = COUPLED_AXES.get(name)
+    if axis is None:
+        raise ValueError(f"--coupled: unknown axis {name!r}; axes: {', '.join(COUPLED_AXES)}")
+    chosen = list(values) if values is not None else axis.defaults(base_config)
+    if len(chosen) < 2:
+        raise ValueError(f"--coupled {name}: needs at least two values to compare, got {chosen}")
+    if len(set(chosen)) != len(chosen):
+        raise ValueError(f"--coupled {name}: a value is given twice in {chosen}")
+    variants = []
+    for value in chosen:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"--coupled {name}: values are integers ({axis.value_name}), got {value!r}")
+        try:
+            pairs = axis.apply(base_config, value)
+        except ValueError as err:
+            raise ValueError(f"--coupled {name}: {err}") from None
+        overrides = [override(k, v) for k, v in pairs]
+        try:
+            apply_variant(base_config, overrides)
+        except ConfigError as err:
+            raise ValueError(f"--coupled {name}: value {value} is not valid: {_one_line(err)}") from None
+        variants.append(Variant(name=axis.label(base_config, value), overrides=overrides,
+                                description=f"{axis.value_name}={value}: " + ", ".join(overrides)))
     return variants

@@ -111,7 +111,8 @@ def run_sft(args: argparse.Namespace) -> int:
         policy = load_policy(cfg.model, device=args.device)
         if pairs is None:
             pairs = solution_pairs(default_sft_records(cfg))
-        examples = examples_from_records(pairs, policy.tokenizer, system_prompt_of(cfg), sft.max_length)
+        examples = examples_from_records(pairs, policy.tokenizer, system_prompt_of(cfg), sft.max_length,
+                                         cfg.data.template)
         print(f"sft: {len(examples)} examples, {sft.steps} steps of {sft.batch_size}", file=sys.stderr)
         result = train_sft(policy, examples, sft, on_step=report)
     out = Path(args.output) if args.output else Path(cfg.output_dir) / "sft"

@@ -89,10 +89,10 @@ def system_prompt_of(cfg: RunConfig) -> str | None:
 
 
 def encode_example(
-    record: PromptRecord, response: str, tokenizer: Any, system_prompt: str | None
+    record: PromptRecord, response: str, tokenizer: Any, system_prompt: str | None, template: str = "chat"
 ) -> SFTExample:
-    """Prompt ids exactly as RL encodes them, then the response ids and eos."""
-    prompt = encode_prompt(record, tokenizer, system_prompt)
+    """Prompt ids exactly as RL encodes them (`data.template`), then the response ids and eos."""
+    prompt = encode_prompt(record, tokenizer, system_prompt, template)
     response_ids = list(tokenizer.encode(response, add_special_tokens=False))
     return SFTExample(tuple(prompt), (*response_ids, int(tokenizer.eos_token_id)))
 
@@ -102,11 +102,12 @@ def examples_from_records(
     tokenizer: Any,
     system_prompt: str | None,
     max_length: int,
+    template: str = "chat",
 ) -> list[SFTExample]:
     """Encode (record, response) pairs; pairs longer than `max_length` tokens are an error."""
     out = []
     for record, response in pairs:
-        ex = encode_example(record, response, tokenizer, system_prompt)
+        ex = encode_example(record, response, tokenizer, system_prompt, template)
         total = len(ex.prompt_ids) + len(ex.response_ids)
         if total > max_length:
             where = record.source or record.id
@@ -229,12 +230,10 @@ def default_sft_records(cfg: RunConfig) -> list[PromptRecord]:
     the held-out curve with nothing to measure.
     """
     syn = cfg.data.synthetic
-    tasks = syn.task.split("+")
-    per_task = [syn.num_prompts // len(tasks) + (i < syn.num_prompts % len(tasks)) for i in range(len(tasks))]
 
     def draw(seed: int) -> list[PromptRecord]:
-        return [r for task, n in zip(tasks, per_task, strict=True)
-                for r in make_synthetic(task, n, seed, tuple(syn.difficulty))]
+        # The same call as the RL prompt set (`pipeline.assemble.load_records`), under another seed.
+        return make_synthetic(syn.task, syn.num_prompts, seed, tuple(syn.difficulty))
 
     rl_prompts = {r.prompt for r in draw(syn.seed)}
     return [r for r in draw(syn.seed + SFT_SEED_OFFSET) if r.prompt not in rl_prompts]
@@ -302,7 +301,8 @@ def warm_start_default(
         examples = agentic_examples(cfg, policy.tokenizer, sft_records, sft.max_length)
     else:
         pairs = solution_pairs(sft_records)
-        examples = examples_from_records(pairs, policy.tokenizer, system_prompt_of(cfg), sft.max_length)
+        examples = examples_from_records(pairs, policy.tokenizer, system_prompt_of(cfg), sft.max_length,
+                                         cfg.data.template)
     key = warm_start_key(cfg, sft, examples)
     root = Path(cache_dir) if cache_dir is not None else cache_root() / "sft"
     target = root / f"tiny-{key[:16]}"

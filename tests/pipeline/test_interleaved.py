@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import random
 import threading
 import time
@@ -302,6 +303,31 @@ def test_drain_waits_for_every_threaded_verdict() -> None:
     finally:
         release.set()
         scorer.close()
+
+
+def test_close_with_samples_still_queued_raises_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """A run that stops while a slow verifier still has samples queued: `close()` cancels them; the
+    pool's done-callbacks must not raise CancelledError (it printed a traceback per sample)."""
+    started, release = threading.Event(), threading.Event()
+
+    class Slow(FakeScorer):
+        def score(self, record: PromptRecord, completion_text: str) -> float:
+            started.set()
+            release.wait(5.0)
+            return super().score(record, completion_text)
+
+    scorer = GroupScorer(Slow(), decode, max_workers=1)
+    record = PromptRecord(id="p1", task="fake", prompt="q")
+    group = [Completion(request_id="r", sample_index=i, prompt_ids=[1], token_ids=[i], logprobs=[0.0],
+                        versions=[0], loss_mask=[True], finish_reason="stop", start_version=0)
+             for i in range(4)]
+    scorer.submit("a", record, group)
+    assert started.wait(5.0)  # one sample is being scored, three wait in the queue
+    threading.Timer(0.2, release.set).start()
+    with caplog.at_level(logging.ERROR, logger="concurrent.futures"):
+        scorer.close()
+    assert not [r for r in caplog.records if r.name == "concurrent.futures"]
+    assert scorer.samples_cancelled == 3 and scorer.collect() == []
 
 
 def test_simulated_trainer_time_needs_the_interleaved_schedule() -> None:
