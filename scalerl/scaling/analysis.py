@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scalerl.scaling.compare import extrapolation_caveat
+from scalerl.scaling.compute_needed import DEFAULT_HALF_WIDTH, ComputeAdvice, compute_needed
 from scalerl.scaling.downsample import record_breaking
 from scalerl.scaling.io import Curve, window_mask
 from scalerl.scaling.power_law import PowerLawFit, fit_power_law
@@ -42,6 +43,8 @@ class FitOptions:
     power_law: bool = False
     # Fit only x <= this fraction of each run's last x (e.g. 0.5: the first half, the rest held out).
     max_x_fraction: float | None = None
+    # Target half-width on A for the compute-needed advice (the paper's +-0.02 seed margin).
+    a_half_width: float = DEFAULT_HALF_WIDTH
 
     def __post_init__(self) -> None:
         f = self.max_x_fraction
@@ -88,6 +91,8 @@ class RunAnalysis:
     predictions: tuple[Prediction, ...]
     held_out: HeldOut | None
     power_law: PowerLawFit | None
+    # How much further the run must go to pin A (only for fits that do not pin it: see needs_advice).
+    advice: ComputeAdvice | None = None
 
 
 def include_mask(curve: Curve, opts: FitOptions) -> np.ndarray | None:
@@ -140,6 +145,14 @@ def _held_out(fit: SigmoidFit, boot: Bootstrap | None) -> HeldOut | None:
     return HeldOut(n=int(after.sum()), mae=float(err.mean()), max_abs=float(err.max()), coverage=coverage)
 
 
+def needs_advice(fit: SigmoidFit, profile: ProfileInterval | None) -> bool:
+    """A fit whose A is not determined: data before ~2x C_mid, A on a bound, or A's profile
+    interval open on a side."""
+    d = fit.diagnostics
+    is_open = profile is not None and (profile.lo_open or profile.hi_open)
+    return not fit.A_fixed and (not d.identifiable or d.A_at_bound or is_open)
+
+
 def analyze_curve(curve: Curve, opts: FitOptions) -> RunAnalysis:
     """Fit and assess one curve; a ``ValueError`` is re-raised with the run's label and source."""
     max_x = opts.window_end(curve)
@@ -172,6 +185,8 @@ def analyze_curve(curve: Curve, opts: FitOptions) -> RunAnalysis:
                 include=include_mask(curve, opts),
             )
         predictions = _predict(fit, boot, opts.predict_at)
+        advice = (compute_needed(fit, boot, profile, half_width=opts.a_half_width, level=opts.level)
+                  if needs_advice(fit, profile) else None)
     except ValueError as err:
         raise ValueError(f"{curve.label} ({curve.source}): {err}") from None
     return RunAnalysis(
@@ -182,4 +197,5 @@ def analyze_curve(curve: Curve, opts: FitOptions) -> RunAnalysis:
         predictions=predictions,
         held_out=_held_out(fit, boot),
         power_law=power,
+        advice=advice,
     )

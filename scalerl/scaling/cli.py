@@ -14,7 +14,8 @@ from pathlib import Path
 
 from scalerl.model_identity import identity_key
 from scalerl.scaling.analysis import FitOptions, RunAnalysis, analyze_curve
-from scalerl.scaling.compare import compare
+from scalerl.scaling.compare import PAPER_SEED_MARGIN_A, compare
+from scalerl.scaling.compute_needed import DEFAULT_HALF_WIDTH
 from scalerl.scaling.io import DEFAULT_X, DEFAULT_Y, Curve, read_many
 from scalerl.scaling.report import comparison_to_dict, jsonable, render_comparison, render_fit, run_to_dict
 
@@ -30,6 +31,13 @@ def _level(text: str) -> float:
     value = float(text)
     if not 0 < value < 1:
         raise argparse.ArgumentTypeError(f"expected a level in (0, 1), e.g. 0.95; got {text}")
+    return value
+
+
+def _half_width(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a half-width on A in (0, 1), e.g. 0.02; got {text}")
     return value
 
 
@@ -101,6 +109,14 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
     )
     u.add_argument("--seed", type=int, default=0, help="random seed of the bootstrap (default 0)")
     u.add_argument("--level", type=_level, default=0.95, help="interval level (default 0.95)")
+    u.add_argument(
+        "--a-width",
+        type=_half_width,
+        default=DEFAULT_HALF_WIDTH,
+        metavar="W",
+        help="for a fit that does not pin A: say how far the run must go for A's interval to be +-W "
+        f"(default {DEFAULT_HALF_WIDTH}, the paper's seed margin)",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print JSON instead of tables")
     o.add_argument("--plot", metavar="OUT.png", help="write a figure (png, pdf or svg)")
@@ -127,6 +143,7 @@ def _options(
         predict_at=predict_at,
         power_law=power_law,
         max_x_fraction=args.fit_fraction,
+        a_half_width=args.a_width,
     )
 
 
@@ -295,9 +312,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     cmp.add_argument(
         "--margin-a",
         type=float,
-        default=0.0,
+        default=PAPER_SEED_MARGIN_A,
         metavar="M",
-        help="floor of the margin on A (e.g. the paper's 0.02); default 0",
+        help=f"floor of the margin on A (default {PAPER_SEED_MARGIN_A}: the paper's seed-to-seed margin; "
+        "0: only the measured seed spread and bootstrap)",
     )
     cmp.add_argument("--margin-b", type=float, default=0.0, metavar="M", help="floor of the margin on B")
     cmp.add_argument("--fixed-a", type=float, metavar="A", help="A for the fixed-A refit (default: mean A)")

@@ -78,6 +78,7 @@ def run_to_dict(a: RunAnalysis) -> dict[str, object]:
     out["predictions"] = [p.__dict__ for p in a.predictions]
     out["held_out"] = None if a.held_out is None else a.held_out.__dict__
     out["power_law"] = None if a.power_law is None else a.power_law.to_dict()
+    out["compute_needed"] = None if a.advice is None else a.advice.to_dict()
     return jsonable(out)  # type: ignore[return-value]
 
 
@@ -114,6 +115,8 @@ def render_fit(
             parts.extend(_run_details(a))
         else:
             parts.extend(f"  {a.curve.label}: warning: {w}" for w in a.fit.diagnostics.warnings)
+            if a.advice is not None:
+                parts.append(f"  {a.curve.label}: {a.advice.sentence(a.curve.x_name)}")
     return "\n".join(parts)
 
 
@@ -160,6 +163,8 @@ def _run_details(a: RunAnalysis) -> list[str]:
         )
     for w_text in f.diagnostics.warnings:
         lines.append(f"  warning: {w_text}")
+    if a.advice is not None:
+        lines.append(f"  {a.advice.sentence(a.curve.x_name)}")
     if a.boot is not None and a.boot.n_unconverged:
         lines.append(
             f"  note: {a.boot.n_unconverged} of {a.boot.n_requested} bootstrap refits were still "
