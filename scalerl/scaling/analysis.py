@@ -50,6 +50,10 @@ class FitOptions:
         f = self.max_x_fraction
         if f is not None and not 0 < f <= 1:
             raise ValueError(f"--fit-fraction must be in (0, 1], got {f}")
+        if not 0 < self.a_half_width < 1:
+            raise ValueError(
+                f"--a-width (the target half-width on A) must be in (0, 1), got {self.a_half_width}"
+            )
 
     def window_end(self, curve: Curve) -> float | None:
         """The largest x this curve's fit may use (``max_x`` and ``max_x_fraction`` together)."""

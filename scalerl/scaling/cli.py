@@ -34,13 +34,6 @@ def _level(text: str) -> float:
     return value
 
 
-def _half_width(text: str) -> float:
-    value = float(text)
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"expected a half-width on A in (0, 1), e.g. 0.02; got {text}")
-    return value
-
-
 def _add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "paths",
@@ -111,7 +104,7 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
     u.add_argument("--level", type=_level, default=0.95, help="interval level (default 0.95)")
     u.add_argument(
         "--a-width",
-        type=_half_width,
+        type=float,
         default=DEFAULT_HALF_WIDTH,
         metavar="W",
         help="for a fit that does not pin A: say how far the run must go for A's interval to be +-W "

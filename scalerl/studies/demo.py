@@ -200,7 +200,8 @@ def render_result(r: DemoResult, cfg: RunConfig) -> str:
     fc = f.fit_compute
     band = ""
     if p.obs_lo is not None and a.boot is not None:
-        band = f"  {interval(p.obs_lo, p.obs_hi, digits=3)} ({a.boot.level:.0%} band for a new evaluation)"
+        band = (f"  {interval(p.obs_lo, p.obs_hi, digits=3)} ({a.boot.level:.0%} band for a new evaluation, "
+                "drift included)")
     verdict = "within" if abs(r.error) <= PAPER_TOLERANCE else "outside"
     # The step of the last evaluation, not max_steps: --max-time may have stopped the run earlier.
     steps = a.curve.extra.get("step")

@@ -36,6 +36,7 @@ TESTED = {
     "predictive_accuracy.py",
     "simulate_scale.py",
     "bench_scaleout.py",
+    "band_calibration.py",
 }
 
 
@@ -337,3 +338,16 @@ def test_bench_scaleout_quick(cache_dir: Path) -> None:
                                             rel=0.02, abs=0.006)
     m = match(r"^\s*pipeline k=2: 2 engines x({N})\s+4 engines x({N})$", out)
     assert positive(m[2]) == pytest.approx(sps[("pipeline", 4)] / sps[("pipeline", 1)], rel=0.02, abs=0.006)
+
+
+def test_band_calibration_on_the_paper_curves(cache_dir: Path) -> None:
+    """The coverage table: one row per paper curve plus the pooled row, percentages that add up."""
+    out = run_script("band_calibration.py", "--bootstrap", "300", cache_dir=cache_dir, timeout=300)
+    rows = {m.group(1): m for m in re.finditer(
+        r"^(paper 8B dense|paper Scout MoE|pooled)\s+(\d+|-)/(\d+)\s.*?(\d+)%\s+(\d+)%$", out, re.M)}
+    assert set(rows) == {"paper 8B dense", "paper Scout MoE", "pooled"}, out
+    assert int(rows["paper 8B dense"].group(3)) == 10 and int(rows["paper Scout MoE"].group(3)) == 11
+    # The drift band is never narrower than the plain residual band it extends.
+    for m in rows.values():
+        assert int(m.group(4)) >= int(m.group(5)), out
+    assert 80 <= int(rows["pooled"].group(4)) <= 100, out
