@@ -150,11 +150,13 @@ def _held_out(fit: SigmoidFit, boot: Bootstrap | None) -> HeldOut | None:
 
 
 def needs_advice(fit: SigmoidFit, profile: ProfileInterval | None) -> bool:
-    """A fit whose A is not determined: data before ~2x C_mid, A on a bound, or A's profile
-    interval open on a side."""
+    """A rising, sigmoid-shaped fit whose A is not determined: data before ~2x C_mid, A on a bound,
+    or A's profile interval open on a side. (A flat curve or a misfit has no A to pin: more of
+    the same compute would not help, and its warnings say so.)"""
     d = fit.diagnostics
     is_open = profile is not None and (profile.lo_open or profile.hi_open)
-    return not fit.A_fixed and (not d.identifiable or d.A_at_bound or is_open)
+    unpinned = not d.identifiable or d.A_at_bound or is_open
+    return not fit.A_fixed and d.increasing and not d.misfit and unpinned
 
 
 def analyze_curve(curve: Curve, opts: FitOptions) -> RunAnalysis:
