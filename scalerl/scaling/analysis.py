@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scalerl.scaling.compare import extrapolation_caveat
+from scalerl.scaling.compute_needed import DEFAULT_HALF_WIDTH, ComputeAdvice, compute_needed
 from scalerl.scaling.diagnostics import TRUNCATION_THRESHOLD, TruncationFlag, truncation_flag
 from scalerl.scaling.downsample import record_breaking
 from scalerl.scaling.io import Curve, window_mask
@@ -46,6 +47,8 @@ class FitOptions:
     max_x_fraction: float | None = None
     # Flag runs whose training truncation rate passed this (ScaleRL's instability warning).
     truncation_threshold: float = TRUNCATION_THRESHOLD
+    # Target half-width on A for the compute-needed advice (the paper's +-0.02 seed margin).
+    a_half_width: float = DEFAULT_HALF_WIDTH
 
     def __post_init__(self) -> None:
         f = self.max_x_fraction
@@ -53,6 +56,10 @@ class FitOptions:
             raise ValueError(f"--fit-fraction must be in (0, 1], got {f}")
         if not 0 < self.truncation_threshold <= 1:
             raise ValueError(f"--truncation-threshold must be in (0, 1], got {self.truncation_threshold}")
+        if not 0 < self.a_half_width < 1:
+            raise ValueError(
+                f"--a-width (the target half-width on A) must be in (0, 1), got {self.a_half_width}"
+            )
 
     def window_end(self, curve: Curve) -> float | None:
         """The largest x this curve's fit may use (``max_x`` and ``max_x_fraction`` together)."""
@@ -95,6 +102,8 @@ class RunAnalysis:
     held_out: HeldOut | None
     power_law: PowerLawFit | None
     truncation: TruncationFlag | None = None
+    # How much further the run must go to pin A (only for fits that do not pin it: see needs_advice).
+    advice: ComputeAdvice | None = None
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -157,6 +166,16 @@ def _held_out(fit: SigmoidFit, boot: Bootstrap | None) -> HeldOut | None:
     return HeldOut(n=int(after.sum()), mae=float(err.mean()), max_abs=float(err.max()), coverage=coverage)
 
 
+def needs_advice(fit: SigmoidFit, profile: ProfileInterval | None) -> bool:
+    """A rising, sigmoid-shaped fit whose A is not determined: data before ~2x C_mid, A on a bound,
+    or A's profile interval open on a side. (A flat curve or a misfit has no A to pin: more of
+    the same compute would not help, and its warnings say so.)"""
+    d = fit.diagnostics
+    is_open = profile is not None and (profile.lo_open or profile.hi_open)
+    unpinned = not d.identifiable or d.A_at_bound or is_open
+    return not fit.A_fixed and d.increasing and not d.misfit and unpinned
+
+
 def analyze_curve(curve: Curve, opts: FitOptions) -> RunAnalysis:
     """Fit and assess one curve; a ``ValueError`` is re-raised with the run's label and source."""
     max_x = opts.window_end(curve)
@@ -189,6 +208,8 @@ def analyze_curve(curve: Curve, opts: FitOptions) -> RunAnalysis:
                 include=include_mask(curve, opts),
             )
         predictions = _predict(fit, boot, opts.predict_at)
+        advice = (compute_needed(fit, boot, profile, half_width=opts.a_half_width, level=opts.level)
+                  if needs_advice(fit, profile) else None)
     except ValueError as err:
         raise ValueError(f"{curve.label} ({curve.source}): {err}") from None
     return RunAnalysis(
@@ -201,4 +222,5 @@ def analyze_curve(curve: Curve, opts: FitOptions) -> RunAnalysis:
         power_law=power,
         truncation=None if curve.truncation is None else truncation_flag(
             curve.truncation.steps, curve.truncation.rates, opts.truncation_threshold),
+        advice=advice,
     )

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from scalerl.model_identity import identity_key
 from scalerl.scaling.analysis import FitOptions, RunAnalysis, analyze_curve
-from scalerl.scaling.compare import compare
+from scalerl.scaling.compare import PAPER_SEED_MARGIN_A, compare
+from scalerl.scaling.compute_needed import DEFAULT_HALF_WIDTH
 from scalerl.scaling.diagnostics import TRUNCATION_THRESHOLD
 from scalerl.scaling.io import DEFAULT_X, DEFAULT_Y, Curve, read_many
 from scalerl.scaling.report import comparison_to_dict, jsonable, render_comparison, render_fit, run_to_dict
@@ -119,6 +120,14 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
         help=f"flag runs whose training truncation_rate passed F (default {TRUNCATION_THRESHOLD:g}, the "
         "paper's instability warning; 1 = never)",
     )
+    u.add_argument(
+        "--a-width",
+        type=float,
+        default=DEFAULT_HALF_WIDTH,
+        metavar="W",
+        help="for a fit that does not pin A: say how far the run must go for A's interval to be +-W "
+        f"(default {DEFAULT_HALF_WIDTH}, the paper's seed margin)",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print JSON instead of tables")
     o.add_argument("--plot", metavar="OUT.png", help="write a figure (png, pdf or svg)")
@@ -146,6 +155,7 @@ def _options(
         power_law=power_law,
         max_x_fraction=args.fit_fraction,
         truncation_threshold=args.truncation_threshold,
+        a_half_width=args.a_width,
     )
 
 
@@ -314,9 +324,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     cmp.add_argument(
         "--margin-a",
         type=float,
-        default=0.0,
+        default=PAPER_SEED_MARGIN_A,
         metavar="M",
-        help="floor of the margin on A (e.g. the paper's 0.02); default 0",
+        help=f"floor of the margin on A (default {PAPER_SEED_MARGIN_A}: the paper's seed-to-seed margin; "
+        "0: only the measured seed spread and bootstrap)",
     )
     cmp.add_argument("--margin-b", type=float, default=0.0, metavar="M", help="floor of the margin on B")
     cmp.add_argument("--fixed-a", type=float, metavar="A", help="A for the fixed-A refit (default: mean A)")

@@ -42,6 +42,12 @@ from scalerl.scaling.forms import log_compute
 from scalerl.scaling.sigmoid import SigmoidFit, fit_sigmoid
 from scalerl.scaling.uncertainty import Bootstrap, SeedSpread, seed_spread
 
+#: The paper's seed-to-seed margin on A (A.5 / Fig. 8a: about +-0.02 from three seeds of one
+#: recipe). ``scalerl compare`` and the studies use it as the floor of every recipe's margin on A:
+#: a difference smaller than what reseeding alone moves A by is no verdict, even when a recipe has a
+#: single seed (no measured spread) or a few seeds that happened to agree.
+PAPER_SEED_MARGIN_A = 0.02
+
 #: Predictions further than this multiple of a run's largest fitted compute carry a caveat. The
 #: paper's extrapolations (fit to 50k GPU-h, predict 100k) and the demo's (fit the first half)
 #: reach 2x, a little more when the last fitted point falls short of the window's end.

@@ -81,6 +81,7 @@ def run_to_dict(a: RunAnalysis) -> dict[str, object]:
     out["truncation"] = None if a.truncation is None else a.truncation.to_dict()
     out["warnings"] = list(a.warnings)
     out["reliable"] = a.reliable
+    out["compute_needed"] = None if a.advice is None else a.advice.to_dict()
     return jsonable(out)  # type: ignore[return-value]
 
 
@@ -117,6 +118,8 @@ def render_fit(
             parts.extend(_run_details(a))
         else:
             parts.extend(f"  {a.curve.label}: warning: {w}" for w in a.warnings)
+            if a.advice is not None:
+                parts.append(f"  {a.curve.label}: {a.advice.sentence(a.curve.x_name)}")
     return "\n".join(parts)
 
 
@@ -163,6 +166,8 @@ def _run_details(a: RunAnalysis) -> list[str]:
         )
     for w_text in a.warnings:
         lines.append(f"  warning: {w_text}")
+    if a.advice is not None:
+        lines.append(f"  {a.advice.sentence(a.curve.x_name)}")
     if a.boot is not None and a.boot.n_unconverged:
         lines.append(
             f"  note: {a.boot.n_unconverged} of {a.boot.n_requested} bootstrap refits were still "

@@ -12,6 +12,16 @@ seed-to-seed margin.
   (B, C_mid); A is inside the ``level`` interval while ``SSE(A) <= SSE_min (1 + F(level; 1, n-p) /
   (n-p))``. If the profile never crosses that line before A's bound, the interval is open on that
   side -- the honest answer for a curve that stops before saturating.
+* Drift (the observation band beyond the fit window): an RL curve does not scatter independently
+  around its trend; the policy wanders, and a later evaluation's distance from the fitted curve
+  grows with how far beyond the data it lies. The residuals are read as a local-level model
+  (Harvey 1989, sec. 2.3.2): ``e_t = u_t + eps_t`` with a random walk ``u_t = u_{t-1} + eta_t``.
+  Its first differences have ``Var(d) = s_eta^2 + 2 s_eps^2`` and ``Cov(d_t, d_{t-1}) = -s_eps^2``,
+  so ``s_eta^2 = max(Var(d) + 2 Cov, 0)`` (method of moments; 0 for independent residuals, where
+  the band is the plain residual band). A point ``h`` evaluation intervals past the window's end
+  (``h = (C - C_end) / spacing``, the fitted points' mean spacing in compute) gets a further
+  ``N(0, h s_eta^2)`` on top of the replicate curve and the resampled residual. Calibrated in
+  ``benchmarks/band_calibration.py`` (docs/fitting.md).
 * Seed spread (paper A.5 / Fig. 8a): the spread of A and B over runs that differ only by seed;
   the paper reports an A margin of about +-0.02 from three seeds.
 """
@@ -56,6 +66,10 @@ class Bootstrap:
     seed: int
     level: float
     noise: NDArray[np.float64]
+    # Local-level drift: variance added per evaluation interval past the window's end (see above).
+    drift: float = 0.0
+    spacing: float = math.inf
+    fit_end: float = math.inf
 
     def interval(self, name: str, level: float | None = None) -> tuple[float, float]:
         """Percentile interval of parameter ``name`` (``"A"``, ``"B"`` or ``"C_mid"``)."""
@@ -76,13 +90,18 @@ class Bootstrap:
         """Pointwise percentile band of the curve at ``compute``.
 
         ``observation=False``: where the true curve lies (confidence band). ``True``: where a new
-        evaluation would land (prediction band: each replicate curve plus a resampled residual).
+        evaluation would land (prediction band: each replicate curve plus a resampled residual,
+        plus the drift term past the fit window's end).
         """
         q = self.level if level is None else level
-        cur = self.curves(compute)
+        c = np.atleast_1d(np.asarray(compute, dtype=np.float64))
+        cur = self.curves(c)
         if observation:
             rng = np.random.default_rng([self.seed, 1])
             cur = cur + rng.choice(self.noise, size=cur.shape, replace=True)
+            if self.drift > 0:
+                h = np.maximum(c - self.fit_end, 0.0) / self.spacing
+                cur = cur + rng.standard_normal(cur.shape) * np.sqrt(self.drift * h)[None, :]
         lo, hi = np.quantile(cur, [(1 - q) / 2, (1 + q) / 2], axis=0)
         return lo, hi
 
@@ -180,7 +199,29 @@ def bootstrap(
         seed=seed,
         level=level,
         noise=noise,
+        drift=drift_variance(res),
+        spacing=_spacing(fit.fit_compute),
+        fit_end=float(fit.fit_compute.max()),
     )
+
+
+def drift_variance(residuals: NDArray[np.float64]) -> float:
+    """Random-walk variance per evaluation of the local-level model of the residuals (module
+    docstring): ``max(Var(d) + 2 Cov(d_t, d_{t-1}), 0)`` for the first differences ``d``; 0 with
+    fewer than 4 residuals."""
+    d = np.diff(np.asarray(residuals, dtype=np.float64))
+    if d.size < 3:
+        return 0.0
+    g0 = float(np.mean(d * d))
+    g1 = float(np.mean(d[1:] * d[:-1]))
+    return max(g0 + 2.0 * min(g1, 0.0), 0.0)
+
+
+def _spacing(compute: NDArray[np.float64]) -> float:
+    """Mean spacing of the fitted points in compute (inf for a single point)."""
+    if compute.size < 2:
+        return math.inf
+    return float(compute.max() - compute.min()) / (compute.size - 1)
 
 
 @dataclass(frozen=True, eq=False)
@@ -209,6 +250,14 @@ class ProfileInterval:
 
 def _profile_sse(fit: SigmoidFit, A_values: NDArray[np.float64]) -> NDArray[np.float64]:
     """Minimum SSE over (B, C_mid) for each fixed A (two starts each: coarse grid and the optimum)."""
+    return profile_curves(fit, A_values)[0]
+
+
+def profile_curves(
+    fit: SigmoidFit, A_values: NDArray[np.float64]
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """For each fixed A: the minimum SSE over (B, C_mid) and the ``(A, B, C_mid)`` that reach it
+    (two starts each: the coarse grid's best cell and the point fit's optimum)."""
     x = np.log(fit.fit_compute)
     y = fit.fit_reward
     # Starting points only (the refinement below is exact), so a coarser C_mid grid will do.
@@ -228,7 +277,10 @@ def _profile_sse(fit: SigmoidFit, A_values: NDArray[np.float64]) -> NDArray[np.f
     out = levenberg_marquardt(
         x, y, fit.R0, theta0, lower, upper, free=(False, True, True), max_iter=150, ftol=1e-10, xtol=1e-8
     )
-    return np.minimum(out.sse[:k], out.sse[k:])
+    second = out.sse[k:] < out.sse[:k]
+    theta = np.where(second[:, None], out.theta[k:], out.theta[:k])
+    curves = np.column_stack([A_values, np.exp(theta[:, 1]), np.exp(theta[:, 2])])
+    return np.minimum(out.sse[:k], out.sse[k:]), curves
 
 
 def _crossing(a0: float, s0: float, a1: float, s1: float, level: float) -> float:

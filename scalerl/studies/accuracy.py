@@ -40,7 +40,7 @@ from scalerl.studies.demo import load_settings
 from scalerl.studies.fitting import FitSettings, RunFit, StudyFits, analyze_study, fit_run
 from scalerl.studies.report import markdown_table, per_run_text, write_plot
 from scalerl.studies.runs import RunOutcome, RunSpec
-from scalerl.studies.study import check_overrides, make_spec, run_and_fit, shared_model, with_model
+from scalerl.studies.study import check_overrides, make_spec, run_and_fit, run_name, shared_model, with_model
 
 DEFAULT_RECIPES: tuple[str, ...] = ("scalerl", "deepseek_grpo", "qwen_dapo", "dr_grpo", "gspo", "base")
 PAPER_TOLERANCE = 0.02
@@ -64,7 +64,11 @@ def recipe_config(recipe: str, overrides: Sequence[str], max_steps: int | None) 
 
 
 def plan_accuracy(recipes: Sequence[str], runs_dir: Path, overrides: Sequence[str],
-                  max_steps: int | None) -> list[RunSpec]:
+                  max_steps: int | None, seeds: int = 1) -> list[RunSpec]:
+    """One run per recipe, or `seeds` runs per recipe (`RECIPE-seedI`, the RL randomness moved as in
+    `scalerl ablate --seeds`: same warm start and evaluation draws, other rollouts and data order)."""
+    if seeds < 1:
+        raise ValueError(f"--seeds: must be >= 1, got {seeds}")
     if not recipes:
         raise ValueError("--recipes: no recipe given")
     dupes = sorted({r for r in recipes if list(recipes).count(r) > 1})
@@ -74,9 +78,41 @@ def plan_accuracy(recipes: Sequence[str], runs_dir: Path, overrides: Sequence[st
     specs = []
     for recipe in recipes:
         cfg = recipe_config(recipe, overrides, max_steps)
-        specs.append(make_spec(cfg, name=recipe, group=recipe, run_dir=runs_dir / recipe,
-                               description=f"recipe {recipe}"))
+        for i in range(seeds):
+            name = run_name(recipe, i, seeds)
+            specs.append(make_spec(cfg, name=name, group=recipe, run_dir=runs_dir / name,
+                                   description=f"recipe {recipe}", seed_index=i))
     return specs
+
+
+def seed_spread_rows(fits: Sequence[RunFit]) -> list[dict[str, Any]]:
+    """Per recipe with several fitted seeds: the spread of the final-point error and of A and B
+    (margin = the largest deviation of a seed from the mean; the paper's is about +-0.02 on A)."""
+    out = []
+    for group in dict.fromkeys(f.group for f in fits):
+        members = [f for f in fits if f.group == group and f.analysis is not None and f.extrapolates]
+        if len(members) < 2:
+            continue
+        err = np.array([f.predicted_final - f.observed_final for f in members])  # type: ignore[operator]
+        A = np.array([f.analysis.fit.A for f in members])  # type: ignore[union-attr]
+        B = np.array([f.analysis.fit.B for f in members])  # type: ignore[union-attr]
+        out.append({"recipe": group, "n": len(members), "error_mean": float(err.mean()),
+                    "error_margin": float(np.max(np.abs(err - err.mean()))),
+                    "max_abs_error": float(np.max(np.abs(err))),
+                    "within_tolerance": int(np.sum(np.abs(err) <= PAPER_TOLERANCE + 1e-9)),
+                    "A_mean": float(A.mean()), "A_margin": float(np.max(np.abs(A - A.mean()))),
+                    "B_mean": float(B.mean()), "B_margin": float(np.max(np.abs(B - B.mean())))})
+    return out
+
+
+SPREAD_HEADER = ["recipe", "seeds", "error (mean +- margin)", "max abs error", "within +-0.02", "A", "B"]
+
+
+def spread_table_rows(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
+    return [[r["recipe"], str(r["n"]), f"{r['error_mean']:+.3f} +-{r['error_margin']:.3f}",
+             f"{r['max_abs_error']:.3f}", f"{r['within_tolerance']} of {r['n']}",
+             f"{r['A_mean']:.3f} +-{r['A_margin']:.3f}", f"{r['B_mean']:.3f} +-{r['B_margin']:.3f}"]
+            for r in rows]
 
 
 def accuracy_rows(fits: Sequence[RunFit]) -> list[list[str]]:
@@ -142,6 +178,10 @@ def render_markdown(fits: Sequence[RunFit], settings: FitSettings, outcomes: Seq
     ]
     if plot is not None:
         lines += ["", f"![fits]({plot.name})"]
+    spread = seed_spread_rows(fits)
+    if spread:
+        lines += ["", "Over seeds (margin: the largest deviation of a seed from the mean):", "",
+                  markdown_table(SPREAD_HEADER, spread_table_rows(spread))]
     lines += ["", "```", per_run_text(study, settings), "```"]
     if failed:
         lines += ["", "Failed runs:", ""] + [f"- `{o.name}`: {o.error}" for o in failed]
@@ -155,6 +195,7 @@ def run_accuracy(
     runs_dir: Path | None = None,
     overrides: Sequence[str] = (),
     max_steps: int | None = None,
+    seeds: int = 1,
     settings: FitSettings | None = None,
     train: bool = True,
     device: str | None = None,
@@ -166,7 +207,7 @@ def run_accuracy(
     stream = out or sys.stdout
     settings = settings or FitSettings(x="flops")
     runs = runs_dir or output_dir / "runs"
-    specs = plan_accuracy(recipes, runs, overrides, max_steps)
+    specs = plan_accuracy(recipes, runs, overrides, max_steps, seeds)
     outcomes: list[RunOutcome] | None = None
     if train:
         specs = with_model(specs, shared_model(recipe_config(WARM_START_RECIPE, overrides, max_steps)))
@@ -189,9 +230,12 @@ def run_accuracy(
         "fit": settings.to_dict(),
         "tolerance": PAPER_TOLERANCE,
         "overall": stats,
+        "seeds": seeds,
+        "seed_spread": seed_spread_rows(fits),
         "runs": [
             {
-                "recipe": f.name,
+                "recipe": f.group,
+                "run": f.name,
                 "run_dir": str(f.run_dir),
                 "status": None if outcomes is None else next(o.status for o in outcomes if o.name == f.name),
                 "error": f.error,
@@ -210,6 +254,9 @@ def run_accuracy(
     }))
     from scalerl.scaling.report import table
 
+    spread = seed_spread_rows(fits)
+    if spread:
+        stream.write(table(SPREAD_HEADER, spread_table_rows(spread)) + "\n\n")
     stream.write(table(ACCURACY_HEADER, accuracy_rows(fits)) + "\n\n" + overall_line(stats)
                  + f"\n\nwritten to {output_dir / TABLE_FILE}, {output_dir / SUMMARY_FILE}"
                  + (f", {plot}" if plot is not None else "") + "\n")
@@ -227,6 +274,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--recipes", default=",".join(DEFAULT_RECIPES), metavar="A,B",
                    help=f"recipes to measure (default {','.join(DEFAULT_RECIPES)})")
     p.add_argument("--max-steps", type=int, metavar="N", help="steps per run (default: the demo's)")
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="runs per recipe (RECIPE-seedI), with the spread of the error and of A and B")
     p.add_argument("--output-dir", default="runs/predictive-accuracy", metavar="DIR")
     p.add_argument("--runs-dir", metavar="DIR", help="where the runs live (default OUTPUT_DIR/runs)")
     p.add_argument("--no-train", action="store_true",
@@ -253,7 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_accuracy(
             recipes, output_dir=Path(args.output_dir),
             runs_dir=Path(args.runs_dir) if args.runs_dir else None, overrides=args.overrides,
-            max_steps=args.max_steps, settings=settings, train=not args.no_train, device=args.device,
+            max_steps=args.max_steps, seeds=args.seeds, settings=settings, train=not args.no_train,
+            device=args.device,
             command=command,
         )
     except (ValueError, FileNotFoundError) as err:

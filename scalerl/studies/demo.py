@@ -20,6 +20,7 @@ anything else).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import shutil
 import sys
@@ -199,7 +200,8 @@ def render_result(r: DemoResult, cfg: RunConfig) -> str:
     fc = f.fit_compute
     band = ""
     if p.obs_lo is not None and a.boot is not None:
-        band = f"  {interval(p.obs_lo, p.obs_hi, digits=3)} ({a.boot.level:.0%} band for a new evaluation)"
+        band = (f"  {interval(p.obs_lo, p.obs_hi, digits=3)} ({a.boot.level:.0%} band for a new evaluation, "
+                "drift included)")
     verdict = "within" if abs(r.error) <= PAPER_TOLERANCE else "outside"
     # The step of the last evaluation, not max_steps: --max-time may have stopped the run earlier.
     steps = a.curve.extra.get("step")
@@ -221,6 +223,8 @@ def render_result(r: DemoResult, cfg: RunConfig) -> str:
     status = "ok" if f.diagnostics.reliable else "FLAGGED"
     lines.append(f"fit status: {status}")
     lines += [f"  warning: {w}" for w in f.diagnostics.warnings]
+    if a.advice is not None:
+        lines.append(f"  {a.advice.sentence(a.curve.x_name)}")
     return "\n".join(lines)
 
 
@@ -315,6 +319,110 @@ def run_demo(
     return 0
 
 
+SEEDS_FILE = "seeds.json"
+SEEDS_REPORT = "seeds.md"
+
+
+@dataclass(frozen=True)
+class SeedRow:
+    """One seed's demo, read back from its `summary.json`."""
+
+    seed: int
+    predicted: float
+    observed: float
+    A: float
+    B: float
+    C_mid: float
+    reliable: bool
+    held_out_mae: float | None
+
+    @property
+    def error(self) -> float:
+        return self.predicted - self.observed
+
+
+def seed_row(summary: dict[str, Any]) -> SeedRow:
+    fit, final = summary["fit"], summary["final"]
+    held = fit.get("held_out") or {}
+    return SeedRow(seed=int(summary["seed"]), predicted=float(final["predicted"]),
+                   observed=float(final["observed"]), A=float(fit["A"]), B=float(fit["B"]),
+                   C_mid=float(fit["C_mid"]), reliable=bool(fit["diagnostics"]["reliable"]),
+                   held_out_mae=held.get("mae"))
+
+
+def seed_spread_summary(rows: list[SeedRow]) -> dict[str, Any]:
+    """Spread over seeds of the final-point error and of A and B (margin: the largest deviation
+    of a seed from the mean, the paper's "+-0.02 on A from 3 seeds", A.5)."""
+    err = [r.error for r in rows]
+
+    def spread(values: list[float]) -> dict[str, float | None]:
+        mean = sum(values) / len(values)
+        margin = max(abs(v - mean) for v in values) if len(values) > 1 else None
+        return {"mean": mean, "margin": margin, "min": min(values), "max": max(values)}
+
+    return {
+        "n_seeds": len(rows),
+        "error": spread(err),
+        "mean_abs_error": sum(abs(e) for e in err) / len(err),
+        "max_abs_error": max(abs(e) for e in err),
+        # (1e-9: an error printed as 0.020 counts as within +-0.02, whatever its last bits say)
+        "within_0.02": sum(abs(e) <= PAPER_TOLERANCE + 1e-9 for e in err),
+        "within_0.03": sum(abs(e) <= 0.03 + 1e-9 for e in err),
+        "flagged": sum(not r.reliable for r in rows),
+        "A": spread([r.A for r in rows]),
+        "B": spread([r.B for r in rows]),
+    }
+
+
+def render_seeds(rows: list[SeedRow], stats: dict[str, Any]) -> str:
+    from scalerl.scaling.report import table
+
+    body = [[str(r.seed), f"{r.predicted:.3f}", f"{r.observed:.3f}", f"{r.error:+.3f}",
+             "-" if r.held_out_mae is None else f"{r.held_out_mae:.3f}", num(r.A), num(r.B, 3),
+             num(r.C_mid, 3), "ok" if r.reliable else "FLAGGED"] for r in rows]
+    n = stats["n_seeds"]
+    a, b = stats["A"], stats["B"]
+    margin = "" if a["margin"] is None else f" +-{a['margin']:.3f}"
+    bmargin = "" if b["margin"] is None else f" +-{b['margin']:.3f}"
+    return "\n".join([
+        table(["seed", "predicted", "observed", "error", "MAE later", "A", "B", "C_mid", "fit"], body),
+        "",
+        f"{n} seed(s): final-point error {stats['error']['min']:+.3f} to {stats['error']['max']:+.3f} "
+        f"(mean abs {stats['mean_abs_error']:.3f}); within +-{PAPER_TOLERANCE} on {stats['within_0.02']} "
+        f"of {n}, "
+        f"within +-0.03 on {stats['within_0.03']} of {n}; {stats['flagged']} flagged fit(s)",
+        f"A = {a['mean']:.3f}{margin}, B = {b['mean']:.3f}{bmargin} over the seeds (margin: the largest "
+        "deviation of a seed from the mean; the paper's is about +-0.02 on A from 3 seeds)",
+    ])
+
+
+def run_seeds(*, n_seeds: int, output_dir: str | Path = "runs/demo", seed: int | None = None,
+              out: Any = None, **kwargs: Any) -> int:
+    """`scalerl demo --seeds N`: the demo on N consecutive seeds (each in `OUTPUT_DIR/seed-S`), then
+    the spread of the prediction error and of A and B over them."""
+    if n_seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {n_seeds}")
+    stream = out or sys.stdout
+    root = Path(output_dir)
+    first = load_settings(kwargs.get("settings_path")).settings.seed if seed is None else seed
+    prepare_output_dir(root)
+    write_json_atomic(root / MARKER_FILE, {"kind": "scalerl demo --seeds", "seeds": n_seeds, "first": first})
+    rows = []
+    for s in range(first, first + n_seeds):
+        stream.write(f"\n=== seed {s} ({s - first + 1} of {n_seeds}) ===\n")
+        code = run_demo(output_dir=root / f"seed-{s}", seed=s, out=stream, **kwargs)
+        if code:
+            return code
+        rows.append(seed_row(json.loads((root / f"seed-{s}" / SUMMARY_FILE).read_text())))
+    stats = seed_spread_summary(rows)
+    text = render_seeds(rows, stats)
+    write_json_atomic(root / SEEDS_FILE, jsonable({"seeds": [r.__dict__ | {"error": r.error} for r in rows],
+                                                   "spread": stats}))
+    write_atomic(root / SEEDS_REPORT, "# scalerl demo over seeds\n\n```\n" + text + "\n```\n")
+    stream.write(f"\n=== {n_seeds} seed(s) ===\n{text}\n\nreport: {root / SEEDS_REPORT}\n")
+    return 0
+
+
 def _positive(text: str) -> float:
     value = float(text)
     if not (math.isfinite(value) and value > 0):
@@ -332,6 +440,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (max_steps=300)")
     p.add_argument("--output-dir", default="runs/demo", metavar="DIR", help="default runs/demo")
     p.add_argument("--seed", type=int, help="seed of the run (default: the settings file's, 0)")
+    p.add_argument("--seeds", type=int, metavar="N",
+                   help="run the demo on N seeds from --seed on (OUTPUT_DIR/seed-S each) and report the "
+                   "spread of the prediction error and of A and B")
     p.add_argument("--quick", action="store_true",
                    help="a smoke test: a few steps, just enough points to fit")
     p.add_argument("--max-time", "--max-time-s", dest="max_time", type=_positive, metavar="S",
@@ -342,8 +453,13 @@ def register(subparsers: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.seeds is not None:
+        return run_seeds(n_seeds=args.seeds, settings_path=args.settings, output_dir=args.output_dir,
+                         quick=args.quick, seed=args.seed, max_time_s=args.max_time,
+                         overrides=args.overrides, device=args.device)
     return run_demo(settings_path=args.settings, output_dir=args.output_dir, quick=args.quick, seed=args.seed,
                     max_time_s=args.max_time, overrides=args.overrides, device=args.device)
 
 
-__all__ = ["DemoSettings", "demo_config", "fit_demo", "load_settings", "register", "run_demo"]
+__all__ = ["DemoSettings", "SeedRow", "demo_config", "fit_demo", "load_settings", "register", "run_demo",
+           "run_seeds", "seed_row", "seed_spread_summary"]

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from scalerl.scaling.analysis import FitOptions, RunAnalysis, analyze_curve
-from scalerl.scaling.compare import Comparison, compare, fixed_A_refit
+from scalerl.scaling.compare import PAPER_SEED_MARGIN_A, Comparison, compare, fixed_A_refit
 from scalerl.scaling.io import Curve, read_run_dir
 from scalerl.scaling.uncertainty import Bootstrap, bootstrap
 
@@ -207,6 +207,7 @@ def analyze_study(fits: Sequence[RunFit], settings: FitSettings, order: Sequence
         {label: a.fit for label, a in by_label.items()},
         {label: a.boot for label, a in by_label.items() if a.boot is not None},
         group_seeds=True,
+        margin_A=PAPER_SEED_MARGIN_A,  # the paper's seed margin: the floor of every verdict on A
         recipes={f.name: f.group for f in ok},
         refit_fixed_A=False,
         seed=settings.seed,

@@ -72,7 +72,8 @@ def legend_text(fits: StudyFits, settings: FitSettings) -> str:
     parts = [
         f"{MODEL}; x = {x}, y = {y}; {settings.describe()}.",
         f"A, B, C_mid: each variant's fit (mean over its seeds; [{level} bootstrap interval], pooled over "
-        "seeds; +- the margin: max(seed-to-seed spread, bootstrap half-width) when it has several seeds).",
+        "seeds; +- the margin: max(seed-to-seed spread, bootstrap half-width, the paper's +-0.02 seed margin "
+        "on A) when it has several seeds).",
     ]
     if fits.fixed_A is not None:
         parts.append(f"B @ A={fits.fixed_A:.3g}: every run refitted with A fixed to the mean A of all runs "

@@ -37,6 +37,7 @@ TESTED = {
     "simulate_scale.py",
     "bench_scaleout.py",
     "hostile_corpus.py",
+    "band_calibration.py",
 }
 
 
@@ -354,3 +355,14 @@ def test_hostile_corpus_subset(cache_dir: Path) -> None:
     assert (int(m[1]), int(m[2]), int(m[3])) == (3, 0, 0)
     listing = run_script("hostile_corpus.py", "--list", cache_dir=cache_dir, timeout=60)
     assert len(listing.strip().splitlines()) >= 30
+def test_band_calibration_on_the_paper_curves(cache_dir: Path) -> None:
+    """The coverage table: one row per paper curve plus the pooled row, percentages that add up."""
+    out = run_script("band_calibration.py", "--bootstrap", "300", cache_dir=cache_dir, timeout=300)
+    rows = {m.group(1): m for m in re.finditer(
+        r"^(paper 8B dense|paper Scout MoE|pooled)\s+(\d+|-)/(\d+)\s.*?(\d+)%\s+(\d+)%$", out, re.M)}
+    assert set(rows) == {"paper 8B dense", "paper Scout MoE", "pooled"}, out
+    assert int(rows["paper 8B dense"].group(3)) == 10 and int(rows["paper Scout MoE"].group(3)) == 11
+    # The drift band is never narrower than the plain residual band it extends.
+    for m in rows.values():
+        assert int(m.group(4)) >= int(m.group(5)), out
+    assert 80 <= int(rows["pooled"].group(4)) <= 100, out

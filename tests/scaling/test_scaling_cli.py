@@ -216,3 +216,45 @@ def test_console_script_runs(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert abs(json.loads(proc.stdout)["runs"][0]["A"] - 0.645) <= 0.01
+
+
+def test_fit_says_how_much_more_compute_an_unpinned_fit_needs(
+    tmp_path: Path, run_writer: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Data to 0.6x C_mid: `fit` and `compare` print the advice, JSON carries it, --a-width moves it."""
+    rng = np.random.default_rng(5)
+    c = np.linspace(0, 6000, 13)
+    y = sigmoid_reward(c, 0.7, 1.5, 10000, 0.2) + rng.normal(0, 0.01, c.size)
+    path = str(run_writer(tmp_path, "short", c, y))
+    code, out, err = run(["fit", path, "--bootstrap", "200"], capsys)
+    assert code == 0, err
+    assert "compute needed: to pin A to +-0.02 (95%)" in out
+    code, out, err = run(["fit", path, "--bootstrap", "200", "--json", "--a-width", "0.05"], capsys)
+    assert code == 0, err
+    loose = json.loads(out)["runs"][0]["compute_needed"]
+    code, out, err = run(["fit", path, "--bootstrap", "200", "--json"], capsys)
+    tight = json.loads(out)["runs"][0]["compute_needed"]
+    assert loose["half_width"] == 0.05 and tight["half_width"] == 0.02
+    assert loose["needed"] is not None and (tight["needed"] is None or tight["needed"] > loose["needed"])
+    code, out, err = run(["compare", path, "--bootstrap", "200"], capsys)
+    assert code == 0 and "short: compute needed:" in out, err
+    code, out, err = run(["fit", path, "--a-width", "0"], capsys)
+    assert code == 2 and "--a-width (the target half-width on A) must be in (0, 1)" in err
+
+
+def test_compare_uses_the_paper_seed_margin_as_floor(
+    tmp_path: Path, run_writer: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two well-determined single-seed runs 0.015 apart in A: within the default +-0.02 margin,
+    a difference with --margin-a 0."""
+    c = np.linspace(0, 200000, 81)
+    paths = [str(run_writer(tmp_path, name, c, sigmoid_reward(c, A, 1.5, 5000, 0.3)
+                            + 0.0005 * np.sin(np.arange(c.size))))
+             for name, A in (("one", 0.650), ("two", 0.635))]
+    code, out, err = run(["compare", *paths, "--bootstrap", "100", "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert all(r["A_margin"] >= 0.02 for r in data["recipes"])
+    assert data["pairs"][0]["A_verdict"] == "within_margin"
+    code, out, err = run(["compare", *paths, "--bootstrap", "100", "--json", "--margin-a", "0"], capsys)
+    assert json.loads(out)["pairs"][0]["A_verdict"] == "a_higher"

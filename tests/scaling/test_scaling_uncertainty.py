@@ -133,3 +133,35 @@ def test_seed_spread_by_hand(synthetic: SyntheticCurve) -> None:
     assert one.n_seeds == 1 and np.isnan(one.A_margin) and one.to_dict()["A_margin"] is None
     with pytest.raises(ValueError):
         seed_spread([])
+
+
+def test_drift_variance_closed_forms() -> None:
+    """Local-level model: ~0 for independent residuals, s_eta^2 for a random walk plus noise."""
+    from scalerl.scaling.uncertainty import drift_variance
+
+    rng = np.random.default_rng(0)
+    iid = rng.normal(0.0, 0.01, 20000)
+    assert drift_variance(iid) < 0.02 * 1e-4  # s_eps^2 = 1e-4, s_eta^2 = 0
+    walk = np.cumsum(rng.normal(0.0, 0.005, 20000)) + rng.normal(0.0, 0.003, 20000)
+    assert drift_variance(walk) == pytest.approx(0.005**2, rel=0.15)
+    assert drift_variance(np.array([0.1, 0.2, 0.3])) == 0.0
+
+
+def test_the_observation_band_widens_past_the_window_with_drift(synthetic: SyntheticCurve) -> None:
+    """A curve whose residuals wander (a random walk on top of the sigmoid): the observation band
+    grows with the distance past the fit window, and the plain one (drift = 0) does not."""
+    from dataclasses import replace
+
+    c, y = synthetic(A=0.62, B=1.8, C_mid=5000, c_max=40000, n=40, noise=0.002, seed=3)
+    y = y + np.cumsum(np.random.default_rng(3).normal(0.0, 0.003, c.size))
+    fit = fit_sigmoid(c, y, r0=0.4, max_compute=20000)
+    boot = bootstrap(fit, n_boot=300, seed=0, level=0.9)
+    assert boot.drift > 0 and boot.fit_end == pytest.approx(float(fit.fit_compute.max()))
+    at = np.array([fit.fit_compute.max(), 30000.0, 40000.0])
+    lo, hi = boot.band(at, observation=True)
+    plo, phi = replace(boot, drift=0.0).band(at, observation=True)
+    width, plain = hi - lo, phi - plo
+    assert width[0] == pytest.approx(plain[0], rel=0.05)  # no drift at the window's end itself
+    assert width[1] > 1.3 * plain[1] and width[2] > width[1]
+    clo, chi = boot.band(at)  # the confidence band of the curve does not carry the drift
+    np.testing.assert_array_equal((clo, chi), replace(boot, drift=0.0).band(at))

@@ -116,3 +116,31 @@ def test_every_recipe_starts_from_the_demo_recipes_warm_start_whatever_the_order
     (cfg,) = asked
     assert cfg.recipe == accuracy.WARM_START_RECIPE == "scalerl" and cfg.model.fp32_lm_head is True
     assert seen == {"dr_grpo": "warm/start", "scalerl": "warm/start"}
+
+
+def test_seeds_report_the_spread_of_the_error_and_of_A_and_B(tmp_path: Path) -> None:
+    """3 seeds per recipe (RECIPE-seedI, the RL seeds moved): the spread table matches the per-run
+    numbers it summarizes."""
+    specs = plan_accuracy(["scalerl", "gspo"], tmp_path / "runs", [], None, seeds=3)
+    assert [s.name for s in specs] == [f"{r}-seed{i}" for r in ("scalerl", "gspo") for i in range(3)]
+    assert len({s.config.generation.seed for s in specs}) == 3 and len({s.config.seed for s in specs}) == 1
+    out = io.StringIO()
+    curves = {"scalerl": (0.62, 1.6, 40.0), "gspo": (0.5, 1.2, 30.0)}
+    code = run_accuracy(["scalerl", "gspo"], output_dir=tmp_path, settings=SETTINGS, seeds=3,
+                        train_fn=FakeTrain(lambda cfg: curves[cfg.recipe], noise=0.01), out=out,
+                        overrides=["model.name_or_path=some/model"], command="test")
+    assert code == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["seeds"] == 3 and [r["recipe"] for r in summary["seed_spread"]] == ["scalerl", "gspo"]
+    for row in summary["seed_spread"]:
+        runs = [r for r in summary["runs"] if r["recipe"] == row["recipe"]]
+        err = [r["predicted"] - r["observed"] for r in runs]
+        A = [r["fit"]["A"] for r in runs]
+        mean = sum(A) / 3
+        assert row["n"] == 3 and row["error_mean"] == pytest.approx(sum(err) / 3)
+        assert row["A_margin"] == pytest.approx(max(abs(a - mean) for a in A))
+        assert row["max_abs_error"] == pytest.approx(max(abs(e) for e in err))
+    assert "error (mean +- margin)" in out.getvalue()
+    assert "Over seeds" in (tmp_path / "accuracy.md").read_text()
+    with pytest.raises(ValueError, match="--seeds: must be >= 1"):
+        plan_accuracy(["gspo"], tmp_path, [], None, seeds=0)

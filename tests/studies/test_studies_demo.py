@@ -131,3 +131,59 @@ def test_the_command_line_passes_its_options(monkeypatch: pytest.MonkeyPatch) ->
     assert seen["overrides"] == ["max_steps=5"] and seen["output_dir"] == "runs/demo"
     with pytest.raises(SystemExit):
         parser.parse_args(["demo", "--max-time", "-1"])
+
+
+def _summary(seed: int, predicted: float, observed: float, A: float, B: float, reliable: bool) -> dict:
+    return {"seed": seed, "final": {"predicted": predicted, "observed": observed},
+            "fit": {"A": A, "B": B, "C_mid": 1e12, "diagnostics": {"reliable": reliable},
+                    "held_out": {"mae": 0.01}}}
+
+
+def test_seed_spread_closed_form() -> None:
+    rows = [demo.seed_row(_summary(s, p, o, a, 1.0 + 0.1 * s, ok)) for s, (p, o, a, ok) in
+            enumerate([(0.60, 0.59, 0.70, True), (0.62, 0.64, 0.72, True), (0.55, 0.60, 0.66, False)])]
+    stats = demo.seed_spread_summary(rows)
+    assert stats["n_seeds"] == 3 and stats["flagged"] == 1
+    assert stats["error"]["min"] == pytest.approx(-0.05) and stats["error"]["max"] == pytest.approx(0.01)
+    assert stats["mean_abs_error"] == pytest.approx((0.01 + 0.02 + 0.05) / 3)
+    assert stats["within_0.02"] == 2 and stats["within_0.03"] == 2
+    assert stats["A"]["mean"] == pytest.approx(0.69333333)
+    assert stats["A"]["margin"] == pytest.approx(0.03333333)
+    assert stats["B"]["margin"] == pytest.approx(0.1)
+    text = demo.render_seeds(rows, stats)
+    assert "within +-0.02 on 2 of 3" in text and "FLAGGED" in text and "A = 0.693 +-0.033" in text
+
+
+def test_seeds_runs_each_seed_in_its_own_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, Path]] = []
+
+    def fake_demo(*, output_dir: Path, seed: int, out: io.StringIO, **kw: object) -> int:
+        calls.append((seed, Path(output_dir)))
+        Path(output_dir).mkdir(parents=True)
+        (Path(output_dir) / "summary.json").write_text(json.dumps(_summary(seed, 0.6, 0.6 - 0.01 * seed,
+                                                                           0.7, 1.0, True)))
+        return 0
+
+    monkeypatch.setattr(demo, "run_demo", fake_demo)
+    out = io.StringIO()
+    assert demo.run_seeds(n_seeds=3, output_dir=tmp_path / "seeds", seed=2, out=out) == 0
+    assert [s for s, _ in calls] == [2, 3, 4] and calls[0][1] == tmp_path / "seeds" / "seed-2"
+    saved = json.loads((tmp_path / "seeds" / "seeds.json").read_text())
+    assert [r["seed"] for r in saved["seeds"]] == [2, 3, 4]
+    assert saved["spread"]["max_abs_error"] == pytest.approx(0.04)
+    assert "3 seed(s)" in out.getvalue() and (tmp_path / "seeds" / "seeds.md").is_file()
+    # A rerun replaces the whole set (the top directory carries the demo marker).
+    assert demo.run_seeds(n_seeds=1, output_dir=tmp_path / "seeds", seed=0, out=io.StringIO()) == 0
+    assert sorted(p.name for p in (tmp_path / "seeds").iterdir()) == [MARKER_FILE, "seed-0", "seeds.json",
+                                                                       "seeds.md"]
+    with pytest.raises(ValueError, match="--seeds must be >= 1"):
+        demo.run_seeds(n_seeds=0, output_dir=tmp_path / "x")
+
+
+def test_the_command_line_passes_seeds(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(demo, "run_seeds", lambda **kw: seen.update(kw) or 0)
+    parser = argparse.ArgumentParser(prog="scalerl")
+    demo.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["demo", "--seeds", "5", "--seed", "1"])
+    assert args.func(args) == 0 and seen["n_seeds"] == 5 and seen["seed"] == 1
