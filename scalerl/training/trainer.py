@@ -559,9 +559,11 @@ class Trainer:
         self.noop_steps = int(state.get("noop_steps", 0))
 
     def save(
-        self, run_dir: str | Path, step: int, extra: Mapping[str, Any] | None = None, keep: int | None = None
+        self, run_dir: str | Path, step: int, extra: Mapping[str, Any] | None = None, keep: int | None = None,
+        files: Mapping[str, Any] | None = None,
     ) -> Path:
-        """Checkpoint the policy, optimizer, schedule, RNG, trainer counters and the caller's `extra`."""
+        """Checkpoint the policy, optimizer, schedule, RNG, trainer counters and the caller's `extra`
+        (JSON) and `files` (name -> object for `torch.save`)."""
         return save_checkpoint(
             run_dir,
             step,
@@ -572,6 +574,7 @@ class Trainer:
             trainer_state=self.state_dict(),
             extra=extra,
             keep=keep,
+            files=files,
         )
 
     def load(self, path: str | Path, restore_rng: bool = True) -> CheckpointState:
