@@ -50,12 +50,14 @@ def _run_config(run_dir: Path) -> RunConfig:
 
 def resolve_source(spec: str) -> EvalSource:
     """A run dir (its latest checkpoint), a checkpoint in a run, a model dir, or a hub name."""
-    from scalerl.training.checkpoint import latest_checkpoint
+    from scalerl.training.checkpoint import latest_valid_checkpoint
 
     path = Path(spec).expanduser()
     if path.is_dir():
         if (path / RUN_CONFIG).is_file() and not (path / "config.json").is_file():
-            ckpt = latest_checkpoint(path)
+            # The newest checkpoint that verifies; a corrupt newer one is named and left in place.
+            ckpt = latest_valid_checkpoint(path, quarantine=False,
+                                           warn=lambda m: print(f"eval: warning: {m}", file=sys.stderr))
             if ckpt is None:
                 raise FileNotFoundError(
                     f"{path}: a run directory without a checkpoint under {path / 'checkpoints'} "

@@ -327,7 +327,7 @@ class Driver:
         try:
             self.batches.start()
             at_start = cfg.eval.at_start and self.step == 0 and self.evaluated_at != 0
-            if at_start and self.c.evaluator is not None:
+            if at_start and self.c.evaluator is not None and self._stop_reason() is None:
                 result.last_eval, self.evaluated_at = self._evaluate(), 0
             while self.step < cfg.max_steps:
                 reason = self._stop_reason()

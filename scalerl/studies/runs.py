@@ -217,14 +217,16 @@ def execute_runs(
 def _execute_one(
     spec: RunSpec, head: str, train: TrainFn, device: str | None, say: Callable[[str], None]
 ) -> RunOutcome:
-    from scalerl.training.checkpoint import latest_checkpoint
+    from scalerl.training.checkpoint import latest_valid_checkpoint
 
     run_dir = spec.run_dir
     state = run_state(run_dir)
     if state == "completed":
         say(f"{head}: already completed in {run_dir}, skipped")
         return RunOutcome(spec.name, spec.group, run_dir, "completed", "skipped", 0.0)
-    resume = latest_checkpoint(run_dir) if state == "partial" else None
+    resume = None
+    if state == "partial":
+        resume = latest_valid_checkpoint(run_dir, warn=lambda m: say(f"{head}: warning: {m}"))
     if resume is not None and _finished_before(run_dir, resume, spec.config.max_steps):
         # Killed after its last checkpoint and evaluation, before the status file: nothing is
         # left to train (resuming would only log a second evaluation of the same step).

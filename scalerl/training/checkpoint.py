@@ -59,6 +59,10 @@ class CorruptCheckpointError(ValueError):
     """A checkpoint whose files do not match its manifest (or cannot be read); names the file."""
 
 
+class CheckpointWriteError(RuntimeError):
+    """Writing a checkpoint failed (e.g. ENOSPC); the earlier checkpoints are untouched."""
+
+
 @dataclass
 class CheckpointState:
     """What `load_checkpoint` returns besides restoring the objects in place."""
@@ -382,6 +386,10 @@ def save_checkpoint(
             torch.save(obj, tmp / name)
         write_state(tmp, step, trainer_state, extra)
         return finish_checkpoint(tmp, final, run_dir, keep)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointWriteError(f"{final}: checkpoint not written ({err}); the earlier checkpoints "
+                                   "are unchanged") from err
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
