@@ -141,6 +141,8 @@ class AlgorithmConfig(Section):
     dynamic_sampling: bool = False
     offpolicy_mask_delta: float | None = Field(None, gt=0.0)
     keep_sampling_mask: bool = False
+    # Dynamic sampling: stop (a clear error) after this many groups dropped in a row; null = never.
+    max_consecutive_dropped_groups: int | None = Field(1000, ge=1)
 
 
 class OptimConfig(Section):
@@ -154,6 +156,8 @@ class OptimConfig(Section):
     grad_clip: float | None = Field(1.0, gt=0.0)
     micro_batch_size: int = Field(64, gt=0, description="samples per forward/backward")
     max_consecutive_bad_steps: int = Field(5, gt=0)
+    # Stop after this many steps in a row whose every group was filtered (no signal); null = never.
+    max_consecutive_noop_steps: int | None = Field(None, ge=1)
 
 
 class PipelineConfig(Section):
@@ -222,6 +226,8 @@ class RewardConfig(Section):
     math_timeout_s: float = Field(5.0, gt=0.0)
     math_workers: int = Field(2, ge=1)
     code_timeout_s: float = Field(10.0, gt=0.0)
+    # Stop after this many scored samples in a row whose verifier failed (error, timeout, NaN).
+    max_consecutive_failures: int | None = Field(256, ge=1)
     sandbox: dict[str, Any] = Field(default_factory=dict)
     verifiers: dict[str, str] = Field(
         default_factory=dict, description="task name -> 'package.module:function' verifier"

@@ -220,9 +220,11 @@ def _record_session(run_dir: Path, event: dict[str, Any]) -> None:
 def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, device: str | None = None) -> int:
     from scalerl.model_identity import START_MODEL_FILE, model_identity
     from scalerl.pipeline.assemble import train
+    from scalerl.pipeline.faults import FaultLimitError
     from scalerl.pipeline.preemption import StopRequest, exit_status, stop_on_signals
     from scalerl.training.checkpoint import CheckpointWriteError, latest_checkpoint
     from scalerl.training.threads import run_threads
+    from scalerl.training.trainer import TrainingDivergedError
 
     fresh = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -243,10 +245,11 @@ def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, devi
                 print(f"train: {threads} CPU thread(s) for torch (scalerl/training/threads.py)",
                       file=sys.stderr, flush=True)
             result = train(cfg, run_dir, resume=resume, device=device, stop=stop)
-    except CheckpointWriteError as err:
+    except (CheckpointWriteError, FaultLimitError, TrainingDivergedError) as err:
+        # Not bad input: the run itself failed. One clear line, and where to continue from.
         last = latest_checkpoint(run_dir)
         print(f"train: error: {err}" + (f"; --resume continues from {last}" if last else ""), file=sys.stderr)
-        _record_session(run_dir, {"event": "stop", "stop_reason": "checkpoint_error", "exit_status": 1,
+        _record_session(run_dir, {"event": "stop", "stop_reason": type(err).__name__, "exit_status": 1,
                                   "error": str(err), "wall_s": time.monotonic() - started})
         return 1
     except BaseException:

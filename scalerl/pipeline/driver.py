@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from scalerl.config import RunConfig
 from scalerl.data.records import PromptRecord
 from scalerl.pipeline.dynamic_sampling import DynamicSampling
+from scalerl.pipeline.faults import RunLength
 from scalerl.pipeline.generator import Generator
 from scalerl.pipeline.interfaces import GroupQueue, PromptSource, Scorer, Trainer, WeightChannel
 from scalerl.pipeline.local import EngineWeightChannel, LocalGroupQueue
@@ -154,6 +155,7 @@ class Driver:
             c.decode,
             max_workers=config.rewards.max_workers,
             success_threshold=threshold,
+            failure_reward=config.rewards.failure_reward,
         )
         self.generator = Generator(
             c.engine,
@@ -168,7 +170,12 @@ class Driver:
             seed=config.generation.seed,
             success_threshold=threshold,
             busy=(lambda: meter.busy("generator")) if (meter := c.meter) is not None else None,
+            max_consecutive_failures=config.rewards.max_consecutive_failures,
+            max_consecutive_drops=config.algorithm.max_consecutive_dropped_groups,
         )
+        self.noop_run = RunLength(config.optim.max_consecutive_noop_steps,
+                                  "steps with every group filtered (no learning signal)",
+                                  "optim.max_consecutive_noop_steps")
         if resume_state is not None:
             self.load_state_dict(resume_state)
         self.batches: BatchSource
@@ -205,6 +212,7 @@ class Driver:
             # The generator counters at the last step row: the next row's deltas start there.
             "interval_counters": self._interval.counters() if self._interval is not None else None,
             "stopped_by": self._stopped_by,
+            "noop_run": self.noop_run.count,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -216,6 +224,7 @@ class Driver:
         self.generator.load_state_dict(dict(state["generator"]))
         if self.c.meter is not None and state.get("meter") is not None:
             self.c.meter.load_state_dict(state["meter"])
+        self.noop_run.count = int(state.get("noop_run", 0))
         if state.get("interval_counters") is not None:
             self._resume_interval = {k: int(v) for k, v in state["interval_counters"].items()}
 
@@ -349,6 +358,8 @@ class Driver:
                 if self.c.metrics is not None:
                     self.c.metrics.log_step(self.step, row)
                 result.last_step = row
+                self.noop_run.add(bool(row.get("skipped_no_signal")))
+                self.noop_run.check(f"step {self.step}")
                 if self.c.evaluator is not None and self.step % cfg.eval.every == 0:
                     result.last_eval, self.evaluated_at = self._evaluate(), self.step
                 every = cfg.checkpoint.every

@@ -39,6 +39,7 @@ from typing import Any
 from scalerl.data.pool import PoolExhaustedError
 from scalerl.data.records import PromptRecord
 from scalerl.pipeline.dynamic_sampling import DynamicSampling
+from scalerl.pipeline.faults import FaultLimitError, RunLength
 from scalerl.pipeline.interfaces import GroupQueue, PromptSource, ReadyGroup
 from scalerl.pipeline.preemption import Interrupted
 from scalerl.pipeline.scoring import GroupScorer
@@ -125,6 +126,8 @@ class Generator:
         idle_poll_s: float = 0.05,
         clock: Callable[[], float] = time.perf_counter,
         busy: Callable[[], AbstractContextManager[Any]] | None = None,
+        max_consecutive_failures: int | None = None,
+        max_consecutive_drops: int | None = None,
     ) -> None:
         self.engine = engine
         self.source = source
@@ -142,6 +145,11 @@ class Generator:
         # E.g. `meter.busy("generator")`: the compute meter's per-role busy time.
         self.busy = busy or contextlib.nullcontext
         self.counters = GeneratorCounters()
+        # Faults in a row (`faults.py`): failed verifier calls (samples), groups dropped.
+        self.failure_run = RunLength(max_consecutive_failures, "verifier calls failed",
+                                     "rewards.max_consecutive_failures")
+        self.drop_run = RunLength(max_consecutive_drops, "groups dropped by dynamic sampling",
+                                  "algorithm.max_consecutive_dropped_groups")
 
         self._next_ticket = 0
         self._open: dict[str, _OpenGroup] = {}  # request id -> group still generating
@@ -237,10 +245,15 @@ class Generator:
                 group = self._scoring.pop(scored.key)
                 self.counters.groups_scored += 1
                 self.counters.verifier_failures += scored.failures
+                flags = scored.failed if scored.failed is not None else [False] * len(scored.rewards)
+                for failed in flags:
+                    self.failure_run.add(failed)
                 if not group.already_reported:
                     self.source.report(group.record.id, scored.rewards, self.success_threshold)
                     self._outstanding[group.ticket].reported = True
-                if self.sampling.keep(scored.rewards):
+                keep = self.sampling.keep(scored.rewards)
+                self.drop_run.add(not keep)
+                if keep:
                     self.counters.groups_kept += 1
                     rewards = scored.rewards
                     if self.shaping is not None:
@@ -257,6 +270,8 @@ class Generator:
                     self._owed_refills += 1
                     del self._outstanding[group.ticket]
                     self.controller.drop(group.admit_version)
+            self.failure_run.check(self.scorer.last_error or "")
+            self.drop_run.check(f"prompt {group.record.id!r}, rewards {scored.rewards}")
 
     def _draw(self, count: int) -> list[tuple[PromptRecord, bool]]:
         """Up to `count` records: re-issued ones first, then fresh draws. (record, already reported)."""
@@ -434,7 +449,9 @@ class Generator:
             self._thread = None
 
     def check(self) -> None:
-        """Re-raise a failure of the generator thread in the caller."""
+        """Re-raise a failure of the generator thread in the caller (a fault limit as itself)."""
+        if isinstance(self.error, FaultLimitError):
+            raise self.error
         if self.error is not None:
             raise RuntimeError(f"generator thread failed: {self.error!r}") from self.error
 
@@ -504,6 +521,7 @@ class Generator:
                 "next_ticket": self._next_ticket,
                 "owed_refills": self._owed_refills,
                 "outstanding": [{"record": o.record.to_dict(), "reported": o.reported} for o in outstanding],
+                "fault_runs": {"failures": self.failure_run.count, "drops": self.drop_run.count},
             }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -514,6 +532,9 @@ class Generator:
             self.counters.load(state["counters"])
             self._next_ticket = int(state["next_ticket"])
             self._owed_refills = int(state.get("owed_refills", 0))
+            runs = state.get("fault_runs", {})
+            self.failure_run.count = int(runs.get("failures", 0))
+            self.drop_run.count = int(runs.get("drops", 0))
             self._reissue = deque(
                 _Outstanding(PromptRecord.from_dict(o["record"]), bool(o["reported"]))
                 for o in state["outstanding"]
