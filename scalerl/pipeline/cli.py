@@ -198,6 +198,7 @@ def run_train(args: argparse.Namespace) -> int:
             )
         check_run_inputs(probe)  # before the warm start and before anything is written
         cfg = prepare_model(probe)
+        (run_dir / SESSIONS_FILE).unlink(missing_ok=True)  # a new run's history starts here
     return train_run(cfg, run_dir, resume=resume, device=args.device)
 
 
@@ -232,7 +233,6 @@ def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, devi
         write_atomic(run_dir / CONFIG_FILE, config_to_yaml(cfg))
         identity = model_identity(cfg.model.name_or_path, cfg.model.tiny.model_dump())
         write_atomic(run_dir / START_MODEL_FILE, json.dumps(identity, indent=2) + "\n")
-        (run_dir / SESSIONS_FILE).unlink(missing_ok=True)
     print(f"train: {cfg.name} (recipe {cfg.recipe}, {cfg.pipeline.off_policy} k={cfg.pipeline.k}, "
           f"{cfg.algorithm.loss_type}/{cfg.algorithm.aggregation}/{cfg.algorithm.adv_norm}) -> {run_dir}"
           + (f", resuming from {resume}" if resume else ""), file=sys.stderr, flush=True)

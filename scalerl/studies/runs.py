@@ -175,8 +175,13 @@ def _finished_before(run_dir: Path, checkpoint: Path, max_steps: int) -> bool:
 def _default_train(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None,
                    device: str | None = None) -> int:
     from scalerl.pipeline.cli import train_run
+    from scalerl.pipeline.preemption import STOP_SIGNALS, exit_status
 
-    return train_run(cfg, run_dir, resume=resume, device=device)
+    code = train_run(cfg, run_dir, resume=resume, device=device)
+    if code in {exit_status(sig.name) for sig in STOP_SIGNALS}:
+        # SIGINT / SIGTERM stopped the run at a checkpoint: the study stops too (resumed next time).
+        raise KeyboardInterrupt
+    return code
 
 
 def _say(message: str) -> None:

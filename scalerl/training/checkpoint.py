@@ -386,7 +386,10 @@ def save_checkpoint(
             torch.save(obj, tmp / name)
         write_state(tmp, step, trainer_state, extra)
         return finish_checkpoint(tmp, final, run_dir, keep)
-    except OSError as err:
+    except ValueError:  # the caller's state (not JSON): a bug to report as it is
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    except Exception as err:  # OSError (ENOSPC, EIO), and writers that raise a bare Exception for it
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointWriteError(f"{final}: checkpoint not written ({err}); the earlier checkpoints "
                                    "are unchanged") from err
