@@ -376,17 +376,35 @@ def _yaml_marks(text: str) -> dict[tuple[str, ...], int]:
     return marks
 
 
+def yaml_error_message(path: Path, err: yaml.YAMLError) -> str:
+    """One line, `file:line:column: invalid YAML: problem (context)`: PyYAML's own text cites
+    `"<unicode string>"` and spreads over several lines."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    context, cmark = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if context and cmark is not None:
+        problem += f" ({context} started at line {cmark.line + 1}, column {cmark.column + 1})"
+    elif context:
+        problem += f" ({context})"
+    return f"{where}: invalid YAML: {problem}"
+
+
 def load_yaml(path: str | Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
     """Read a YAML mapping; return it and the line of every key."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{p}: config file not found")
-    text = p.read_text()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        bad = err.object[err.start : err.start + 1]
+        raise ConfigError(f"{p}: not UTF-8 text (byte {err.start}: {bad!r})") from None
     try:
         data = yaml.safe_load(text)
         marks = _yaml_marks(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"{p}: invalid YAML: {err}") from None
+        raise ConfigError(yaml_error_message(p, err)) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

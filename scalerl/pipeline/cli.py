@@ -167,13 +167,14 @@ def default_name(cfg: RunConfig) -> RunConfig:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from scalerl.inputs import check_run_inputs
+    from scalerl.inputs import check_device, check_run_inputs
 
     overrides = [*flag_overrides(args), *args.overrides]
     probe = default_name(resolve_run_config(args.recipe, args.config, overrides))
     from scalerl.rollout.factory import check_engine_available  # torch: imported only when running
 
     check_engine_available(probe.generation.engine)
+    check_device(args.device)
     run_dir = Path(probe.output_dir)
     resume = None
     if args.resume is not None:
