@@ -282,7 +282,7 @@ class HeldoutEval:
             model, max_batch_size=len(setup.heldout) * k, fp32_lm_head=True, seed=cfg.generation.seed,
             eos_token_ids=(int(tok.eos_token_id),), pad_token_id=int(tok.pad_token_id),
         )
-        self.router = RewardRouter(RewardConfig.from_dict(cfg.rewards.model_dump()))
+        self.router = RewardRouter(RewardConfig.from_run_config(cfg.rewards))
 
         def decode(ids: list[int]) -> str:
             return str(tok.decode(ids, skip_special_tokens=True))

@@ -149,7 +149,7 @@ def _evaluate_with(engine: Any, cfg: RunConfig, tokenizer: Any, records: list[An
     encoded = encode_prompts(records, tokenizer, max_prompt_tokens=d.max_prompt_tokens,
                              system_prompt=resolve_system_prompt(d.think_system_prompt, d.system_prompt),
                              on_error="error")
-    router = RewardRouter(RewardConfig.from_dict(cfg.rewards.model_dump()))
+    router = RewardRouter(RewardConfig.from_run_config(cfg.rewards))
     try:
         router.check_tasks({r.task for r in records})
         scorer = GroupScorer(router, lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True)),

@@ -258,9 +258,7 @@ def _build_training(
         no_positive_resampling=config.algorithm.no_positive_resampling,
         heldout_ids=split.heldout_ids,
     )
-    # The failure limit is the generator's (it sees samples in order), not the router's.
-    reward_keys = config.rewards.model_dump(exclude={"max_consecutive_failures"})
-    router = RewardRouter(RewardConfig.from_dict(reward_keys))
+    router = RewardRouter(RewardConfig.from_run_config(config.rewards))
     closers: list[Any] = [router.close]
     extra_sets = {
         name: load_prompts(path, default_task=d.default_task, on_error=on_error).records
