@@ -414,6 +414,10 @@ def run_scalerl(cfg: RunConfig, part: str, schedule: EvalSchedule | None, thread
         run.driver.c.metrics = sink
         run.driver.c.evaluator = None  # evaluated afterwards from snapshots (see module docstring)
         run.driver.clock = clock.now  # so `max_time_s` counts training time only
+        # `max_time_s` is checked between steps, as TRL's side checks its budget: a run stops inside a
+        # step only for a signal (a driver stops mid-step at its deadline, which a 1 s budget would
+        # reach before the first step ended).
+        run.driver.batches.should_stop = lambda: run.driver.stop.requested
         # Start the verifier workers off the clock (TRL's side does the same with math_reward).
         run.router.score(run.heldout[0], "<think></think> \\boxed{0}")
         setup_s = time.perf_counter() - setup_start
