@@ -74,3 +74,9 @@ $(DIST_STAMP): $(STAMP)
 .PHONY: test-distributed
 test-distributed: $(DIST_STAMP)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m distributed tests/distributed
+
+# Five SIGKILL/resume cycles of real `scalerl train` runs in each mode, TensorBoard and W&B (offline)
+# sinks read back (docs/reliability.md; marker kill_cycles, deselected from `make test` by pyproject).
+.PHONY: test-kill-cycles
+test-kill-cycles: setup
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m kill_cycles tests/reliability

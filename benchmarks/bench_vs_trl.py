@@ -282,7 +282,7 @@ class HeldoutEval:
             model, max_batch_size=len(setup.heldout) * k, fp32_lm_head=True, seed=cfg.generation.seed,
             eos_token_ids=(int(tok.eos_token_id),), pad_token_id=int(tok.pad_token_id),
         )
-        self.router = RewardRouter(RewardConfig.from_dict(cfg.rewards.model_dump()))
+        self.router = RewardRouter(RewardConfig.from_run_config(cfg.rewards))
 
         def decode(ids: list[int]) -> str:
             return str(tok.decode(ids, skip_special_tokens=True))
@@ -414,6 +414,10 @@ def run_scalerl(cfg: RunConfig, part: str, schedule: EvalSchedule | None, thread
         run.driver.c.metrics = sink
         run.driver.c.evaluator = None  # evaluated afterwards from snapshots (see module docstring)
         run.driver.clock = clock.now  # so `max_time_s` counts training time only
+        # `max_time_s` is checked between steps, as TRL's side checks its budget: a run stops inside a
+        # step only for a signal (a driver stops mid-step at its deadline, which a 1 s budget would
+        # reach before the first step ended).
+        run.driver.batches.should_stop = lambda: run.driver.stop.requested
         # Start the verifier workers off the clock (TRL's side does the same with math_reward).
         run.router.score(run.heldout[0], "<think></think> \\boxed{0}")
         setup_s = time.perf_counter() - setup_start

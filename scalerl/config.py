@@ -205,6 +205,8 @@ class AlgorithmConfig(Section):
     offpolicy_mask_delta: float | None = Field(None, gt=0.0)
     keep_sampling_mask: bool = False
     curriculum: CurriculumConfig = CurriculumConfig()
+    # Dynamic sampling: stop (a clear error) after this many groups dropped in a row; null = never.
+    max_consecutive_dropped_groups: int | None = Field(1000, ge=1)
 
     @model_validator(mode="after")
     def _advantage_combinations(self) -> AlgorithmConfig:
@@ -239,6 +241,8 @@ class OptimConfig(Section):
     # per optimizer step (the square-root rule for adaptive optimizers; training.optim.scaled_lr).
     lr_scaling: Literal["none", "sqrt"] = "none"
     lr_reference_batch: int = Field(64, gt=0, description="samples per step at which optim.lr applies")
+    # Stop after this many steps in a row whose every group was filtered (no signal); null = never.
+    max_consecutive_noop_steps: int | None = Field(None, ge=1)
 
 
 class PipelineConfig(Section):
@@ -307,6 +311,8 @@ class RewardConfig(Section):
     math_timeout_s: float = Field(5.0, gt=0.0)
     math_workers: int = Field(2, ge=1)
     code_timeout_s: float = Field(10.0, gt=0.0)
+    # Stop after this many scored samples in a row whose verifier failed (error, timeout, NaN).
+    max_consecutive_failures: int | None = Field(256, ge=1)
     sandbox: dict[str, Any] = Field(default_factory=dict)
     verifiers: dict[str, str] = Field(
         default_factory=dict, description="task name -> 'package.module:function' verifier"
@@ -486,17 +492,35 @@ def _yaml_marks(text: str) -> dict[tuple[str, ...], int]:
     return marks
 
 
+def yaml_error_message(path: Path, err: yaml.YAMLError) -> str:
+    """One line, `file:line:column: invalid YAML: problem (context)`: PyYAML's own text cites
+    `"<unicode string>"` and spreads over several lines."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    context, cmark = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if context and cmark is not None:
+        problem += f" ({context} started at line {cmark.line + 1}, column {cmark.column + 1})"
+    elif context:
+        problem += f" ({context})"
+    return f"{where}: invalid YAML: {problem}"
+
+
 def load_yaml(path: str | Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
     """Read a YAML mapping; return it and the line of every key."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{p}: config file not found")
-    text = p.read_text()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        bad = err.object[err.start : err.start + 1]
+        raise ConfigError(f"{p}: not UTF-8 text (byte {err.start}: {bad!r})") from None
     try:
         data = yaml.safe_load(text)
         marks = _yaml_marks(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"{p}: invalid YAML: {err}") from None
+        raise ConfigError(yaml_error_message(p, err)) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

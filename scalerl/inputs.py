@@ -16,6 +16,7 @@ timeout), and an unknown repo, offline mode or an unreachable Hub is an error.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -26,6 +27,7 @@ HUB_TIMEOUT_S = 10.0
 # Hugging Face repo ids: `name` or `namespace/name`, letters, digits, `-`, `_`, `.` (not leading).
 _HUB_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$")
 _OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+CACHE_DIR_VAR = "SCALERL_CACHE_DIR"
 
 
 class InputError(ValueError):
@@ -76,14 +78,28 @@ def _check_hub_model(name: str, key: str) -> None:
                          f"reached to look it up ({reason})") from None
 
 
+def _check_model_config(path: Path, name: str, key: str) -> None:
+    """A saved model's config.json must be a JSON object (transformers' own error is a traceback)."""
+    if not path.is_file():
+        raise InputError(f"{key}: {name}: folder has no config.json (not a saved Hugging Face model)")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise InputError(f"{key}: {path}: not UTF-8 text") from None
+    except json.JSONDecodeError as err:
+        raise InputError(f"{key}: {path}:{err.lineno}:{err.colno}: not valid JSON ({err.msg})") from None
+    if not isinstance(config, dict):
+        raise InputError(f"{key}: {path}: expected a JSON object, got {type(config).__name__}")
+
+
 def check_model_source(name: str | None, key: str, *, need_config: bool = True) -> None:
     """A model (or tokenizer, `need_config=False`) folder that exists, or a Hub id that resolves."""
     if name is None:
         return
     p = Path(name).expanduser()
     if p.is_dir():
-        if need_config and not (p / "config.json").is_file():
-            raise InputError(f"{key}: {name}: folder has no config.json (not a saved Hugging Face model)")
+        if need_config:
+            _check_model_config(p / "config.json", name, key)
         return
     if p.exists():
         raise InputError(f"{key}: {name} is a file; expected a model folder or a Hugging Face Hub id")
@@ -103,8 +119,55 @@ def check_prompt_file(path: str, key: str, **load_kwargs: Any) -> int:
         raise InputError(f"{key}: {err}") from None
 
 
+def check_output_dir(
+    path: str | os.PathLike[str], key: str = "output_dir", what: str = "a run directory"
+) -> None:
+    """A folder, or a path one can be created at: not a file, nor under one."""
+    p = Path(path).expanduser()
+    for parent in (p, *p.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                where = "is a file" if parent == p else f"is under {parent}, which is a file"
+                raise InputError(f"{key}: {path} {where}; expected {what} (or where to create one)")
+            return
+
+
+def check_cache_dir() -> None:
+    """`SCALERL_CACHE_DIR` (where the default warm start is cached), if set, must be a folder or absent."""
+    base = os.environ.get(CACHE_DIR_VAR)
+    if base:
+        check_output_dir(base, key=f"environment variable {CACHE_DIR_VAR}", what="a cache folder")
+
+
+def check_device(device: str | None, key: str = "--device") -> None:
+    """A torch device string this machine has (`cuda:7` on a CPU-only build is a traceback later)."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as err:
+        raise InputError(f"{key}: {device!r} is not a torch device ({str(err).splitlines()[0]})") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "torch was built without CUDA" if torch.version.cuda is None else "no GPU is visible"
+            raise InputError(f"{key}: {device}: CUDA is not available here ({why}); use --device cpu")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise InputError(f"{key}: {device}: this machine has {count} CUDA device(s) (0..{count - 1})")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise InputError(f"{key}: {device}: MPS is not available here; use --device cpu")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise InputError(f"{key}: {device}: unsupported device type {dev.type!r} (cpu, cuda, mps)")
+
+
 def check_run_inputs(cfg: Any) -> None:
-    """Every input of a `RunConfig`: model and tokenizer, training prompts, extra evaluation sets."""
+    """Every input of a `RunConfig`: run directory, model and tokenizer (or the warm start's cache),
+    training prompts, extra evaluation sets."""
+    check_output_dir(cfg.output_dir)
+    if cfg.model.name_or_path is None:
+        check_cache_dir()
     check_model_source(cfg.model.name_or_path, "model.name_or_path")
     check_model_source(cfg.model.tokenizer, "model.tokenizer", need_config=False)
     d = cfg.data
@@ -116,5 +179,5 @@ def check_run_inputs(cfg: Any) -> None:
         check_prompt_file(path, f"eval.extra_sets.{name}", default_task=d.default_task, on_error=d.on_bad_row)
 
 
-__all__ = ["InputError", "check_model_source", "check_path", "check_prompt_file", "check_run_inputs",
-           "could_be_hub_id"]
+__all__ = ["CACHE_DIR_VAR", "InputError", "check_cache_dir", "check_device", "check_model_source",
+           "check_output_dir", "check_path", "check_prompt_file", "check_run_inputs", "could_be_hub_id"]

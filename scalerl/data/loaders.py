@@ -130,7 +130,12 @@ def _iter_hf_dataset(path: Path, split: str | None) -> Iterator[tuple[int, Row]]
             f"{path}: a Hugging Face `datasets` folder; reading it needs the optional dependency "
             "`datasets` (pip install 'scalerl[datasets]')"
         ) from None
-    loaded = datasets.load_from_disk(str(path))
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except (ValueError, OSError, KeyError, TypeError) as err:
+        # datasets' own message names neither the folder nor which of its files is bad.
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DataError(f"{path}: unreadable Hugging Face `save_to_disk` folder ({reason})") from None
     if isinstance(loaded, datasets.DatasetDict):
         names = sorted(loaded.keys())
         if split is None and len(names) == 1:

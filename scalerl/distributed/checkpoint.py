@@ -10,11 +10,14 @@ Layout of `<run_dir>/checkpoints/step_000120/` (the same directory names and `st
     scheduler.pt                           LR schedule (the same on every rank)
     rng/rank_00000.pt, ...                 each rank's RNG states
     state.json                             step, trainer counters, world size, the caller's extra
+    manifest.json                          size and SHA-256 of every file, shards included
 
 Every rank writes into one hidden temporary directory (the run directory must be on a
 filesystem all ranks see); once every rank has finished, rank 0 writes `state.json` and renames
-the directory into place. A rank that fails makes all ranks raise (naming it) instead of leaving
-its peers waiting, and the temporary directory is removed by the next save.
+the directory into place (`finish_checkpoint` writes the manifest first, hashing every rank's
+files). A rank that fails makes all ranks raise (naming it) instead of leaving its peers waiting,
+and the temporary directory is removed by the next save. Loading verifies the manifest on rank 0
+before any rank reads a shard: a corrupt file is an error naming it on every rank.
 """
 
 from __future__ import annotations
@@ -47,8 +50,10 @@ from scalerl.training.checkpoint import (
     CheckpointState,
     begin_checkpoint,
     finish_checkpoint,
+    load_torch_file,
     rng_state,
     set_rng_state,
+    verify_checkpoint,
     write_state,
 )
 
@@ -205,6 +210,8 @@ def load_sharded_checkpoint(
             raise FileNotFoundError(
                 f"{ckpt}: no {DCP_DIR}/ shards (a single-process checkpoint? load it with Trainer.load)"
             )
+        if dist.get_rank() == 0 and not verify_checkpoint(ckpt):
+            logger.warning("%s: no manifest (written by an older scalerl); loading it unverified", ckpt)
         return json.loads(state_file.read_text(encoding="utf-8"))
 
     meta = _on_all_ranks(f"reading {ckpt}", read_meta)
@@ -222,12 +229,12 @@ def load_sharded_checkpoint(
         set_model_state_dict(model, msd)
 
     def restore_local() -> None:
-        scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt", weights_only=True))
+        scheduler.load_state_dict(load_torch_file(ckpt / "scheduler.pt"))
         if restore_rng:
             rank = dist.get_rank()
             own = _rng_file(ckpt, rank)
             if own.is_file():
-                set_rng_state(torch.load(own, weights_only=True))
+                set_rng_state(load_torch_file(own))
             else:
                 logger.info("%s: saved by %d ranks, no RNG state for rank %d; RNG not restored",
                             ckpt, saved_world, rank)

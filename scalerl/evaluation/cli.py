@@ -50,12 +50,14 @@ def _run_config(run_dir: Path) -> RunConfig:
 
 def resolve_source(spec: str) -> EvalSource:
     """A run dir (its latest checkpoint), a checkpoint in a run, a model dir, or a hub name."""
-    from scalerl.training.checkpoint import latest_checkpoint
+    from scalerl.training.checkpoint import latest_valid_checkpoint
 
     path = Path(spec).expanduser()
     if path.is_dir():
         if (path / RUN_CONFIG).is_file() and not (path / "config.json").is_file():
-            ckpt = latest_checkpoint(path)
+            # The newest checkpoint that verifies; a corrupt newer one is named and left in place.
+            ckpt = latest_valid_checkpoint(path, quarantine=False,
+                                           warn=lambda m: print(f"eval: warning: {m}", file=sys.stderr))
             if ckpt is None:
                 raise FileNotFoundError(
                     f"{path}: a run directory without a checkpoint under {path / 'checkpoints'} "
@@ -147,7 +149,7 @@ def _evaluate_with(engine: Any, cfg: RunConfig, tokenizer: Any, records: list[An
     encoded = encode_prompts(records, tokenizer, max_prompt_tokens=d.max_prompt_tokens,
                              system_prompt=resolve_system_prompt(d.think_system_prompt, d.system_prompt),
                              on_error="error", template=d.template)
-    router = RewardRouter(RewardConfig.from_dict(cfg.rewards.model_dump()))
+    router = RewardRouter(RewardConfig.from_run_config(cfg.rewards))
     closers: list[Any] = [router.close]
     try:
         router.check_tasks({r.task for r in records})

@@ -32,7 +32,9 @@ from scalerl.data import (
 from scalerl.data.curriculum import CurriculumSpec
 from scalerl.evaluation.evaluator import Evaluator
 from scalerl.pipeline.driver import Components, Driver, success_threshold
+from scalerl.pipeline.preemption import StopRequest
 from scalerl.pipeline.scoring import GroupScorer
+from scalerl.pipeline.snapshot import SNAPSHOT_FILE
 from scalerl.rewards import RewardConfig, RewardRouter
 from scalerl.rollout import Engine, InterruptionSpec, SamplingParams
 from scalerl.rollout.factory import build_engine, close_engine, spec_from_config
@@ -151,7 +153,7 @@ class Backend:
     meter: ComputeMeter
     start_step: int
     resume_state: dict[str, Any] | None
-    checkpoint: Any  # (step, pipeline state) -> None
+    checkpoint: Any  # (step, pipeline state[, snapshot=...]) -> None (see `Components.checkpoint`)
     channel: Any = None  # a `WeightChannel`; None: straight into the engine
     wrap_metrics: Any = None  # sink -> sink that adds the backend's per-step figures
     closers: list[Any] = field(default_factory=list)
@@ -176,11 +178,22 @@ def local_backend(
     closers: list[Any] = []
     engine = _build_engine(config, trainer, closers)
 
-    def checkpoint(step: int, state: dict[str, Any]) -> None:
-        trainer.save(run_path, step, extra={"pipeline": state}, keep=config.checkpoint.keep)
+    def checkpoint(step: int, state: dict[str, Any], snapshot: dict[str, Any] | None = None) -> None:
+        files = {SNAPSHOT_FILE: snapshot} if snapshot is not None else None
+        trainer.save(run_path, step, extra={"pipeline": state}, keep=config.checkpoint.keep, files=files)
 
     return Backend(trainer=trainer, engine=engine, tokenizer=tokenizer, meter=meter, start_step=start_step,
                    resume_state=resume_state, checkpoint=checkpoint, closers=closers)
+
+
+def load_snapshot(checkpoint: str | Path) -> dict[str, Any] | None:
+    """The checkpoint's pipeline snapshot (`scalerl.pipeline.snapshot`), None if it has none."""
+    path = Path(checkpoint) / SNAPSHOT_FILE
+    if not path.is_file():
+        return None
+    from scalerl.training.checkpoint import load_torch_file
+
+    return dict(load_torch_file(path))
 
 
 def build_training(
@@ -191,8 +204,10 @@ def build_training(
     resume: str | Path | None = None,
     log: bool = True,
     checkpoints: bool = True,
+    stop: StopRequest | None = None,
 ) -> Training:
-    """Everything `Driver.run()` needs, from `config` (see module docstring)."""
+    """Everything `Driver.run()` needs, from `config` (see module docstring). `stop`: a stop
+    request the driver polls (`scalerl train` sets it from SIGTERM / SIGINT)."""
     run_path = Path(run_dir if run_dir is not None else config.output_dir)
     if config.distributed.backend == "ray":
         from scalerl.distributed.assemble import ray_backend
@@ -201,7 +216,8 @@ def build_training(
     else:
         backend = local_backend(config, run_path, device, resume)
     try:
-        return _build_training(config, run_path, backend, resume=resume, log=log, checkpoints=checkpoints)
+        return _build_training(config, run_path, backend, resume=resume, log=log, checkpoints=checkpoints,
+                               stop=stop)
     except BaseException:
         for closer in backend.closers:
             closer()
@@ -210,7 +226,7 @@ def build_training(
 
 def _build_training(
     config: RunConfig, run_path: Path, backend: Backend, *, resume: str | Path | None, log: bool,
-    checkpoints: bool,
+    checkpoints: bool, stop: StopRequest | None = None,
 ) -> Training:
     trainer, engine, tokenizer, meter = backend.trainer, backend.engine, backend.tokenizer, backend.meter
     start_step, resume_state = backend.start_step, backend.resume_state
@@ -249,7 +265,7 @@ def _build_training(
         heldout_ids=split.heldout_ids,
         curriculum=curriculum_spec(config),
     )
-    router = RewardRouter(RewardConfig.from_dict(config.rewards.model_dump()))
+    router = RewardRouter(RewardConfig.from_run_config(config.rewards))
     closers: list[Any] = [router.close]
     extra_sets = {
         name: load_prompts(path, default_task=d.default_task, on_error=on_error).records
@@ -296,7 +312,9 @@ def _build_training(
         params=params, evaluator=evaluator, metrics=metrics,
         checkpoint=backend.checkpoint if checkpoints else None, meter=meter, channel=backend.channel,
     )
-    driver = Driver(config, components, start_step=start_step, resume_state=resume_state)
+    snapshot = load_snapshot(resume) if resume is not None else None
+    driver = Driver(config, components, start_step=start_step, resume_state=resume_state,
+                    resume_snapshot=snapshot, stop=stop)
     closers.extend(backend.closers)  # last: evaluations and the final checkpoint may still generate
     return Training(driver=driver, trainer=trainer, engine=engine, pool=pool, router=router,
                     telemetry=telemetry, heldout=list(split.heldout), closers=closers)
@@ -309,5 +327,7 @@ def train(config: RunConfig, run_dir: str | Path | None = None, **kwargs: Any) -
 
 
 __all__: Sequence[str] = (
-    "Backend", "Training", "build_training", "load_records", "local_backend", "sampling_params", "train",
+    "Backend", "Training", "build_training", "load_records", "load_snapshot", "local_backend",
+    "sampling_params",
+    "train",
 )

@@ -7,16 +7,24 @@
 
 Layers, lowest precedence first: the recipe, `--config` files, the flags, then `key.sub=value`
 overrides. With no model given, the tiny default is warm-started by `scalerl sft` (cached). The run
-directory receives `config.yaml` (the resolved config), `metrics.jsonl`, `heldout_ids.json` and
-`checkpoints/`; `scalerl fit RUN_DIR` fits its held-out curve.
+directory receives `config.yaml` (the resolved config), `metrics.jsonl`, `heldout_ids.json`,
+`sessions.jsonl` (when each session started and why it stopped) and `checkpoints/`;
+`scalerl fit RUN_DIR` fits its held-out curve.
+
+SIGTERM or Ctrl-C: the run stops at the next safe point, writes a checkpoint and exits with
+128 + the signal number (143, 130); `--resume` continues it. `--resume` verifies the checkpoint's
+manifest and falls back to the previous one, with a warning, if the latest is corrupt; a run killed
+before its first checkpoint starts again from step 0 with its saved config.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +40,7 @@ from scalerl.recipes import recipe_path
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
+SESSIONS_FILE = "sessions.jsonl"
 
 # flag -> config key; each flag is sugar for one override.
 FLAG_KEYS: dict[str, str] = {
@@ -111,18 +120,25 @@ def resolve_run_config(
     return cfg
 
 
-def _resume_checkpoint(spec: str, run_dir: Path) -> Path:
-    from scalerl.training.checkpoint import latest_checkpoint
+def _resume_checkpoint(spec: str, run_dir: Path) -> Path | None:
+    """The checkpoint `--resume` continues from: `spec`, verified, or the run's newest valid one.
+
+    None: the run has no checkpoint yet (killed before its first one); it starts again.
+    """
+    from scalerl.training.checkpoint import latest_valid_checkpoint, verify_checkpoint
 
     if spec != "latest":
         path = Path(spec)
         if not path.is_dir():
             raise FileNotFoundError(f"--resume: checkpoint {path} not found")
+        if not verify_checkpoint(path):
+            print(f"train: warning: {path} has no manifest (an older scalerl wrote it); not verified",
+                  file=sys.stderr)
         return path
-    latest = latest_checkpoint(run_dir)
-    if latest is None:
-        raise FileNotFoundError(f"--resume: no checkpoint under {run_dir}/checkpoints")
-    return latest
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise FileNotFoundError(f"--resume: {run_dir} holds no run to resume (no {CONFIG_FILE}); "
+                                "check --output-dir / output_dir")
+    return latest_valid_checkpoint(run_dir, warn=lambda m: print(f"train: warning: {m}", file=sys.stderr))
 
 
 def prepare_model(cfg: RunConfig) -> RunConfig:
@@ -151,24 +167,30 @@ def default_name(cfg: RunConfig) -> RunConfig:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from scalerl.inputs import check_run_inputs
+    from scalerl.inputs import check_device, check_run_inputs
 
     overrides = [*flag_overrides(args), *args.overrides]
     probe = default_name(resolve_run_config(args.recipe, args.config, overrides))
     from scalerl.rollout.factory import check_engine_available  # torch: imported only when running
 
     check_engine_available(probe.generation.engine)
+    check_device(args.device)
     run_dir = Path(probe.output_dir)
     resume = None
     if args.resume is not None:
         resume = _resume_checkpoint(args.resume, run_dir)
         cfg = resolve_run_config(args.recipe, args.config, overrides, resume_dir=run_dir)
         check_run_inputs(cfg)
-        finished = _finished_step(resume, cfg)
-        if finished is not None:
-            print(f"train: {run_dir} already finished at step {finished} (max_steps {cfg.max_steps}); "
-                  "nothing to resume (raise max_steps to train further)", file=sys.stderr)
-            return 0
+        if resume is None:
+            print(f"train: {run_dir} has no checkpoint yet (stopped before its first one): starting it "
+                  "again from step 0 with its saved config", file=sys.stderr)
+            cfg = prepare_model(cfg)
+        else:
+            finished = _finished_step(resume, cfg)
+            if finished is not None:
+                print(f"train: {run_dir} already finished at step {finished} (max_steps {cfg.max_steps}); "
+                      "nothing to resume (raise max_steps to train further)", file=sys.stderr)
+                return 0
     else:
         if (run_dir / METRICS_FILE).exists():
             raise ValueError(
@@ -177,6 +199,7 @@ def run_train(args: argparse.Namespace) -> int:
             )
         check_run_inputs(probe)  # before the warm start and before anything is written
         cfg = prepare_model(probe)
+        (run_dir / SESSIONS_FILE).unlink(missing_ok=True)  # a new run's history starts here
     return train_run(cfg, run_dir, resume=resume, device=args.device)
 
 
@@ -188,10 +211,22 @@ def _finished_step(checkpoint: Path, cfg: RunConfig) -> int | None:
     return step if step is not None and step >= cfg.max_steps else None
 
 
+def _record_session(run_dir: Path, event: dict[str, Any]) -> None:
+    """Append one line to `sessions.jsonl` (a session's start, and its stop unless it was killed)."""
+    with (run_dir / SESSIONS_FILE).open("a", encoding="utf-8") as f:
+        line = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(), **event}
+        f.write(json.dumps(line) + "\n")
+        f.flush()
+
+
 def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, device: str | None = None) -> int:
     from scalerl.model_identity import START_MODEL_FILE, model_identity
     from scalerl.pipeline.assemble import train
+    from scalerl.pipeline.faults import FaultLimitError
+    from scalerl.pipeline.preemption import StopRequest, exit_status, stop_on_signals
+    from scalerl.training.checkpoint import CheckpointWriteError, latest_checkpoint
     from scalerl.training.threads import run_threads
+    from scalerl.training.trainer import TrainingDivergedError
 
     fresh = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -202,22 +237,40 @@ def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, devi
     print(f"train: {cfg.name} (recipe {cfg.recipe}, {cfg.pipeline.off_policy} k={cfg.pipeline.k}, "
           f"{cfg.algorithm.loss_type}/{cfg.algorithm.aggregation}/{cfg.algorithm.adv_norm}) -> {run_dir}"
           + (f", resuming from {resume}" if resume else ""), file=sys.stderr, flush=True)
+    started = time.monotonic()
+    _record_session(run_dir, {"event": "start", "resumed_from": str(resume) if resume else None})
+    stop = StopRequest()
     try:
-        with run_threads(cfg.model, device) as threads:
+        with stop_on_signals(stop), run_threads(cfg.model, device) as threads:
             if threads is not None:
                 print(f"train: {threads} CPU thread(s) for torch (scalerl/training/threads.py)",
                       file=sys.stderr, flush=True)
-            result = train(cfg, run_dir, resume=resume, device=device)
+            result = train(cfg, run_dir, resume=resume, device=device, stop=stop)
+    except (CheckpointWriteError, FaultLimitError, TrainingDivergedError) as err:
+        # Not bad input: the run itself failed. One clear line, and where to continue from.
+        last = latest_checkpoint(run_dir)
+        print(f"train: error: {err}" + (f"; --resume continues from {last}" if last else ""), file=sys.stderr)
+        _record_session(run_dir, {"event": "stop", "stop_reason": type(err).__name__, "exit_status": 1,
+                                  "error": str(err), "wall_s": time.monotonic() - started})
+        return 1
     except BaseException:
         # A run that failed before its first logged row leaves no directory behind.
         if fresh and not (run_dir / METRICS_FILE).exists():
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
+    status = exit_status(result.signal) if result.stop_reason == "signal" and result.signal else 0
+    _record_session(run_dir, {"event": "stop", "step": result.steps, "stop_reason": result.stop_reason,
+                              "signal": result.signal, "exit_status": status,
+                              "wall_s": time.monotonic() - started})
     summary = ", ".join(
         f"{k} {result.last_eval[k]:.3f}" for k in ("val_pass_rate", "val_pass_at_k") if k in result.last_eval
     )
-    print(f"train: stopped after step {result.steps} ({result.stop_reason}); max version lag "
+    reason = result.stop_reason if result.signal is None else f"{result.signal}, checkpointed"
+    print(f"train: stopped after step {result.steps} ({reason}); max version lag "
           f"{result.max_version_lag}" + (f"; last eval: {summary}" if summary else ""), file=sys.stderr)
+    if status:
+        print(f"train: continue with `scalerl train --output-dir {run_dir} --resume`", file=sys.stderr)
+        return status
     if result.stop_reason == "max_steps" and cfg.max_time_s is not None:
         print(f"train: max_steps={cfg.max_steps} was reached before max_time_s={cfg.max_time_s:g}; raise "
               "--max-steps to train for the whole time", file=sys.stderr)

@@ -14,12 +14,22 @@ the counters and the prompts that were admitted but not yet trained (in flight, 
 queued; in threaded `pipeline` mode the generator keeps running, and its bookkeeping is read under
 its lock). Resuming (`resume_state=`, with the trainer restored from the same checkpoint) re-issues
 those prompts first, so no prompt is consumed twice or skipped; their rollouts are regenerated
-under the checkpoint's weights.
+under the checkpoint's weights. Where the schedule is single-threaded and the engine can snapshot
+itself, `snapshot()` also saves everything in flight (`snapshot.py`), and a resume from it
+(`resume_snapshot=`) continues exactly as the uninterrupted run would have.
+
+Stopping from outside (`stop=`, a `preemption.StopRequest` set by SIGTERM / SIGINT) and the
+wall-clock limit are checked between steps and inside the batch source's waits; either way the run
+checkpoints where it stands. A stop by signal skips the final evaluation (the grace period is
+short; the resumed run evaluates on schedule) and is recorded in the checkpoint (`stopped_by`).
+Each step row lists the prompts it trained on (`prompt_ids`), so the metrics log itself shows that
+no prompt was trained twice across resumes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,10 +38,12 @@ from typing import Any, Protocol
 from scalerl.config import RunConfig
 from scalerl.data.records import PromptRecord
 from scalerl.pipeline.dynamic_sampling import DynamicSampling
+from scalerl.pipeline.faults import RunLength
 from scalerl.pipeline.generator import Generator
 from scalerl.pipeline.interfaces import GroupQueue, PromptSource, Scorer, Trainer, WeightChannel
 from scalerl.pipeline.local import EngineWeightChannel, LocalGroupQueue
 from scalerl.pipeline.modes import BatchSource, InterleavedBatches, PipelineBatches, RoundBatches
+from scalerl.pipeline.preemption import Interrupted, StopRequest
 from scalerl.pipeline.scoring import GroupScorer
 from scalerl.pipeline.shaping import LengthShaping
 from scalerl.pipeline.staleness import StalenessController
@@ -39,6 +51,7 @@ from scalerl.pipeline.stats import IntervalMeter, batch_metrics
 from scalerl.rollout.protocol import Completion, Engine, GenerationRequest, SamplingParams
 from scalerl.telemetry.compute import ComputeMeter
 
+log = logging.getLogger(__name__)
 STATE_VERSION = 1
 GenerateFn = Callable[[Sequence[GenerationRequest]], list[Completion]]
 
@@ -63,7 +76,9 @@ class Components:
 
     `encode` maps a record to prompt token ids (chat template), `decode` completion ids to text
     for the verifier. `params` are the training sampling parameters (`n` = `generation.n`).
-    `checkpoint(step, state)` persists the trainer with `state` as its extra state.
+    `checkpoint(step, state)` persists the trainer with `state` as its extra state; when the
+    pipeline can be snapshot exactly it is called as `checkpoint(step, state, snapshot=...)` (a
+    mapping of tensors and plain values to store beside it, `snapshot.SNAPSHOT_FILE`).
     """
 
     engine: Engine
@@ -84,7 +99,8 @@ class Components:
 @dataclass
 class RunResult:
     steps: int
-    stop_reason: str  # "max_steps", "max_time_s" or "prompts_exhausted"
+    stop_reason: str  # "max_steps", "max_time_s", "prompts_exhausted" or "signal"
+    signal: str | None = None  # "SIGTERM" / "SIGINT" when stop_reason is "signal"
     last_step: dict[str, float] = field(default_factory=dict)
     last_eval: dict[str, float] = field(default_factory=dict)
     max_version_lag: int = 0
@@ -105,6 +121,8 @@ class Driver:
         *,
         start_step: int = 0,
         resume_state: Mapping[str, Any] | None = None,
+        resume_snapshot: Mapping[str, Any] | None = None,
+        stop: StopRequest | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         c = components
@@ -116,6 +134,11 @@ class Driver:
         self.config = config
         self.c = components
         self.clock = clock
+        self.stop = stop if stop is not None else StopRequest()
+        self._deadline: float | None = None
+        self._stopped_by: str | None = None
+        self._interval: IntervalMeter | None = None
+        self._resume_interval: dict[str, int] | None = None
         self.step = int(start_step)
         self.evaluated_at: int | None = None
         # The largest version lag of the run's earlier sessions (restored on resume).
@@ -132,6 +155,7 @@ class Driver:
             c.decode,
             max_workers=config.rewards.max_workers,
             success_threshold=threshold,
+            failure_reward=config.rewards.failure_reward,
         )
         self.generator = Generator(
             c.engine,
@@ -146,7 +170,12 @@ class Driver:
             seed=config.generation.seed,
             success_threshold=threshold,
             busy=(lambda: meter.busy("generator")) if (meter := c.meter) is not None else None,
+            max_consecutive_failures=config.rewards.max_consecutive_failures,
+            max_consecutive_drops=config.algorithm.max_consecutive_dropped_groups,
         )
+        self.noop_run = RunLength(config.optim.max_consecutive_noop_steps,
+                                  "steps with every group filtered (no learning signal)",
+                                  "optim.max_consecutive_noop_steps")
         if resume_state is not None:
             self.load_state_dict(resume_state)
         self.batches: BatchSource
@@ -159,6 +188,10 @@ class Driver:
             self.batches = PipelineBatches(*source_args)
         else:
             self.batches = RoundBatches(*source_args, self._updates_per_round())
+        self.batches.should_stop = lambda: self._stop_reason() is not None
+        self.resumed_exactly = False
+        if resume_snapshot is not None:
+            self.resumed_exactly = self._restore_snapshot(resume_snapshot)
 
     def _updates_per_round(self) -> int:
         pipe = self.config.pipeline
@@ -176,6 +209,10 @@ class Driver:
             # The metrics log kept this step's eval row (if any): a resume must not log it twice.
             "evaluated_at": self.evaluated_at,
             "max_version_lag": max(self.prior_max_lag, self.controller.max_observed_lag),
+            # The generator counters at the last step row: the next row's deltas start there.
+            "interval_counters": self._interval.counters() if self._interval is not None else None,
+            "stopped_by": self._stopped_by,
+            "noop_run": self.noop_run.count,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -187,6 +224,71 @@ class Driver:
         self.generator.load_state_dict(dict(state["generator"]))
         if self.c.meter is not None and state.get("meter") is not None:
             self.c.meter.load_state_dict(state["meter"])
+        self.noop_run.count = int(state.get("noop_run", 0))
+        if state.get("interval_counters") is not None:
+            self._resume_interval = {k: int(v) for k, v in state["interval_counters"].items()}
+
+    def snapshot(self) -> dict[str, Any] | None:
+        """The pipeline in flight, for an exact resume (`snapshot.py`), or None where the schedule
+        or the engine does not allow one (the JSON state's re-issue list then serves)."""
+        from scalerl.pipeline.snapshot import SNAPSHOT_VERSION, SnapshotEngine
+
+        engine = self.c.engine
+        if not isinstance(engine, SnapshotEngine) or self.generator.running:
+            return None
+        generator = self.generator.snapshot()
+        if generator is None:
+            return None
+        return {
+            "version": SNAPSHOT_VERSION,
+            "step": self.step,
+            "generator": generator,
+            "controller": self.controller.state_dict(),
+            "batches": self.batches.state_dict(),
+            "engine": engine.snapshot(include_weights=engine.version != self.c.trainer.version),
+        }
+
+    def _restore_snapshot(self, snap: Mapping[str, Any]) -> bool:
+        from scalerl.pipeline.snapshot import SNAPSHOT_VERSION, SnapshotEngine
+
+        engine = self.c.engine
+        why = None
+        if snap.get("version") != SNAPSHOT_VERSION:
+            why = f"snapshot version {snap.get('version')!r}, expected {SNAPSHOT_VERSION}"
+        elif int(snap.get("step", -1)) != self.step:
+            why = f"snapshot of step {snap.get('step')}, checkpoint of step {self.step}"
+        elif not isinstance(engine, SnapshotEngine):
+            why = f"the engine ({type(engine).__name__}) cannot restore one"
+        if why is None:
+            try:
+                engine.restore(snap["engine"])
+            except ValueError as err:
+                why = str(err)
+        if why is not None:
+            log.warning("pipeline snapshot not used (%s): the outstanding prompts are re-issued instead", why)
+            return False
+        self.generator.restore_snapshot(dict(snap["generator"]))
+        self.controller.load_state_dict(snap["controller"])
+        self.batches.load_state_dict(snap["batches"])
+        return True
+
+    def _save(self) -> None:
+        state = self.state_dict()
+        snap = self.snapshot()
+        if self.c.checkpoint is None:
+            return
+        if snap is None:
+            self.c.checkpoint(self.step, state)
+        else:
+            self.c.checkpoint(self.step, state, snapshot=snap)
+
+    def _stop_reason(self) -> str | None:
+        """Why the run must stop now ("signal", "max_time_s"), or None."""
+        if self.stop.requested:
+            return "signal"
+        if self._deadline is not None and self.clock() >= self._deadline:
+            return "max_time_s"
+        return None
 
     # ------------------------------------------------------------------------------ evaluation
     def _evaluate(self) -> dict[str, float]:
@@ -215,6 +317,7 @@ class Driver:
         # The trainer's own `version_lag_*` is per token; the pipeline's keys (staleness from each
         # sample's start, the quantity max_lag bounds) take precedence, per-token lag is `token_lag_*`.
         row = {**trained, **metrics}
+        row["prompt_ids"] = [it.group.record.id for it in items]
         row["train_version"] = float(train_version)
         row["queue_groups"] = float(len(self.queue))
         row["outstanding_groups"] = float(self.controller.outstanding)
@@ -222,44 +325,58 @@ class Driver:
 
     def run(self) -> RunResult:
         cfg = self.config
-        deadline = None if cfg.max_time_s is None else self.clock() + cfg.max_time_s
+        self._deadline = None if cfg.max_time_s is None else self.clock() + cfg.max_time_s
         result = RunResult(steps=self.step, stop_reason="max_steps")
         # A resumed run's starting step is already checkpointed: saving it again would rewrite it.
         saved_at: int | None = self.step if self.step > 0 else None
         # The meter starts before the generator so that every generated token lands in some step's
         # row (and in the compute totals), including those generated during the first evaluation.
-        interval = IntervalMeter(self.generator, tick_idle=self.interleaved)
+        interval = self._interval = IntervalMeter(self.generator, tick_idle=self.interleaved,
+                                                  counters=self._resume_interval)
         try:
             self.batches.start()
-            if cfg.eval.at_start and self.step == 0 and self.c.evaluator is not None:
+            at_start = cfg.eval.at_start and self.step == 0 and self.evaluated_at != 0
+            if at_start and self.c.evaluator is not None and self._stop_reason() is None:
                 result.last_eval, self.evaluated_at = self._evaluate(), 0
             while self.step < cfg.max_steps:
-                if deadline is not None and self.clock() >= deadline:
-                    result.stop_reason = "max_time_s"
+                reason = self._stop_reason()
+                if reason is not None:
+                    result.stop_reason = reason
                     break
                 # Evaluation and checkpoints stay outside the meter: they are not training compute
                 # (the x axis of the scaling fits).
                 with self.c.meter.running() if self.c.meter is not None else contextlib.nullcontext():
-                    items = self.batches.next_batch()
+                    try:
+                        items = self.batches.next_batch()
+                    except Interrupted:
+                        items = None
                     if items is None:
-                        result.stop_reason = "prompts_exhausted"
+                        result.stop_reason = self._stop_reason() or "prompts_exhausted"
                         break
                     row = self._train_step(items, interval)
                 self.step += 1
                 if self.c.metrics is not None:
                     self.c.metrics.log_step(self.step, row)
                 result.last_step = row
+                self.noop_run.add(bool(row.get("skipped_no_signal")))
+                self.noop_run.check(f"step {self.step}")
                 if self.c.evaluator is not None and self.step % cfg.eval.every == 0:
                     result.last_eval, self.evaluated_at = self._evaluate(), self.step
                 every = cfg.checkpoint.every
                 if self.c.checkpoint is not None and every and self.step % every == 0:
-                    self.c.checkpoint(self.step, self.state_dict())
+                    self._save()
                     saved_at = self.step
-            # The run's last point on the curve and its last checkpoint, whatever stopped it.
-            if self.c.evaluator is not None and self.evaluated_at != self.step:
+            if result.stop_reason == "signal":
+                result.signal = self._stopped_by = self.stop.reason
+            # The run's last point on the curve and its last checkpoint, whatever stopped it (a
+            # signal's grace period is short: its resumed run evaluates on schedule instead).
+            final_eval = result.stop_reason != "signal" and self.evaluated_at != self.step
+            if self.c.evaluator is not None and final_eval:
                 result.last_eval, self.evaluated_at = self._evaluate(), self.step
-            if self.c.checkpoint is not None and saved_at != self.step and self.step > 0:
-                self.c.checkpoint(self.step, self.state_dict())
+            if self.c.checkpoint is not None and self.step > 0 and (
+                saved_at != self.step or self._stopped_by is not None
+            ):
+                self._save()
         finally:
             self.batches.close()
             self.group_scorer.close()

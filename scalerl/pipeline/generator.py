@@ -39,7 +39,9 @@ from typing import Any
 from scalerl.data.pool import PoolExhaustedError
 from scalerl.data.records import PromptRecord
 from scalerl.pipeline.dynamic_sampling import DynamicSampling
+from scalerl.pipeline.faults import FaultLimitError, RunLength
 from scalerl.pipeline.interfaces import GroupQueue, PromptSource, ReadyGroup
+from scalerl.pipeline.preemption import Interrupted
 from scalerl.pipeline.scoring import GroupScorer
 from scalerl.pipeline.staleness import StalenessController
 from scalerl.rollout.protocol import Completion, Engine, GenerationRequest, SamplingParams
@@ -125,6 +127,8 @@ class Generator:
         idle_poll_s: float = 0.05,
         clock: Callable[[], float] = time.perf_counter,
         busy: Callable[[], AbstractContextManager[Any]] | None = None,
+        max_consecutive_failures: int | None = None,
+        max_consecutive_drops: int | None = None,
     ) -> None:
         self.engine = engine
         self.source = source
@@ -142,6 +146,11 @@ class Generator:
         # E.g. `meter.busy("generator")`: the compute meter's per-role busy time.
         self.busy = busy or contextlib.nullcontext
         self.counters = GeneratorCounters()
+        # Faults in a row (`faults.py`): failed verifier calls (samples), groups dropped.
+        self.failure_run = RunLength(max_consecutive_failures, "verifier calls failed",
+                                     "rewards.max_consecutive_failures")
+        self.drop_run = RunLength(max_consecutive_drops, "groups dropped by dynamic sampling",
+                                  "algorithm.max_consecutive_dropped_groups")
 
         self._next_ticket = 0
         self._open: dict[str, _OpenGroup] = {}  # request id -> group still generating
@@ -237,10 +246,15 @@ class Generator:
                 group = self._scoring.pop(scored.key)
                 self.counters.groups_scored += 1
                 self.counters.verifier_failures += scored.failures
+                flags = scored.failed if scored.failed is not None else [False] * len(scored.rewards)
+                for failed in flags:
+                    self.failure_run.add(failed)
                 if not group.already_reported:
                     self.source.report(group.record.id, scored.rewards, self.success_threshold)
                     self._outstanding[group.ticket].reported = True
-                if self.sampling.keep(scored.rewards):
+                keep = self.sampling.keep(scored.rewards)
+                self.drop_run.add(not keep)
+                if keep:
                     self.counters.groups_kept += 1
                     rewards = scored.rewards
                     if self.shaping is not None:
@@ -257,6 +271,8 @@ class Generator:
                     self._owed_refills += 1
                     del self._outstanding[group.ticket]
                     self.controller.drop(group.admit_version)
+            self.failure_run.check(self.scorer.last_error or "")
+            self.drop_run.check(f"prompt {group.record.id!r}, rewards {scored.rewards}")
 
     def _draw(self, count: int) -> list[tuple[PromptRecord, bool]]:
         """Up to `count` records: re-issued ones first, then fresh draws. (record, already reported)."""
@@ -436,7 +452,9 @@ class Generator:
             self._thread = None
 
     def check(self) -> None:
-        """Re-raise a failure of the generator thread in the caller."""
+        """Re-raise a failure of the generator thread in the caller (a fault limit as itself)."""
+        if isinstance(self.error, FaultLimitError):
+            raise self.error
         if self.error is not None:
             raise RuntimeError(f"generator thread failed: {self.error!r}") from self.error
 
@@ -452,15 +470,18 @@ class Generator:
                 return False
             return len(self._open) + len(self._scoring) + len(self.queue) < needed
 
-    def fill(self, target: int) -> bool:
+    def fill(self, target: int, should_stop: Callable[[], bool] | None = None) -> bool:
         """Round modes: run the loop on this thread until `target` groups are queued.
 
         Returns False when the prompts run out first. Raises if admission is blocked with nothing
-        generating (the caller forgot to load the new weights).
+        generating (the caller forgot to load the new weights), and `Interrupted` when
+        `should_stop()` turns true between two ticks (the round is left as it is, consistent).
         """
         if self.running:
             raise RuntimeError("fill: the generator thread is running (pipeline mode)")
         while len(self.queue) < target:
+            if should_stop is not None and should_stop():
+                raise Interrupted(f"fill stopped with {len(self.queue)} of {target} groups queued")
             # `tick` waits for the verifier after each engine step, so which groups fill the round
             # depends on the token stream only, not on verifier thread timing (reproducible rounds).
             if self.tick() or len(self.queue) >= target:
@@ -503,6 +524,7 @@ class Generator:
                 "next_ticket": self._next_ticket,
                 "owed_refills": self._owed_refills,
                 "outstanding": [{"record": o.record.to_dict(), "reported": o.reported} for o in outstanding],
+                "fault_runs": {"failures": self.failure_run.count, "drops": self.drop_run.count},
             }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -513,7 +535,71 @@ class Generator:
             self.counters.load(state["counters"])
             self._next_ticket = int(state["next_ticket"])
             self._owed_refills = int(state.get("owed_refills", 0))
+            runs = state.get("fault_runs", {})
+            self.failure_run.count = int(runs.get("failures", 0))
+            self.drop_run.count = int(runs.get("drops", 0))
             self._reissue = deque(
                 _Outstanding(PromptRecord.from_dict(o["record"]), bool(o["reported"]))
                 for o in state["outstanding"]
             )
+
+    # ------------------------------------------------------------------------------ exact resume
+    def snapshot(self) -> dict[str, Any] | None:
+        """Everything between the curriculum and the trainer, for a resume that continues exactly
+        (`scalerl.pipeline.snapshot`): groups generating with their finished samples, groups
+        queued, tickets, refill debt, counters. None when the loop is not quiescent (the thread
+        runs, groups are being scored, side requests are pending) or the queue cannot be read:
+        the resume then re-issues the outstanding prompts (`state_dict`)."""
+        from scalerl.pipeline.snapshot import completion_to_plain, ready_group_to_plain
+
+        read_queue = getattr(self.queue, "snapshot", None)
+        if self.running or not callable(read_queue):
+            return None
+        with self._lock:
+            if self._scoring or self._side_waiting or self._side_running or self.scorer.pending:
+                return None
+            return {
+                "open": [
+                    {"request_id": rid, "ticket": g.ticket, "record": g.record.to_dict(),
+                     "admit_version": g.admit_version, "already_reported": g.already_reported,
+                     "slots": [None if c is None else completion_to_plain(c) for c in g.slots]}
+                    for rid, g in self._open.items()
+                ],
+                "queue": [ready_group_to_plain(it) for it in read_queue()],
+                "outstanding": [[t, o.record.to_dict(), o.reported]
+                                for t, o in sorted(self._outstanding.items())],
+                "reissue": [[o.record.to_dict(), o.reported] for o in self._reissue],
+                "owed_refills": self._owed_refills,
+                "exhausted": self.exhausted,
+                "next_ticket": self._next_ticket,
+                "counters": self.counters.as_dict(),
+                "sampling": [self.sampling.kept, self.sampling.dropped],
+            }
+
+    def restore_snapshot(self, state: dict[str, Any]) -> None:
+        """Continue from `snapshot()` (after `load_state_dict` restored the curriculum): the open
+        groups, the queue and the outstanding set replace the re-issue list."""
+        from scalerl.pipeline.snapshot import completion_from_plain, ready_group_from_plain
+
+        if self.running or self._open or self._scoring or len(self.queue):
+            raise RuntimeError("restore_snapshot: only before the generator has admitted anything")
+        with self._lock:
+            self._open = {
+                g["request_id"]: _OpenGroup(
+                    int(g["ticket"]), PromptRecord.from_dict(g["record"]), int(g["admit_version"]),
+                    [None if c is None else completion_from_plain(c) for c in g["slots"]],
+                    already_reported=bool(g["already_reported"]),
+                )
+                for g in state["open"]
+            }
+            self._outstanding = {int(t): _Outstanding(PromptRecord.from_dict(r), bool(rep))
+                                 for t, r, rep in state["outstanding"]}
+            self._reissue = deque(_Outstanding(PromptRecord.from_dict(r), bool(rep))
+                                  for r, rep in state["reissue"])
+            self._owed_refills = int(state["owed_refills"])
+            self.exhausted = bool(state["exhausted"])
+            self._next_ticket = int(state["next_ticket"])
+            self.counters.load(state["counters"])
+            self.sampling.kept, self.sampling.dropped = (int(x) for x in state["sampling"])
+            for item in state["queue"]:
+                self.queue.put(ready_group_from_plain(item))

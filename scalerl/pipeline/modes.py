@@ -12,16 +12,22 @@
   driver's thread in a fixed order, so a seed reproduces the run.
 
 The driver is mode-blind: `start()`, then per step `next_batch()` -> train -> `after_step()`;
-`generate_for_eval()` runs evaluation requests at the trainer's current version.
+`generate_for_eval()` runs evaluation requests at the trainer's current version. `should_stop`
+(set by the driver: a signal, the wall-clock limit) is polled inside `next_batch()`'s waits, which
+then raise `Interrupted` at a point whose state a checkpoint can hold (`preemption.py`).
+`state_dict()` / `load_state_dict()` carry the schedule's own clock for an exact resume
+(`snapshot.py`); a restored source does not push weights at `start()`, since the engine's
+snapshot already holds the weights it was generating with.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from scalerl.pipeline.generator import Generator
 from scalerl.pipeline.interfaces import GroupQueue, ReadyGroup, Trainer, WeightChannel
+from scalerl.pipeline.preemption import Interrupted
 from scalerl.rollout.protocol import Completion, Engine, GenerationRequest
 
 
@@ -37,6 +43,12 @@ class BatchSource(Protocol):
     def generate_for_eval(self, requests: Sequence[GenerationRequest]) -> list[Completion]: ...
 
     def close(self) -> None: ...
+
+    should_stop: Callable[[], bool]
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
 def _push_weights(engine: Engine, channel: WeightChannel, trainer: Trainer) -> None:
@@ -62,6 +74,19 @@ class _Batches:
         self.trainer = trainer
         self.batch_size = batch_size
         self._published = trainer.version
+        self.should_stop: Callable[[], bool] = lambda: False
+        self._restored = False
+
+    def _check_stop(self, where: str) -> None:
+        if self.should_stop():
+            raise Interrupted(where)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"published": self._published}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._published = int(state["published"])
+        self._restored = True
 
 
 class RoundBatches(_Batches):
@@ -81,18 +106,32 @@ class RoundBatches(_Batches):
         super().__init__(generator, queue, channel, trainer, batch_size)
         self.updates_per_round = updates_per_round
         self.rounds = 0
+        self._filling = False  # a round's fill was interrupted (a stop) and is not finished
 
     def start(self) -> None:
-        _push_weights(self.generator.engine, self.channel, self.trainer)
+        if not self._restored:
+            _push_weights(self.generator.engine, self.channel, self.trainer)
 
     def next_batch(self) -> list[ReadyGroup] | None:
-        if len(self.queue) < self.batch_size:
-            # A new round: the previous one is fully consumed, so no rollout of it can see the
-            # weights loaded here.
-            _push_weights(self.generator.engine, self.channel, self.trainer)
-            self.generator.fill(self.updates_per_round * self.batch_size)
-            self.rounds += 1
+        if self._filling or len(self.queue) < self.batch_size:
+            if not self._filling:
+                # A new round: the previous one is fully consumed, so no rollout of it can see the
+                # weights loaded here.
+                _push_weights(self.generator.engine, self.channel, self.trainer)
+                self.rounds += 1
+                self._filling = True
+            # An interrupted fill resumes here, with the round's weights and target unchanged.
+            self.generator.fill(self.updates_per_round * self.batch_size, self.should_stop)
+            self._filling = False
         return self.queue.get_batch(self.batch_size, timeout=0)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "rounds": self.rounds, "filling": self._filling}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.rounds = int(state["rounds"])
+        self._filling = bool(state["filling"])
 
     def after_step(self) -> None:
         """Weights wait for the next round (the round's remaining mini-batches share one policy)."""
@@ -133,6 +172,7 @@ class PipelineBatches(_Batches):
     def next_batch(self) -> list[ReadyGroup] | None:
         while True:
             self.generator.check()
+            self._check_stop("waiting for a batch")
             items = self.queue.get_batch(self.batch_size, timeout=self.poll_s)
             if items is not None:
                 return items
@@ -190,8 +230,20 @@ class InterleavedBatches(_Batches):
         self._idle_free_ticks = 0
 
     def start(self) -> None:
+        if self._restored:
+            return
         _push_weights(self.generator.engine, self.channel, self.trainer)
         self._published = self.trainer.version
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "ticks": self.ticks, "trainer_free_at": self._trainer_free_at,
+                "idle_free_ticks": self._idle_free_ticks}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.ticks = int(state["ticks"])
+        self._trainer_free_at = int(state["trainer_free_at"])
+        self._idle_free_ticks = int(state["idle_free_ticks"])
 
     @property
     def trainer_busy(self) -> bool:
@@ -229,6 +281,7 @@ class InterleavedBatches(_Batches):
                     return self.queue.get_batch(self.batch_size, timeout=0)
                 if self.generator.starved(self.batch_size):
                     return None
+            self._check_stop("between two ticks")
             self._tick("a batch")
 
     def after_step(self) -> None:

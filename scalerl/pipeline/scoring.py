@@ -8,11 +8,13 @@ A verifier may return a number or an outcome with `reward`, `correct` and `statu
 router's `RewardOutcome`). A verifier that raises gives the sample `failure_reward`; both that and
 an outcome with status "error"/"timeout" are counted as verifier failures, never silently: one
 broken verifier call must not kill a run of thousands of steps, and a broken verifier must show.
+A non-finite reward (NaN from a custom scorer) is a failure too, scored `failure_reward`.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -38,6 +40,7 @@ class ScoredBatch:
     rewards: list[float]
     correct: list[bool]
     failures: int
+    failed: list[bool] | None = None  # per sample, in sample order
 
 
 class _Pending:
@@ -118,13 +121,19 @@ class GroupScorer:
             return self.failure_reward, False, True
         if isinstance(verdict, (int, float)):
             reward = float(verdict)
-            return reward, reward > self.success_threshold, False
-        reward = float(verdict.reward)
-        failed = getattr(verdict, "status", "ok") in FAILURE_STATUSES
-        if failed:
-            detail = getattr(verdict, "detail", "")
-            self._note_failure(f"status {verdict.status!r}: {detail} (prompt {record.id!r})")
-        return reward, bool(verdict.correct), failed
+            correct = reward > self.success_threshold
+        else:
+            reward = float(verdict.reward)
+            correct = bool(verdict.correct)
+            if getattr(verdict, "status", "ok") in FAILURE_STATUSES:
+                detail = getattr(verdict, "detail", "")
+                self._note_failure(f"status {verdict.status!r}: {detail} (prompt {record.id!r})")
+                return reward, correct, True
+        if not math.isfinite(reward):
+            # A NaN reward would turn every advantage of the batch (batch normalisation) into NaN.
+            self._note_failure(f"non-finite reward {reward!r} (prompt {record.id!r})")
+            return self.failure_reward, False, True
+        return reward, correct, False
 
     def _finish_sample(self, pending: _Pending, index: int, result: tuple[float, bool, bool]) -> None:
         reward, correct, failed = result
@@ -146,6 +155,7 @@ class GroupScorer:
                     rewards=pending.rewards,
                     correct=list(pending.correct),
                     failures=n_failed,
+                    failed=list(pending.failed),
                 )
             )
             self._ready_cond.notify_all()

@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 
 class StalenessError(RuntimeError):
@@ -183,3 +184,20 @@ class StalenessController:
             self._next_train_version = int(train_version)
         if self._on_change is not None:
             self._on_change()
+
+    # ------------------------------------------------------------------------------ exact resume
+    def state_dict(self) -> dict[str, Any]:
+        """The bookkeeping, for a resume that keeps every outstanding group (`Driver.snapshot`)."""
+        with self._lock:
+            return {"versions": sorted(self._versions.items()), "outstanding": self._outstanding,
+                    "next_train_version": self._next_train_version, "max_observed_lag": self.max_observed_lag}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        versions = Counter({int(v): int(n) for v, n in state["versions"]})
+        if sum(versions.values()) != int(state["outstanding"]):
+            raise ValueError("staleness state: outstanding count does not match the per-version counts")
+        with self._lock:
+            self._versions = versions
+            self._outstanding = int(state["outstanding"])
+            self._next_train_version = int(state["next_train_version"])
+            self.max_observed_lag = int(state["max_observed_lag"])

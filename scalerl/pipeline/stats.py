@@ -16,7 +16,7 @@ share of the interval's ticks with nothing for the engine to run (`tick_idle=Tru
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from scalerl.pipeline.generator import Generator
 from scalerl.pipeline.interfaces import ReadyGroup
@@ -87,14 +87,25 @@ class IntervalMeter:
     """Rates between consecutive `lap()` calls (one per training step)."""
 
     def __init__(
-        self, generator: Generator, clock: Callable[[], float] = time.perf_counter, *, tick_idle: bool = False
+        self,
+        generator: Generator,
+        clock: Callable[[], float] = time.perf_counter,
+        *,
+        tick_idle: bool = False,
+        counters: Mapping[str, int] | None = None,
     ) -> None:
+        """`counters`: the generator's counters at the previous lap (a resumed run's last step row),
+        when not the current ones."""
         self.generator = generator
         self.clock = clock
         self.tick_idle = tick_idle
         self._last_time = clock()
-        self._last_counters = generator.counters.as_dict()
+        self._last_counters = dict(counters) if counters is not None else generator.counters.as_dict()
         self._last_busy, self._last_idle = generator.timing()
+
+    def counters(self) -> dict[str, int]:
+        """The generator's counters at the last lap."""
+        return dict(self._last_counters)
 
     def lap(self) -> dict[str, float]:
         now = self.clock()

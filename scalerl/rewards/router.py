@@ -77,6 +77,18 @@ class RewardConfig:
         """Build from a config mapping; unknown keys raise ValueError naming `where.key`."""
         return _from_mapping(cls, data, where)
 
+    @classmethod
+    def from_run_config(cls, rewards: Any) -> RewardConfig:
+        """The router's part of a run config's `rewards` section (a pydantic section or a mapping):
+        every key but those the pipeline reads itself (`RUN_ONLY_KEYS`)."""
+        data = rewards.model_dump() if hasattr(rewards, "model_dump") else dict(rewards)
+        return cls.from_dict({k: v for k, v in data.items() if k not in RUN_ONLY_KEYS})
+
+
+# Keys of a run config's `rewards` section that are not the router's: the limit of failed verifier
+# calls in a row belongs to the generator, which sees the samples in order (scalerl/pipeline/faults.py).
+RUN_ONLY_KEYS = frozenset({"max_consecutive_failures"})
+
 
 def _from_mapping(cls: Any, data: Mapping[str, Any], where: str) -> Any:
     known = {f.name for f in fields(cls)}

@@ -24,13 +24,18 @@ Log-probs of sampled tokens come from `scalerl.models.lm_head` (the functions th
 with the same `fp32_lm_head` option, and the sampling rules of `scalerl.rollout.sampling`.
 Each sequence samples from its own `torch.Generator` (seeded from `SamplingParams.seed` and its
 sample index, or from the engine's seed), so its draws do not depend on what else is batched.
+
+`snapshot()` / `restore()` capture everything in flight (sequences, their sampler states, the KV
+cache, the engine's seed stream), so a run checkpointed mid-generation resumes to the very tokens
+it would have drawn (`scalerl.pipeline.snapshot`).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,7 +52,13 @@ from scalerl.models.lm_head import (
 )
 from scalerl.rollout.base import Finished, SteppingEngine
 from scalerl.rollout.interruption import Action, InterruptionState, draw_think_budget, ends_with
-from scalerl.rollout.protocol import Completion, FinishReason, GenerationRequest, SamplingParams
+from scalerl.rollout.protocol import (
+    Completion,
+    FinishReason,
+    GenerationRequest,
+    InterruptionSpec,
+    SamplingParams,
+)
 from scalerl.rollout.sampling import sample_next_tokens, support_ids
 from scalerl.rollout.slot_cache import SlotKVCache, attention_masks
 
@@ -556,3 +567,139 @@ class EmbeddedEngine(SteppingEngine):
             support=None if seq.support is None else list(seq.support),
             metadata=metadata,
         )
+
+    # ----------------------------------------------------------------------------- exact resume
+    def snapshot(self, include_weights: bool = False) -> dict[str, Any]:
+        """Everything in flight (see the module docstring) as tensors and plain values;
+        `include_weights` adds the generation weights (needed when they are not the trainer's:
+        mid-round in `ppo_offpolicy`, or before a delayed in-flight update)."""
+        return _snapshot(self, include_weights)
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Continue from `snapshot()`: the same sequences in the same slots, sampler states, KV cache."""
+        _restore(self, state)
+
+
+# --------------------------------------------------------------------------------- exact resume
+SNAPSHOT_FORMAT = 1
+
+
+def _params_to_plain(params: SamplingParams) -> dict[str, Any]:
+    return asdict(params)
+
+
+def _params_from_plain(d: Mapping[str, Any]) -> SamplingParams:
+    d = dict(d)
+    spec = d.pop("interruption")
+    d["stop_token_ids"] = tuple(d["stop_token_ids"])
+    d["stop_sequences"] = tuple(tuple(seq) for seq in d.get("stop_sequences", ()))
+    interruption = None
+    if spec is not None:
+        interruption = InterruptionSpec(**{**spec, "phrase_ids": tuple(spec["phrase_ids"]),
+                                           "think_end_ids": tuple(spec["think_end_ids"])})
+    return SamplingParams(**d, interruption=interruption)
+
+
+def _sequence_to_plain(seq: _Sequence) -> dict[str, Any]:
+    r = seq.request
+    state = seq.interruption
+    return {
+        "serial": seq.serial,
+        "request": {"request_id": r.request_id, "prompt_ids": list(r.prompt_ids),
+                    "params": _params_to_plain(r.params), "metadata": dict(r.metadata)},
+        "sample_index": seq.sample_index,
+        "generator": None if seq.generator is None else seq.generator.get_state(),
+        "interruption": None if state is None else {"budget": state.budget, "closed": state.closed,
+                                                    "interrupted_at": state.interrupted_at},
+        "stop_ids": sorted(seq.stop_ids),
+        "temperature": seq.temperature, "top_k": seq.top_k, "top_p": seq.top_p,
+        "token_ids": list(seq.token_ids), "logprobs": list(seq.logprobs), "versions": list(seq.versions),
+        "loss_mask": list(seq.loss_mask),
+        "support": None if seq.support is None else [list(s) for s in seq.support],
+        "slot": seq.slot, "cache_len": seq.cache_len, "pending": list(seq.pending),
+        "forced_pending": seq.forced_pending, "start_version": seq.start_version,
+        "params": None if seq.params is None else _params_to_plain(seq.params),
+        "budget_seed": seq.budget_seed, "hold": seq.hold, "admitted": seq.admitted,
+        "segment_start": seq.segment_start, "segments": seq.segments, "appended": seq.appended,
+    }
+
+
+def _sequence_from_plain(d: Mapping[str, Any], device: torch.device) -> _Sequence:
+    r = d["request"]
+    params = _params_from_plain(r["params"])
+    request = GenerationRequest(r["request_id"], list(r["prompt_ids"]), params, dict(r["metadata"]))
+    generator = None
+    if d["generator"] is not None:
+        generator = torch.Generator(device=device)
+        generator.set_state(d["generator"])
+    interruption = None
+    if d["interruption"] is not None:
+        if params.interruption is None:
+            raise ValueError("engine snapshot: a sequence has interruption state but no interruption spec")
+        i = d["interruption"]
+        interruption = InterruptionState(params.interruption, int(i["budget"]), bool(i["closed"]),
+                                         i["interrupted_at"])
+    return _Sequence(
+        serial=int(d["serial"]), request=request, sample_index=int(d["sample_index"]), generator=generator,
+        interruption=interruption, stop_ids=frozenset(d["stop_ids"]), temperature=float(d["temperature"]),
+        top_k=int(d["top_k"]), top_p=float(d["top_p"]), token_ids=list(d["token_ids"]),
+        logprobs=list(d["logprobs"]), versions=list(d["versions"]), loss_mask=list(d["loss_mask"]),
+        support=None if d["support"] is None else [list(s) for s in d["support"]], slot=int(d["slot"]),
+        cache_len=int(d["cache_len"]), pending=list(d["pending"]), forced_pending=int(d["forced_pending"]),
+        start_version=int(d["start_version"]),
+        params=None if d.get("params") is None else _params_from_plain(d["params"]),
+        budget_seed=int(d.get("budget_seed", 0)), hold=bool(d.get("hold", False)),
+        admitted=bool(d.get("admitted", False)), segment_start=int(d.get("segment_start", 0)),
+        segments=int(d.get("segments", 0)), appended=int(d.get("appended", 0)),
+    )
+
+
+def _snapshot(engine: EmbeddedEngine, include_weights: bool) -> dict[str, Any]:
+    with engine._lock:
+        if engine._undelivered or engine._claimed or engine._claimed_results:
+            raise RuntimeError("snapshot: a generate() call is in progress or completions are undelivered")
+        if engine._held:
+            # A held sequence belongs to a trajectory whose environment state is not in the snapshot.
+            raise RuntimeError("snapshot: sequences are held for multi-turn continuation")
+        active = [s for s in engine._slots if s is not None]
+        columns = max((s.cache_len for s in active), default=0)
+        out: dict[str, Any] = {
+            "format": SNAPSHOT_FORMAT,
+            "version": engine._version,
+            "serial": engine._serial,
+            "max_batch_size": engine.max_batch_size,
+            "rng": engine._rng.bit_generator.state,
+            "slots": [None if s is None else _sequence_to_plain(s) for s in engine._slots],
+            "waiting": [_sequence_to_plain(s) for s in engine._waiting],
+            "cache": engine._cache.state(columns) if active else None,
+            "stats": asdict(engine.stats),
+            "weights": None,
+        }
+        if include_weights:
+            out["weights"] = {k: t.detach().cpu().clone() for k, t in engine._weight_targets.items()}
+        return out
+
+
+def _restore(engine: EmbeddedEngine, state: Mapping[str, Any]) -> None:
+    if state.get("format") != SNAPSHOT_FORMAT:
+        raise ValueError(f"engine snapshot: format {state.get('format')!r}, expected {SNAPSHOT_FORMAT}")
+    if int(state["max_batch_size"]) != engine.max_batch_size:
+        raise ValueError(f"engine snapshot: {state['max_batch_size']} slots, this engine has "
+                         f"{engine.max_batch_size} (generation.max_batch_size changed)")
+    with engine._lock:
+        if engine._num_unfinished_locked():
+            raise RuntimeError("restore: the engine already has sequences")
+        slots = [None if d is None else _sequence_from_plain(d, engine.device) for d in state["slots"]]
+        waiting = deque(_sequence_from_plain(d, engine.device) for d in state["waiting"])
+        if state["weights"] is not None:
+            engine._load_weights_locked({k: t.to(engine.device) for k, t in state["weights"].items()})
+        engine._head_cache.invalidate()
+        engine._version = int(state["version"])
+        engine._serial = int(state["serial"])
+        engine._rng.bit_generator.state = state["rng"]
+        engine._slots, engine._waiting = slots, waiting
+        engine._cache = SlotKVCache(engine.max_batch_size)
+        if state["cache"] is not None:
+            engine._cache.load_state(state["cache"], engine.device)
+        engine.stats = EngineStats(**state["stats"])
+

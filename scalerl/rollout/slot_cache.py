@@ -78,6 +78,34 @@ class SlotKVCache:
                 store[i] = grown
         self.capacity = new_cap
 
+    def state(self, columns: int) -> dict[str, Any]:
+        """The buffers' first `columns` columns (every slot's real tokens), for an exact resume;
+        the columns past them are junk no query attends to."""
+        def cut(store: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+            return [None if b is None else b[:, :, :columns].cpu().clone() for b in store]
+
+        return {"num_slots": self.num_slots, "capacity": self.capacity, "keys": cut(self._keys),
+                "values": cut(self._values)}
+
+    def load_state(self, state: dict[str, Any], device: torch.device) -> None:
+        """Restore `state()` on `device`: the same capacity, its columns, zeros past them."""
+        if int(state["num_slots"]) != self.num_slots:
+            raise ValueError(f"KV cache state has {state['num_slots']} slots, this cache {self.num_slots}")
+        self.capacity = int(state["capacity"])
+
+        def grow(saved: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+            out: list[torch.Tensor | None] = []
+            for b in saved:
+                if b is None:
+                    out.append(None)
+                    continue
+                full = b.new_zeros(b.shape[0], b.shape[1], self.capacity, b.shape[3], device=device)
+                full[:, :, : b.shape[2]] = b.to(device)
+                out.append(full)
+            return out
+
+        self._keys, self._values = grow(state["keys"]), grow(state["values"])
+
     def _buffers(self, layer_idx: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         while len(self._keys) <= layer_idx:
             self._keys.append(None)

@@ -175,8 +175,13 @@ def _finished_before(run_dir: Path, checkpoint: Path, max_steps: int) -> bool:
 def _default_train(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None,
                    device: str | None = None) -> int:
     from scalerl.pipeline.cli import train_run
+    from scalerl.pipeline.preemption import STOP_SIGNALS, exit_status
 
-    return train_run(cfg, run_dir, resume=resume, device=device)
+    code = train_run(cfg, run_dir, resume=resume, device=device)
+    if code in {exit_status(sig.name) for sig in STOP_SIGNALS}:
+        # SIGINT / SIGTERM stopped the run at a checkpoint: the study stops too (resumed next time).
+        raise KeyboardInterrupt
+    return code
 
 
 def _say(message: str) -> None:
@@ -217,14 +222,16 @@ def execute_runs(
 def _execute_one(
     spec: RunSpec, head: str, train: TrainFn, device: str | None, say: Callable[[str], None]
 ) -> RunOutcome:
-    from scalerl.training.checkpoint import latest_checkpoint
+    from scalerl.training.checkpoint import latest_valid_checkpoint
 
     run_dir = spec.run_dir
     state = run_state(run_dir)
     if state == "completed":
         say(f"{head}: already completed in {run_dir}, skipped")
         return RunOutcome(spec.name, spec.group, run_dir, "completed", "skipped", 0.0)
-    resume = latest_checkpoint(run_dir) if state == "partial" else None
+    resume = None
+    if state == "partial":
+        resume = latest_valid_checkpoint(run_dir, warn=lambda m: say(f"{head}: warning: {m}"))
     if resume is not None and _finished_before(run_dir, resume, spec.config.max_steps):
         # Killed after its last checkpoint and evaluation, before the status file: nothing is
         # left to train (resuming would only log a second evaluation of the same step).

@@ -51,13 +51,23 @@ class RunTelemetry:
         # Sinks first: a missing optional package should fail before the log file is touched.
         self.sinks: list[Sink] = []
         if logging_cfg.tensorboard:
-            self.sinks.append(TensorBoardSink(self.run_dir))
+            old_events = (self.run_dir / "tensorboard").is_dir()
+            purge = resume_step + 1 if resume_step is not None else (0 if old_events else None)
+            self.sinks.append(TensorBoardSink(self.run_dir, purge_step=purge))
         if logging_cfg.wandb:
             self.sinks.append(
                 WandbSink(self.run_dir, logging_cfg.wandb_project, run_name, run_config,
-                          resume=resume_step is not None)
+                          resume=resume_step is not None, resume_step=resume_step)
             )
         self.log = MetricsLog(self.run_dir, resume_step=resume_step)
+        for sink in self.sinks:
+            after = getattr(sink, "replay_after", None)
+            if after is None:
+                continue
+            # What the sink may have lost (a killed session's unwritten rows), from the log itself.
+            for row in self.log.rows():
+                if row["step"] > after:
+                    sink.log(row["kind"], row["step"], row)
         self.progress = Progress(max_steps, initial_step=resume_step or 0, enabled=logging_cfg.progress)
 
     def _stamp(self, metrics: Mapping[str, Any]) -> dict[str, Any]:

@@ -46,13 +46,19 @@ class Sink(Protocol):
 
 
 class TensorBoardSink:
-    """Scalars under `<kind>/<key>` (e.g. `eval/val_pass_rate`) in `<run_dir>/tensorboard`."""
+    """Scalars under `<kind>/<key>` (e.g. `eval/val_pass_rate`) in `<run_dir>/tensorboard`.
 
-    def __init__(self, run_dir: str | Path) -> None:
+    `purge_step`: a resumed run (from the checkpoint of step s) passes s + 1, a run started again
+    in a directory with old event files 0. TensorBoard then hides what earlier sessions logged at
+    steps >= purge_step (a session killed after its last checkpoint logged steps the resumed run
+    logs again), so each step shows once, as in `metrics.jsonl`.
+    """
+
+    def __init__(self, run_dir: str | Path, purge_step: int | None = None) -> None:
         _require("tensorboard", "logging.tensorboard=true", "tensorboard")
         writer_mod = importlib.import_module("torch.utils.tensorboard")
         self.log_dir = Path(run_dir) / "tensorboard"
-        self._writer = writer_mod.SummaryWriter(log_dir=str(self.log_dir))
+        self._writer = writer_mod.SummaryWriter(log_dir=str(self.log_dir), purge_step=purge_step)
 
     def log(self, kind: str, step: int, row: Mapping[str, Any]) -> None:
         for key, value in scalars(row).items():
@@ -65,7 +71,18 @@ class TensorBoardSink:
 
 
 class WandbSink:
-    """A W&B run whose id is kept in `<run_dir>/wandb_run.json`, so a resumed run continues it."""
+    """A W&B run whose id is kept in `<run_dir>/wandb_run.json`, so a resumed run continues it.
+
+    A killed session loses what W&B had not yet written (its service buffers; offline logs of a
+    SIGKILLed session are empty), and logged rows the checkpoint does not cover. So the id file
+    also records `durable_step`, the last step of the last session that closed cleanly (everything
+    up to it is in W&B). A run resumed from the checkpoint of step s rewinds the W&B run to
+    `min(s, durable_step)` (`resume_from="<id>?_step=..."`: later rows are discarded) and the
+    caller logs `metrics.jsonl`'s rows after that point again (`replay_after`), so W&B ends with
+    each step once, as the metrics log. If no session closed cleanly, what W&B holds is unknown:
+    the history goes to a new W&B run, whole. (Plain `resume="allow"` would keep a killed session's
+    rows past the checkpoint and refuse the resumed run's: W&B does not take a step it has seen.)
+    """
 
     def __init__(
         self,
@@ -74,25 +91,46 @@ class WandbSink:
         name: str,
         config: Mapping[str, Any] | None = None,
         resume: bool = False,
+        resume_step: int | None = None,
     ) -> None:
         self._wandb = _require("wandb", "logging.wandb=true", "wandb")
-        id_file = Path(run_dir) / "wandb_run.json"
-        run_id = None
-        if resume and id_file.exists():
-            run_id = json.loads(id_file.read_text())["id"]
+        self._id_file = Path(run_dir) / "wandb_run.json"
+        saved: dict[str, Any] = {}
+        if (resume or resume_step is not None) and self._id_file.exists():
+            saved = json.loads(self._id_file.read_text())
+        run_id, durable = saved.get("id"), saved.get("durable_step")
+        # Rows with a step in (replay_after, resume_step] must be logged again (None: none).
+        self.replay_after: int | None = None
+        where: dict[str, Any] = {}
+        if run_id and resume_step is not None:
+            if durable is not None:
+                self.replay_after = min(int(durable), int(resume_step))
+                where["resume_from"] = f"{run_id}?_step={self.replay_after}"
+            else:
+                self.replay_after, run_id, durable = -1, None, None
+        elif run_id:
+            where.update(id=run_id, resume="allow")
         self._run = self._wandb.init(
             project=project,
             name=name,
             config=dict(config or {}),
             dir=str(run_dir),
-            id=run_id,
-            resume="allow" if run_id else None,
+            **where,
         )
-        id_file.write_text(json.dumps({"id": self._run.id}))
+        self._durable = durable if run_id else None
+        self._last_step: int | None = None
+        self._save_id()
+
+    def _save_id(self) -> None:
+        self._id_file.write_text(json.dumps({"id": self._run.id, "durable_step": self._durable}))
 
     def log(self, kind: str, step: int, row: Mapping[str, Any]) -> None:
         data = {f"{kind}/{key}": value for key, value in scalars(row).items() if key != "step"}
         self._run.log(data, step=step)
+        self._last_step = step
 
     def close(self) -> None:
         self._run.finish()
+        if self._last_step is not None:
+            self._durable = self._last_step
+        self._save_id()

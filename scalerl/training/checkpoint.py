@@ -7,14 +7,28 @@ Layout of `<run_dir>/checkpoints/step_000120/`:
     rng.pt                                             python, numpy, torch (CPU and CUDA) RNG states
     state.json                                         step, trainer counters, the caller's extra state
 
-A checkpoint is built in a hidden temporary directory and renamed into place, and `state.json` is
-written last inside it, so a directory named `step_*` is always complete: a crash mid-save leaves
-only a temporary directory, which the next save removes.
+    manifest.json                                      size and SHA-256 of every other file
+
+A checkpoint is built in a hidden temporary directory and renamed into place, `state.json` and then
+`manifest.json` written last inside it (every file fsynced first), so a directory named `step_*`
+is always complete: a crash mid-save leaves only a temporary directory, which the next save
+removes. Old checkpoints are deleted by renaming them to a temporary name first, so a crash in the
+middle of a deletion cannot leave a half-deleted `step_*` that looks complete.
+
+Loading verifies the manifest (`verify_checkpoint`): a missing, truncated or altered file is a
+`CorruptCheckpointError` naming the file, never a load of garbage. `latest_valid_checkpoint` is
+what `--resume` uses: the newest checkpoint that verifies, with a warning for each newer one that
+does not (those are moved aside to `corrupt-step_*`, so a later save of the same step cannot mix
+with them). A checkpoint written before manifests existed loads with a warning that it was not
+verified. A save that fails (a full disk: ENOSPC) removes its temporary directory and leaves the
+previous checkpoints as they were.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import random
 import re
@@ -28,10 +42,25 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+logger = logging.getLogger(__name__)
+
 CHECKPOINT_DIR = "checkpoints"
 STATE_FILE = "state.json"
+MANIFEST_FILE = "manifest.json"
+MANIFEST_FORMAT = "scalerl-checkpoint-manifest"
+MANIFEST_VERSION = 1
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _TMP_PREFIX = ".tmp-"
+QUARANTINE_PREFIX = "corrupt-"
+_HASH_CHUNK = 1 << 20
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint whose files do not match its manifest (or cannot be read); names the file."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """Writing a checkpoint failed (e.g. ENOSPC); the earlier checkpoints are untouched."""
 
 
 @dataclass
@@ -73,6 +102,152 @@ def checkpoint_step(path: str | Path) -> int | None:
     except (OSError, ValueError, AttributeError):
         return None
     return int(step) if isinstance(step, int) else None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems do not sync directories; the files themselves are synced
+    finally:
+        os.close(fd)
+
+
+def _checkpoint_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.is_file() and p.relative_to(directory).as_posix()
+                  != MANIFEST_FILE)
+
+
+def write_manifest(directory: str | Path) -> Path:
+    """Fsync every file under `directory` and record its size and SHA-256 in `manifest.json`
+    (written last, fsynced, then the directories)."""
+    root = Path(directory)
+    files: dict[str, dict[str, Any]] = {}
+    for path in _checkpoint_files(root):
+        with path.open("rb") as f:
+            os.fsync(f.fileno())
+        files[path.relative_to(root).as_posix()] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+    manifest = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "files": files}
+    out = root / MANIFEST_FILE
+    with out.open("w", encoding="utf-8") as f:
+        f.write(json.dumps(manifest, indent=1, sort_keys=True))
+        f.flush()
+        os.fsync(f.fileno())
+    for sub in sorted({p.parent for p in _checkpoint_files(root)} | {root}, reverse=True):
+        _fsync_dir(sub)
+    return out
+
+
+# Checkpoints verified by this process: path -> the manifest's (mtime_ns, size). Loading after a
+# `--resume` selection would otherwise hash every file twice.
+_verified: dict[str, tuple[int, int]] = {}
+
+
+def verify_checkpoint(path: str | Path) -> bool:
+    """Check every file of a checkpoint against its manifest.
+
+    Returns True when verified, False for a checkpoint without a manifest (written before
+    manifests existed; only its `state.json` is checked). Raises `CorruptCheckpointError` naming
+    the first file that is missing, truncated, altered or unreadable.
+    """
+    ckpt = Path(path)
+    state_file = ckpt / STATE_FILE
+    manifest_file = ckpt / MANIFEST_FILE
+    if not state_file.is_file():
+        raise CorruptCheckpointError(f"{state_file}: missing (not a complete checkpoint)")
+    if not manifest_file.is_file():
+        _read_state(state_file)
+        return False
+    stat = manifest_file.stat()
+    key = str(ckpt.resolve())
+    if _verified.get(key) == (stat.st_mtime_ns, stat.st_size):
+        return True
+    try:
+        manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
+        files = manifest["files"]
+        if manifest.get("format") != MANIFEST_FORMAT or not isinstance(files, dict):
+            raise ValueError("not a scalerl checkpoint manifest")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CorruptCheckpointError(f"{manifest_file}: unreadable manifest ({err})") from None
+    for rel, entry in sorted(files.items()):
+        file = ckpt / rel
+        if not file.is_file():
+            raise CorruptCheckpointError(f"{file}: missing (listed in {MANIFEST_FILE})")
+        size = file.stat().st_size
+        if size != entry["size"]:
+            raise CorruptCheckpointError(f"{file}: {size} bytes, {MANIFEST_FILE} says {entry['size']} "
+                                         "(truncated or altered)")
+        if _sha256(file) != entry["sha256"]:
+            raise CorruptCheckpointError(f"{file}: SHA-256 differs from {MANIFEST_FILE} (corrupt)")
+    _read_state(state_file)
+    _verified[key] = (stat.st_mtime_ns, stat.st_size)
+    return True
+
+
+def _read_state(state_file: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads(state_file.read_text(encoding="utf-8"))
+        if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
+            raise ValueError("no integer 'step'")
+    except (OSError, ValueError) as err:
+        raise CorruptCheckpointError(f"{state_file}: unreadable ({err})") from None
+    return meta
+
+
+def quarantine_checkpoint(path: str | Path) -> Path:
+    """Move a corrupt checkpoint aside (`corrupt-step_NNNNNN`, kept for inspection): it is no
+    longer listed, and a later save of the same step starts clean."""
+    ckpt = Path(path)
+    target = ckpt.with_name(f"{QUARANTINE_PREFIX}{ckpt.name}")
+    n = 1
+    while target.exists():
+        target = ckpt.with_name(f"{QUARANTINE_PREFIX}{ckpt.name}-{n}")
+        n += 1
+    os.replace(ckpt, target)
+    return target
+
+
+def latest_valid_checkpoint(
+    run_dir: str | Path,
+    *,
+    warn: Callable[[str], None] | None = None,
+    quarantine: bool = True,
+) -> Path | None:
+    """The newest checkpoint of a run that verifies (None if the run has none).
+
+    Each newer one that fails verification is reported through `warn` (default: the log) and,
+    with `quarantine`, moved aside. If checkpoints exist but none verifies, raises
+    `CorruptCheckpointError` naming each one's bad file.
+    """
+    say = warn or logger.warning
+    problems: list[str] = []
+    for _, path in reversed(list_checkpoints(run_dir)):
+        try:
+            if not verify_checkpoint(path):
+                say(f"{path}: no {MANIFEST_FILE} (written by an older scalerl); loading it unverified")
+            return path
+        except CorruptCheckpointError as err:
+            problems.append(str(err))
+            where = ""
+            if quarantine:
+                where = f"; moved aside to {quarantine_checkpoint(path).name}"
+            say(f"checkpoint {path.name} is corrupt: {err}{where}; falling back to the previous checkpoint")
+    if problems:
+        raise CorruptCheckpointError(f"no valid checkpoint under {checkpoint_dir(run_dir)}: "
+                                     + "; ".join(problems))
+    return None
 
 
 def rng_state() -> dict[str, Any]:
@@ -146,7 +321,8 @@ def begin_checkpoint(run_dir: str | Path, step: int, keep: int | None, token: st
 
 
 def finish_checkpoint(tmp: Path, final: Path, run_dir: str | Path, keep: int | None) -> Path:
-    """Move the complete `tmp` to `final`, then delete all but the newest `keep` checkpoints."""
+    """Write `tmp`'s manifest, move it to `final`, then delete all but the newest `keep` checkpoints."""
+    write_manifest(tmp)
     if final.exists():
         # Saving the same step again (e.g. after a resume): the old copy goes only once the new
         # one is complete.
@@ -156,10 +332,22 @@ def finish_checkpoint(tmp: Path, final: Path, run_dir: str | Path, keep: int | N
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, final)
+    _fsync_dir(final.parent)
     if keep is not None:
         for _, old_path in list_checkpoints(run_dir)[:-keep]:
-            shutil.rmtree(old_path, ignore_errors=True)
+            remove_checkpoint(old_path)
     return final
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Delete a checkpoint: renamed to a temporary name first (atomic), so that a crash during the
+    deletion leaves a temporary directory (removed by the next save), never a partial `step_*`."""
+    doomed = path.with_name(f"{_TMP_PREFIX}del-{path.name}-{os.getpid()}")
+    try:
+        os.replace(path, doomed)
+    except OSError:
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def save_checkpoint(
@@ -174,12 +362,15 @@ def save_checkpoint(
     extra: Mapping[str, Any] | None = None,
     keep: int | None = None,
     extra_files: Callable[[Path], None] | None = None,
+    files: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write the checkpoint of `step`; then delete all but the newest `keep` checkpoints.
 
-    `extra` is the caller's opaque state (prompt pool, counters, compute meter), stored as JSON.
-    `extra_files(directory)` writes more files into the checkpoint before it is marked complete
-    (e.g. a critic's weights and optimizer).
+    `extra` is the caller's opaque state (prompt pool, counters, compute meter), stored as JSON;
+    `files` maps file names to objects stored with `torch.save` (tensors, containers of them and
+    of plain values: what `torch.load(weights_only=True)` reads back). `extra_files(directory)`
+    writes more files into the checkpoint before it is marked complete (e.g. a critic's weights
+    and optimizer); the manifest covers them too.
     """
     tmp, final = begin_checkpoint(run_dir, step, keep, token=str(os.getpid()))
     tmp.mkdir()
@@ -194,8 +385,19 @@ def save_checkpoint(
         torch.save(rng_state(), tmp / "rng.pt")
         if extra_files is not None:
             extra_files(tmp)
+        for name, obj in (files or {}).items():
+            if Path(name).name != name or name in (STATE_FILE, MANIFEST_FILE):
+                raise ValueError(f"files: {name!r} is not a plain, free file name")
+            torch.save(obj, tmp / name)
         write_state(tmp, step, trainer_state, extra)
         return finish_checkpoint(tmp, final, run_dir, keep)
+    except ValueError:  # the caller's state (not JSON): a bug to report as it is
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    except Exception as err:  # OSError (ENOSPC, EIO), and writers that raise a bare Exception for it
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointWriteError(f"{final}: checkpoint not written ({err}); the earlier checkpoints "
+                                   "are unchanged") from err
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -234,13 +436,29 @@ def load_checkpoint(
     state_file = ckpt / STATE_FILE
     if not state_file.is_file():
         raise FileNotFoundError(f"{ckpt}: not a complete checkpoint (no {STATE_FILE})")
-    meta = json.loads(state_file.read_text(encoding="utf-8"))
-    load_model_weights(model, ckpt)
+    if not verify_checkpoint(ckpt):
+        logger.warning("%s: no %s (written by an older scalerl); loading it unverified", ckpt, MANIFEST_FILE)
+    meta = _read_state(state_file)
+    try:
+        load_model_weights(model, ckpt)
+    except (OSError, RuntimeError) as err:  # safetensors: a header or a tensor it cannot read
+        raise CorruptCheckpointError(f"{ckpt}: model weights unreadable ({err})") from None
     device = next(model.parameters()).device
     if optimizer is not None:
-        optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location=device, weights_only=True))
+        optimizer.load_state_dict(load_torch_file(ckpt / "optimizer.pt", map_location=device))
     if scheduler is not None:
-        scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt", weights_only=True))
+        scheduler.load_state_dict(load_torch_file(ckpt / "scheduler.pt"))
     if restore_rng:
-        set_rng_state(torch.load(ckpt / "rng.pt", weights_only=True))
-    return CheckpointState(path=ckpt, step=int(meta["step"]), trainer=meta["trainer"], extra=meta["extra"])
+        set_rng_state(load_torch_file(ckpt / "rng.pt"))
+    return CheckpointState(path=ckpt, step=int(meta["step"]), trainer=meta.get("trainer", {}),
+                           extra=meta.get("extra", {}))
+
+
+def load_torch_file(path: Path, map_location: Any = None) -> Any:
+    """`torch.load(path, weights_only=True)`; an unreadable file is a `CorruptCheckpointError` naming it."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise CorruptCheckpointError(f"{path}: missing") from None
+    except Exception as err:  # torch raises RuntimeError, pickle errors, EOFError for bad files
+        raise CorruptCheckpointError(f"{path}: unreadable ({type(err).__name__}: {err})") from None

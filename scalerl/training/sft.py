@@ -38,6 +38,7 @@ from scalerl.config import OptimConfig, RunConfig
 from scalerl.data.records import PromptRecord
 from scalerl.data.synthetic import make_synthetic
 from scalerl.data.tokenize import THINK_SYSTEM_PROMPT, encode_prompt
+from scalerl.inputs import CACHE_DIR_VAR
 from scalerl.training.batch import pad_prompt_response
 from scalerl.training.forward import response_forward
 from scalerl.training.optim import build_optimizer, build_scheduler
@@ -214,7 +215,7 @@ def progress_printer(total: int, prefix: str = "sft", every: int = 25,
 
 
 def cache_root() -> Path:
-    base = os.environ.get("SCALERL_CACHE_DIR")
+    base = os.environ.get(CACHE_DIR_VAR)
     return Path(base) if base else Path.home() / ".cache" / "scalerl"
 
 

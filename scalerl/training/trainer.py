@@ -588,10 +588,12 @@ class Trainer:
         self.advantages.load_state_dict(state.get("advantages", {}))
 
     def save(
-        self, run_dir: str | Path, step: int, extra: Mapping[str, Any] | None = None, keep: int | None = None
+        self, run_dir: str | Path, step: int, extra: Mapping[str, Any] | None = None, keep: int | None = None,
+        files: Mapping[str, Any] | None = None,
     ) -> Path:
         """Checkpoint the policy, optimizer, schedule, RNG, trainer counters, the advantage
-        estimator's files (the critic's) and the caller's `extra`."""
+        estimator's files (the critic's), the caller's `extra` (JSON) and `files` (name -> object
+        for `torch.save`)."""
         return save_checkpoint(
             run_dir,
             step,
@@ -603,6 +605,7 @@ class Trainer:
             extra=extra,
             keep=keep,
             extra_files=self.advantages.save,
+            files=files,
         )
 
     def load(self, path: str | Path, restore_rng: bool = True) -> CheckpointState:

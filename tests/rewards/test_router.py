@@ -218,3 +218,15 @@ def test_score_batch_is_concurrent_bounded_and_ordered() -> None:
         assert peak == 3
     finally:
         r.close()
+
+
+def test_a_run_configs_rewards_section_builds_the_router_config() -> None:
+    from scalerl.config import RunConfig
+    from scalerl.rewards.router import RUN_ONLY_KEYS
+
+    tree = {"rewards": {"failure_reward": -1.0, "max_consecutive_failures": 3}}
+    section = RunConfig.model_validate(tree).rewards
+    assert set(section.model_dump()) >= RUN_ONLY_KEYS  # the pipeline's keys are in the section...
+    assert RewardConfig.from_run_config(section).failure_reward == -1.0  # ...and not passed to the router
+    with pytest.raises(ValueError, match="rewards: unknown key"):
+        RewardConfig.from_dict(section.model_dump())

@@ -76,7 +76,7 @@ def test_a_non_zero_exit_counts_as_failure(tmp_path: Path) -> None:
 def _checkpoint(run_dir: Path, step: int) -> Path:
     path = run_dir / "checkpoints" / f"step_{step:06d}"
     path.mkdir(parents=True)
-    (path / "state.json").write_text("{}")
+    (path / "state.json").write_text(json.dumps({"step": step}))
     return path
 
 

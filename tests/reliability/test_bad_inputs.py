@@ -1,0 +1,242 @@
+"""Bad input, one kind per case: exit status 2, one message naming what and where, nothing written.
+
+Each case runs the real command line (`scalerl.cli.main`) in an empty folder holding only the
+case's files, and checks
+
+* the exit status is 2 (argparse's own errors included);
+* stderr holds exactly one `error:` message, no traceback, and it matches the case's pattern: the
+  input named by its config key, flag, file or variable, and where (file:line, key path);
+* no file was created, changed or removed (no run directory, no partial output), and neither the
+  warm start nor the Hugging Face Hub was reached: every check runs before any work.
+
+`CASES` is the table of docs/reliability.md ("Bad input"); a test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+import scalerl.training.sft as sft_mod
+from scalerl.cli import main
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "reliability.md"
+RUN_CONFIG = "max_steps: 2\nmodel:\n  name_or_path: model\n"
+
+
+def _corrupt_checkpoint(root: Path) -> None:
+    from scalerl.training.checkpoint import write_manifest
+
+    ckpt = root / "run" / "checkpoints" / "step_000003"
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.safetensors").write_bytes(b"\0" * 64)
+    (ckpt / "state.json").write_text('{"step": 3}')
+    write_manifest(ckpt)
+    (ckpt / "model.safetensors").write_bytes(b"\0" * 63 + b"\1")  # one flipped bit after the save
+
+
+@dataclass(frozen=True)
+class Case:
+    kind: str
+    group: str
+    argv: tuple[str, ...]
+    message: str  # a regular expression searched in stderr
+    files: dict[str, str | bytes] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    setup: Callable[[Path], None] | None = None
+
+
+MODEL = {"model/config.json": "{}"}
+TRAIN = ("train", "--output-dir", "out")
+ROWS = {"ok.jsonl": '{"prompt": "1+1?", "answer": "2", "task": "math"}\n'}
+CURVE = "".join(f'{{"step": {i}, "compute_device_hours": {0.1 * i:.1f}, "val_pass_rate": 0.{i}}}\n'
+                for i in range(1, 7))
+
+CASES: list[Case] = [
+    # -- config files and overrides
+    Case("config-file-missing", "config", (*TRAIN, "-c", "nope.yaml"), r"nope\.yaml: config file not found"),
+    Case("config-yaml-syntax", "config", (*TRAIN, "-c", "c.yaml"),
+         r"c\.yaml:3:1: invalid YAML: expected ',' or '\]'.*started at line 2, column 7",
+         {"c.yaml": "optim:\n  lr: [1\n"}),
+    Case("config-not-utf8", "config", (*TRAIN, "-c", "c.yaml"), r"c\.yaml: not UTF-8 text \(byte 13",
+         {"c.yaml": b"optim:\n  lr: \xff\n"}),
+    Case("config-top-level-not-mapping", "config", (*TRAIN, "-c", "c.yaml"),
+         r"c\.yaml:1: top level must be a mapping", {"c.yaml": "- a\n- b\n"}),
+    Case("config-unknown-key", "config", (*TRAIN, "-c", "c.yaml"),
+         r"c\.yaml:2: optim\.lrr: unknown key \(did you mean 'lr'\?\)", {"c.yaml": "optim:\n  lrr: 1\n"}),
+    Case("config-wrong-type", "config", (*TRAIN, "-c", "c.yaml"),
+         r"c\.yaml:3: optim\.lr: Input should be a valid number.*'abc'",
+         {"c.yaml": "seed: 1\noptim:\n  lr: abc\n"}),
+    Case("override-without-equals", "config", (*TRAIN, "optim.lr"),
+         r"override 'optim\.lr': expected key\.path=value"),
+    Case("override-unknown-key", "config", (*TRAIN, "optim.lrr=1"),
+         r"override 'optim\.lrr=1': optim\.lrr: unknown key"),
+    Case("override-out-of-range", "config", (*TRAIN, "generation.n=0"),
+         r"override 'generation\.n=0': generation\.n: Input should be greater than or equal to 1"),
+    Case("override-section-not-mapping", "config", (*TRAIN, "optim=3"),
+         r"override 'optim=3': optim: Input should be a valid dictionary"),
+    Case("override-bad-choice", "config", (*TRAIN, "data.format=xml"),
+         r"override 'data\.format=xml': data\.format: Input should be 'auto'"),
+    Case("unknown-recipe", "config", (*TRAIN, "--recipe", "nope"),
+         r"unknown recipe 'nope'; known recipes: .*scalerl"),
+    # -- prompt data, every loader format
+    Case("data-missing", "data", (*TRAIN, "--data", "nope.jsonl"),
+         r"data\.train_path: nope\.jsonl: no such file or directory"),
+    Case("jsonl-invalid-json", "data", (*TRAIN, "--data", "d.jsonl"),
+         r"data\.train_path: d\.jsonl: 1 row\(s\) rejected:\n  invalid JSON: 1\n"
+         r"    d\.jsonl:2: not valid JSON",
+         {"d.jsonl": ROWS["ok.jsonl"] + "{bad\n"}),
+    Case("jsonl-missing-prompt", "data", (*TRAIN, "--data", "d.jsonl"),
+         r"d\.jsonl:1: no 'prompt' or 'messages' field", {"d.jsonl": '{"question": "a", "answer": "1"}\n'}),
+    Case("json-truncated", "data", (*TRAIN, "--data", "d.json"),
+         r"data\.train_path: d\.json:1: not valid JSON",
+         {"d.json": '[{"prompt": "a", "answer": "1"}, '}),
+    Case("json-not-objects", "data", (*TRAIN, "--data", "d.json"),
+         r"d\.json:0: expected a JSON object, got int",
+         {"d.json": "[1, 2]\n"}),
+    Case("csv-ragged-row", "data", (*TRAIN, "--data", "d.csv"), r"d\.csv:2: 1 cells but the header has 2",
+         {"d.csv": 'prompt,answer\n"a,1\n'}),
+    Case("tsv-ragged-row", "data", (*TRAIN, "--data", "d.tsv"), r"d\.tsv:2: 1 cells but the header has 2",
+         {"d.tsv": "prompt\tanswer\nhello\n"}),
+    Case("parquet-corrupt", "data", (*TRAIN, "--data", "d.parquet"),
+         r"data\.train_path: d\.parquet: unreadable Parquet file", {"d.parquet": b"not parquet"}),
+    Case("hf-dataset-folder-corrupt", "data", (*TRAIN, "--data", "ds"),
+         r"data\.train_path: ds: unreadable Hugging Face `save_to_disk` folder",
+         {"ds/state.json": "{bad", "ds/dataset_info.json": "{bad"}),
+    Case("data-unsupported-file-type", "data", (*TRAIN, "--data", "d.txt"),
+         r"data\.train_path: d\.txt: unsupported file type '\.txt'", {"d.txt": "x"}),
+    Case("data-empty-file", "data", (*TRAIN, "--data", "d.jsonl"),
+         r"data\.train_path: d\.jsonl: no usable prompt rows \(0 read\)", {"d.jsonl": ""}),
+    Case("data-folder-without-files", "data", (*TRAIN, "--data", "dir"),
+         r"data\.train_path: dir: no \.jsonl/.* files in this folder", {"dir/README": "x"}),
+    Case("eval-extra-set-missing", "data", (*TRAIN, "eval.extra_sets={hard: hard.jsonl}"),
+         r"eval\.extra_sets\.hard: hard\.jsonl: no such file"),
+    Case("data-check-bad-rows", "data", ("data", "check", "d.jsonl"),
+         r"d\.jsonl: 1 row\(s\) rejected:\n  missing task: 1\n    d\.jsonl:1: no 'task' field",
+         {"d.jsonl": '{"prompt": "a"}\n'}),
+    # -- model and tokenizer
+    Case("model-folder-missing", "model", (*TRAIN, "--model", "./nope"),
+         r"model\.name_or_path: \./nope: no such directory"),
+    Case("model-folder-without-config", "model", (*TRAIN, "--model", "m"),
+         r"model\.name_or_path: m: folder has no config\.json", {"m/weights.bin": "x"}),
+    Case("model-path-is-a-file", "model", (*TRAIN, "--model", "m.bin"),
+         r"model\.name_or_path: m\.bin is a file", {"m.bin": "x"}),
+    Case("model-config-invalid-json", "model", (*TRAIN, "--model", "m"),
+         r"model\.name_or_path: m/config\.json:1:2: not valid JSON", {"m/config.json": "{bad"}),
+    Case("tokenizer-folder-missing", "model", (*TRAIN, "--model", "model", "model.tokenizer=./tok"),
+         r"model\.tokenizer: \./tok: no such directory", MODEL),
+    # -- run directories and checkpoints
+    Case("output-dir-is-a-file", "run", ("train", "--output-dir", "f", "--model", "model"),
+         r"output_dir: f is a file; expected a run directory", {"f": "x", **MODEL}),
+    Case("output-dir-under-a-file", "run", ("train", "--output-dir", "f/run", "--model", "model"),
+         r"output_dir: f/run is under f, which is a file", {"f": "x", **MODEL}),
+    Case("output-dir-holds-a-run", "run", ("train", "--output-dir", "run", "--model", "model"),
+         r"output_dir: run already holds a run \(metrics\.jsonl\); pass --resume",
+         {"run/metrics.jsonl": "", **MODEL}),
+    Case("resume-without-a-run", "run", (*TRAIN, "--resume"),
+         r"--resume: out holds no run to resume \(no config\.yaml\)"),
+    Case("resume-checkpoint-missing", "checkpoint", (*TRAIN, "--resume", "run/checkpoints/step_000009"),
+         r"--resume: checkpoint run/checkpoints/step_000009 not found"),
+    Case("resume-checkpoint-corrupt", "checkpoint",
+         ("train", "--output-dir", "run", "--resume", "run/checkpoints/step_000003"),
+         r"run/checkpoints/step_000003/model\.safetensors: SHA-256 differs from manifest\.json",
+         {"run/config.yaml": RUN_CONFIG, **MODEL}, setup=_corrupt_checkpoint),
+    Case("eval-not-a-checkpoint", "checkpoint", ("eval", "./ck"),
+         r"ck: neither a run directory \(config\.yaml\) nor a saved model", {"ck/state.json": "{}"}),
+    # -- metrics files given to fit / compare
+    Case("fit-path-missing", "metrics", ("fit", "nope"), r"nope: no such file or directory"),
+    Case("fit-not-a-run-directory", "metrics", ("fit", "dir"),
+         r"dir: not a scalerl run directory \(no metrics",
+         {"dir/notes.txt": "x"}),
+    Case("fit-malformed-jsonl", "metrics", ("fit", "m.jsonl"), r"m\.jsonl:2: malformed JSON",
+         {"m.jsonl": CURVE.splitlines()[0] + "\n{bad\n"}),
+    Case("fit-csv-not-a-number", "metrics", ("fit", "m.csv"),
+         r"m\.csv:3: compute_device_hours = 'abc' is not",
+         {"m.csv": "step,compute_device_hours,val_pass_rate\n1,0.1,0.2\n2,abc,0.3\n"}),
+    Case("fit-no-reward-column", "metrics", ("fit", "m.csv"), r"m\.csv: none of the default y columns",
+         {"m.csv": "step,compute_device_hours\n1,0.1\n"}),
+    Case("fit-named-column-missing", "metrics", ("fit", "m.jsonl", "--x", "nope"),
+         r"m\.jsonl: no x column 'nope' \(have: ", {"m.jsonl": CURVE}),
+    Case("fit-too-few-points", "metrics", ("fit", "m.jsonl"), r"only 1 point\(s\) .* a fit needs at least 4",
+         {"m.jsonl": CURVE.splitlines()[0] + "\n"}),
+    Case("compare-malformed-run", "metrics", ("compare", "a.jsonl", "b.jsonl"), r"b\.jsonl:1: malformed JSON",
+         {"a.jsonl": CURVE, "b.jsonl": "{bad\n"}),
+    # -- command-line arguments
+    Case("cli-unknown-option", "cli", (*TRAIN, "--frobnicate"), r"unrecognized arguments: --frobnicate"),
+    Case("cli-not-an-integer", "cli", (*TRAIN, "--max-steps", "x"),
+         r"argument --max-steps: invalid int value"),
+    Case("cli-max-steps-out-of-range", "cli", (*TRAIN, "--max-steps", "-1"),
+         r"override 'max_steps=-1': max_steps: Input should be greater than or equal to 1"),
+    Case("cli-device-unknown", "cli", (*TRAIN, "--device", "foo"), r"--device: 'foo' is not a torch device"),
+    Case("cli-device-absent", "cli", (*TRAIN, "--device", "cuda:7"),
+         r"--device: cuda:7: (CUDA is not available|this machine has \d+ CUDA device)"),
+    Case("cli-bad-field-map", "cli", ("data", "check", "ok.jsonl", "--field-map", "promptquestion"),
+         r"argument --field-map: expected FIELD=COLUMN", ROWS),
+    # -- environment variables
+    Case("env-cache-dir-is-a-file", "env", TRAIN,
+         r"environment variable SCALERL_CACHE_DIR: .*/f is a file; expected a cache folder", {"f": "x"},
+         env={"SCALERL_CACHE_DIR": "{tmp}/f"}),
+    Case("env-offline-uncached-model", "env", (*TRAIN, "--model", "someone/not-cached-model"),
+         r"model\.name_or_path: 'someone/not-cached-model' is not a local folder and not in the Hugging Face "
+         r"cache \(offline mode is on\)", env={"HF_HUB_OFFLINE": "1"}),
+]
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) if p.is_file() else (-1, 0)
+            for p in root.rglob("*")}
+
+
+@pytest.fixture
+def nothing_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither the warm start nor the Hub may be reached: every check must come first."""
+    import huggingface_hub
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("work started before the inputs were checked")
+
+    monkeypatch.setattr(sft_mod, "warm_start_default", refuse)
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", refuse)
+
+
+@pytest.mark.usefixtures("nothing_runs")
+@pytest.mark.parametrize("case", CASES, ids=[c.kind for c in CASES])
+def test_bad_input_exits_2_with_one_message_and_writes_nothing(
+    case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name, content in case.files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+    if case.setup is not None:
+        case.setup(tmp_path)
+    for var, value in case.env.items():
+        monkeypatch.setenv(var, value.format(tmp=tmp_path))
+    before = _tree(tmp_path)
+    try:
+        status = main(list(case.argv))
+    except SystemExit as exit_:  # argparse
+        status = exit_.code
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert "Traceback" not in err, err
+    assert len(re.findall(r"^scalerl[\w ]*: error: ", err, flags=re.MULTILINE)) == 1, err
+    assert re.search(case.message, err), f"{case.message!r} not in:\n{err}"
+    assert _tree(tmp_path) == before, "files were created, changed or removed"
+
+
+def test_the_docs_table_lists_every_case() -> None:
+    rows = re.findall(r"^\| *`([a-z0-9-]+)` *\|", DOC.read_text(), flags=re.MULTILINE)
+    assert rows == [c.kind for c in CASES]
+    assert len(CASES) >= 25 and len({c.kind for c in CASES}) == len(CASES)
+    groups = {"config", "data", "model", "run", "checkpoint", "metrics", "cli", "env"}
+    assert {c.group for c in CASES} == groups
+
