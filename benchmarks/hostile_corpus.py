@@ -110,10 +110,21 @@ def _enter_enclosure() -> str:
     where a program's writes would land. Returns which namespaces differ from the host's."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    ms_bind, ms_rec = 0x1000, 0x4000
+    # The checkout and the interpreter may live under /tmp (a CI clone): the fresh tmpfs would hide
+    # the sandbox's init script and the modules still to import, so they are bound back in.
+    needed = {ROOT, Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
     for target, size in (("/tmp", "1g"), ("/var/tmp", "64m"), ("/dev/shm", "64m"), ("/run", "16m")):
-        if os.path.isdir(target) and libc.mount(b"weak", target.encode(), b"tmpfs", 0,
-                                                f"size={size},mode=1777".encode()) != 0:
+        if not os.path.isdir(target):
+            continue
+        kept = {str(p): os.open(p, os.O_PATH) for p in needed if p.is_relative_to(target)}
+        if libc.mount(b"weak", target.encode(), b"tmpfs", 0, f"size={size},mode=1777".encode()) != 0:
             raise OSError(ctypes.get_errno(), f"enclosure: mount tmpfs on {target}")
+        for path, fd in kept.items():
+            os.makedirs(path, exist_ok=True)
+            if libc.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, ms_bind | ms_rec, None) != 0:
+                raise OSError(ctypes.get_errno(), f"enclosure: bind {path} back over the tmpfs")
+            os.close(fd)
     siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         req = struct.pack("16sH14x", b"lo", 0)

@@ -200,7 +200,7 @@ class _open_engine:  # noqa: N801 (a context manager used like a function)
 
         cfg, tok = self.cfg, self.tokenizer
         try:
-            router = RewardRouter(RewardConfig.from_dict(cfg.rewards.model_dump()))
+            router = RewardRouter(RewardConfig.from_run_config(cfg.rewards))
             self._closers.append(router.close)
             scorer = GroupScorer(router, lambda ids: str(tok.decode(ids, skip_special_tokens=True)),
                                  max_workers=cfg.rewards.max_workers,

@@ -231,7 +231,7 @@ class Driver:
     def snapshot(self) -> dict[str, Any] | None:
         """The pipeline in flight, for an exact resume (`snapshot.py`), or None where the schedule
         or the engine does not allow one (the JSON state's re-issue list then serves)."""
-        from scalerl.pipeline.snapshot import SNAPSHOT_VERSION, SnapshotEngine
+        from scalerl.pipeline.snapshot import SNAPSHOT_VERSION, SnapshotEngine, engine_state_to_plain
 
         engine = self.c.engine
         if not isinstance(engine, SnapshotEngine) or self.generator.running:
@@ -245,11 +245,12 @@ class Driver:
             "generator": generator,
             "controller": self.controller.state_dict(),
             "batches": self.batches.state_dict(),
-            "engine": engine.snapshot(include_weights=engine.version != self.c.trainer.version),
+            "engine": engine_state_to_plain(
+                engine.snapshot(include_weights=engine.version != self.c.trainer.version)),
         }
 
     def _restore_snapshot(self, snap: Mapping[str, Any]) -> bool:
-        from scalerl.pipeline.snapshot import SNAPSHOT_VERSION, SnapshotEngine
+        from scalerl.pipeline.snapshot import SNAPSHOT_VERSION, SnapshotEngine, engine_state_from_plain
 
         engine = self.c.engine
         why = None
@@ -261,7 +262,7 @@ class Driver:
             why = f"the engine ({type(engine).__name__}) cannot restore one"
         if why is None:
             try:
-                engine.restore(snap["engine"])
+                engine.restore(engine_state_from_plain(snap["engine"]))
             except ValueError as err:
                 why = str(err)
         if why is not None:

@@ -48,12 +48,55 @@ class SnapshotEngine(Protocol):
     def restore(self, state: Mapping[str, Any]) -> None: ...
 
 
+def _metadata_to_plain(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """Request/completion metadata with its task record (`metadata["record"]`, which the generator
+    attaches for multi-turn environments) as a dict: the snapshot is read with
+    `torch.load(weights_only=True)`, which refuses arbitrary objects."""
+    out = dict(metadata)
+    if isinstance(out.get("record"), PromptRecord):
+        out["record"] = out["record"].to_dict()
+    return out
+
+
+def _metadata_from_plain(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(metadata)
+    if isinstance(out.get("record"), Mapping):
+        out["record"] = PromptRecord.from_dict(dict(out["record"]))
+    return out
+
+
 def completion_to_plain(c: Completion) -> dict[str, Any]:
-    return asdict(c)
+    d = asdict(c)
+    d["metadata"] = _metadata_to_plain(c.metadata)
+    return d
 
 
 def completion_from_plain(d: Mapping[str, Any]) -> Completion:
-    return Completion(**dict(d))
+    d = dict(d)
+    d["metadata"] = _metadata_from_plain(d["metadata"])
+    return Completion(**d)
+
+
+def _map_engine_requests(state: Mapping[str, Any], convert: Any) -> dict[str, Any]:
+    """The engine snapshot (`EmbeddedEngine.snapshot`) with `convert` applied to the metadata of
+    every sequence's request (slots and waiting)."""
+
+    def seq(d: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        if d is None:
+            return None
+        request = dict(d["request"])
+        request["metadata"] = convert(request["metadata"])
+        return {**d, "request": request}
+
+    return {**state, "slots": [seq(d) for d in state["slots"]], "waiting": [seq(d) for d in state["waiting"]]}
+
+
+def engine_state_to_plain(state: Mapping[str, Any]) -> dict[str, Any]:
+    return _map_engine_requests(state, _metadata_to_plain)
+
+
+def engine_state_from_plain(state: Mapping[str, Any]) -> dict[str, Any]:
+    return _map_engine_requests(state, _metadata_from_plain)
 
 
 def ready_group_to_plain(item: ReadyGroup) -> dict[str, Any]:
