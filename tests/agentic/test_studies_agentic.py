@@ -2,10 +2,9 @@
 trains real trajectories through the study's run path (shared warm start, per-variant configs),
 writes its summary, report and plot, and `scalerl compare` reads the two run directories it wrote.
 
-The warm start is the agentic one (tool-use traces only, 500 SFT steps of a 2-layer model, a few
-seconds): it calls the calculator in most episodes, so the variants' turn limits show in what the
-trajectories did. Its held-out pass rate is 0 (it has memorised 36 prompts, it cannot copy unseen
-operands), so the fitted curves are flat: the study and the comparison must still come out whole.
+The warm start (`tests/agentic/tool_run.py`) calls the calculator in most episodes, so the variants'
+turn limits show in what the trajectories did. Its held-out pass rate is 0, so the fitted curves are
+flat: the study and the comparison (with its plot) must still come out whole.
 """
 
 from __future__ import annotations
@@ -16,43 +15,14 @@ from pathlib import Path
 import pytest
 
 import scalerl.cli
-from scalerl.config import build_config, load_config, yaml_layer
+from scalerl.config import build_config, yaml_layer
 from scalerl.telemetry import read_rows
-from scalerl.training.sft import SFTConfig, warm_start_default
-
-OVERRIDES: list[str] = [
-    "model.tiny.hidden_size=64",
-    "model.tiny.num_layers=2",
-    "model.tiny.num_heads=2",
-    "model.tiny.num_kv_heads=1",
-    "model.tiny.intermediate_size=128",
-    "model.tiny.max_position_embeddings=512",
-    "data.synthetic.task=tool_math",
-    "data.synthetic.num_prompts=40",
-    "data.heldout_size=4",
-    "generation.n=2",
-    "generation.max_new_tokens=96",  # a calculator call is ~80 characters
-    "generation.max_batch_size=8",
-    "generation.length_control.kind=none",
-    "pipeline.prompts_per_step=2",
-    "pipeline.k=2",
-    "eval.every=1",
-    "eval.k=2",
-    "logging.progress=false",
-    "rewards.max_workers=1",
-    "max_steps=4",
-    "agentic.environment=tools",
-    "agentic.tools=[calculator]",
-    "agentic.max_total_tokens=160",
-    "agentic.sft_tool_fraction=1.0",
-]
+from tests.agentic.tool_run import OVERRIDES, warm_start_tool_model
 
 
 @pytest.fixture(scope="module")
 def tool_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    cfg = load_config(overrides=OVERRIDES)
-    return str(warm_start_default(cfg, SFTConfig(steps=500, batch_size=4),
-                                  cache_dir=tmp_path_factory.mktemp("sft")))
+    return warm_start_tool_model(tmp_path_factory.mktemp("sft"))
 
 
 def test_ablate_then_compare_agentic_runs(tmp_path: Path, tool_model: str,
