@@ -338,15 +338,25 @@ def comparison_figure(
     )
     if refit is not None:
         ax2 = axes[1]
+        drawn = False
         for label, f in refit.fits.items():
             color, marker = style.get(label, ("0.3", "o"))
             F = efficiency_transform(f.fit_reward, f.A, f.B, f.C_mid, f.R0)
             ok = np.isfinite(F) & (F > 0)
             ax2.scatter(f.fit_compute[ok], F[ok], s=20, color=color, marker=marker, alpha=0.8)
             g = np.geomspace(f.fit_compute.min(), f.fit_compute.max(), 50)
-            ax2.plot(g, np.exp(f.B * np.log(g)), color=color, linewidth=1.6, label=f"{label}: B={f.B:.2f}")
-        log_compute_axis(ax2)
-        ax2.set_yscale("log")
+            with np.errstate(over="ignore"):
+                line = np.exp(f.B * np.log(g))
+            # A flat curve (R = R0 = A) fits any B: C^B can overflow, and F(R) has no positive value.
+            keep = np.isfinite(line) & (line > 0)
+            ax2.plot(g[keep], line[keep], color=color, linewidth=1.6, label=f"{label}: B={f.B:.2f}")
+            drawn = drawn or bool(ok.any() or keep.any())
+        if drawn:  # log axes with nothing positive on them are an error in matplotlib
+            log_compute_axis(ax2)
+            ax2.set_yscale("log")
+        else:
+            ax2.text(0.5, 0.5, "no finite F(R) > 0 to draw", transform=ax2.transAxes, ha="center",
+                     fontsize=FONT["legend"])
         ax2.set_xlabel(x_label, fontsize=FONT["label"])
         ax2.set_ylabel(r"$F(R) = C_{mid}^B / ((A-R_0)/(R-R_0) - 1)$", fontsize=FONT["label"])
         ax2.set_title(f"fixed-A refit (A = {refit.A:.3f}): slope = B", fontsize=FONT["title"])

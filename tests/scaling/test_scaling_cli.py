@@ -258,3 +258,17 @@ def test_compare_uses_the_paper_seed_margin_as_floor(
     assert data["pairs"][0]["A_verdict"] == "within_margin"
     code, out, err = run(["compare", *paths, "--bootstrap", "100", "--json", "--margin-a", "0"], capsys)
     assert json.loads(out)["pairs"][0]["A_verdict"] == "a_higher"
+
+
+def test_compare_plot_of_flat_runs(
+    tmp_path: Path, run_writer: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Runs that never leave R0 (a tiny run scoring 0) fit A = R0 with any B: the fixed-A panel has
+    no positive F(R) and C^B overflows; the plot is still written (it used to raise in matplotlib)."""
+    c = np.linspace(0, 4e8, 5)
+    paths = [str(run_writer(tmp_path, name, c, np.zeros(c.size), config_name=name)) for name in ("a", "b")]
+    png = tmp_path / "flat.png"
+    code, _, err = run(["compare", *paths, "--bootstrap", "0", "--fit-fraction", "1", "--plot", str(png)],
+                       capsys)
+    assert code == 0, err
+    assert png.read_bytes()[:4] == b"\x89PNG"
