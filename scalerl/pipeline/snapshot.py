@@ -26,7 +26,7 @@ the resume re-issues, which the JSON state always allows. A snapshot that cannot
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any, Protocol, runtime_checkable
 
@@ -77,7 +77,9 @@ def completion_from_plain(d: Mapping[str, Any]) -> Completion:
     return Completion(**d)
 
 
-def _map_engine_requests(state: Mapping[str, Any], convert: Any) -> dict[str, Any]:
+def _map_engine_requests(
+    state: Mapping[str, Any], convert: Callable[[Mapping[str, Any]], dict[str, Any]]
+) -> dict[str, Any]:
     """The engine snapshot (`EmbeddedEngine.snapshot`) with `convert` applied to the metadata of
     every sequence's request (slots and waiting)."""
 
