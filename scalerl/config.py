@@ -114,6 +114,11 @@ class VLLMEngineConfig(Section):
     enforce_eager: bool = True
     # None = room for generation.max_batch_size full-length sequences (never preempts, no more).
     kv_cache_gib: float | None = Field(None, gt=0.0)
+    # Prefix caching scoped per request (a multi-turn episode's turns share their KV; nothing
+    # computed under older weights is read by a request admitted later): docs/vllm.md.
+    prefix_caching: bool = True
+    # KV block size in tokens; None: vLLM's (128 on CPU, 16 on CUDA). Only full blocks are cached.
+    block_size: int | None = Field(None, gt=0)
 
 
 class GenerationConfig(Section):

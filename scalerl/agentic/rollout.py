@@ -19,8 +19,9 @@ text of its answer turn and the environment's own score (see `TrajectoryScorer`)
 
 Continuation: with a `ContinuableEngine` (the embedded engine) an episode stays one held sequence
 and `extend` appends each environment segment to its KV cache. Other engines (vLLM, the Ray pool)
-get a new request with the whole context as its prompt each turn (their prefix caching serves it);
-the stitched trajectory is the same.
+get a new request with the whole context as its prompt each turn, carrying the `cache_key` of the
+episode's group, so vLLM's prefix caching serves the context already computed and the pool sends
+the turn to the engine that holds it; the stitched trajectory is the same.
 
 Context windows: when the thinking-retention rule changes earlier turns (a new user message drops
 historical reasoning) or context management rewrites the history, the next turn starts from a
@@ -37,6 +38,7 @@ pool, and waits for them, so what the engine does depends on the token stream on
 from __future__ import annotations
 
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -137,6 +139,7 @@ class _Episode:
     messages: list[Message]
     window: _Window
     seed: int | None
+    cache_key: str
     turn_texts: list[str] = field(default_factory=list)
     turns: int = 0
     tool_calls: int = 0
@@ -184,6 +187,8 @@ class TrajectoryEngine(SteppingEngine):
         self._in_env: list[_Episode] = []
         self._open = 0
         self._windows = 0  # inner request ids issued beyond the first window of each request
+        # Cache keys `{engine}-{serial}`: unique per submitted group, across engines sharing `inner`.
+        self._key_prefix = uuid.uuid4().hex[:12]
         self.totals: Counter[str] = Counter()  # cumulative counts over every episode that ended
 
     # ------------------------------------------------------------------------------ protocol
@@ -230,13 +235,15 @@ class TrajectoryEngine(SteppingEngine):
                                      "deterministic (samples of one prompt got different contexts)")
                 window = self._new_window(request, ids, first=True)
                 window.inner_index = i
-                ep = _Episode(serial, i, request, record, env, messages, window, request.params.seed)
+                ep = _Episode(serial, i, request, record, env, messages, window, request.params.seed,
+                              f"{self._key_prefix}-{serial}")
                 self._episodes[(window.inner_id, i)] = ep
                 self._open += 1
             assert prompt is not None
             params = self._turn_params(request.params, budget=self.settings.max_total_tokens)
             inner_requests.append(GenerationRequest(f"{request.request_id}#0", prompt, params,
-                                                    dict(request.metadata), hold=self.continuable))
+                                                    dict(request.metadata), hold=self.continuable,
+                                                    cache_key=f"{self._key_prefix}-{serial}"))
         self.inner.submit(inner_requests)
 
     def _new_window(self, request: GenerationRequest, prompt: list[int], *, first: bool = False) -> _Window:
@@ -398,7 +405,7 @@ class TrajectoryEngine(SteppingEngine):
         window.inner_index = 0
         self._episodes[(window.inner_id, 0)] = ep
         request = GenerationRequest(window.inner_id, prompt, replace(params, n=1), dict(ep.request.metadata),
-                                    hold=self.continuable)
+                                    hold=self.continuable, cache_key=ep.cache_key)
         self.inner.submit([request])
 
     def _seed(self, ep: _Episode) -> int | None:

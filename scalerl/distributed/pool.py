@@ -1,7 +1,10 @@
 """A pool of engine actors behind the `Engine` protocol.
 
 * Placement: each request (a group: one prompt, `n` samples) goes whole to the live engine with the
-  fewest samples assigned and not yet returned (least loaded), so a slow engine gets less work.
+  fewest samples assigned and not yet returned (least loaded), so a slow engine gets less work. A
+  request with a `cache_key` seen before (a later turn of a multi-turn episode) goes to the engine
+  that ran that key last, where its context is in the prefix cache (`counters.sticky_requests`);
+  if that engine died, to the least loaded.
 * Streaming: every engine always has one `poll` outstanding; `step()` returns the groups whose
   samples have all come back since the last call (the generator scores whole groups anyway, and
   holding partial ones is what lets a dead engine's group be re-run whole).
@@ -22,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 POLL_WAIT_S = 0.5  # how long an engine's poll waits for a completion before answering empty
 ENGINE_CONCURRENCY = 4  # poll + submit + weight update + spare, in parallel inside one actor
+AFFINITY_KEYS = 1 << 16  # cache keys remembered for placement (one per recent episode group)
 
 
 class NoEngineLeftError(RuntimeError):
@@ -74,6 +79,7 @@ class PoolCounters:
     groups_reissued: int = 0  # in-flight groups of a dead engine, sent to another
     samples_discarded: int = 0  # partial samples of those groups, generated again
     groups_completed: int = 0
+    sticky_requests: int = 0  # requests sent to the engine holding their cache_key's context
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -101,6 +107,7 @@ class EnginePool:
         self.counters = PoolCounters()
         self._flights: dict[str, _Flight] = {}
         self._undelivered: list[Completion] = []
+        self._affinity: OrderedDict[str, int] = OrderedDict()  # cache_key -> engine index, LRU
         self._lock = threading.RLock()  # bookkeeping: members, flights, counters
         self._step_lock = threading.RLock()  # one consumer of polls at a time (step / generate)
         self._ray = import_ray()
@@ -168,12 +175,27 @@ class EnginePool:
             )
         return min(live, key=lambda m: (m.load, m.index))
 
+    def _placement(self, request: GenerationRequest) -> EngineMember:
+        key = request.cache_key
+        if key is None:
+            return self._least_loaded()
+        index = self._affinity.get(key)
+        if index is not None and self.members[index].alive:
+            self._affinity.move_to_end(key)
+            self.counters.sticky_requests += 1
+            return self.members[index]
+        m = self._least_loaded()
+        self._affinity[key] = m.index
+        if len(self._affinity) > AFFINITY_KEYS:
+            self._affinity.popitem(last=False)  # the oldest episode group: long finished
+        return m
+
     def _assign_locked(self, requests: Sequence[GenerationRequest]) -> None:
         per_engine: dict[int, list[GenerationRequest]] = {}
         for r in requests:
             if r.request_id in self._flights:
                 raise ValueError(f"request id {r.request_id!r} is already in flight")
-            m = self._least_loaded()
+            m = self._placement(r)
             m.load += r.params.n
             self._flights[r.request_id] = _Flight(r, m.index)
             per_engine.setdefault(m.index, []).append(r)

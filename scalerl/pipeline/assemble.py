@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -182,8 +182,25 @@ def local_backend(
         files = {SNAPSHOT_FILE: snapshot} if snapshot is not None else None
         trainer.save(run_path, step, extra={"pipeline": state}, keep=config.checkpoint.keep, files=files)
 
+    stats = getattr(engine, "stats", None)
+    wrap = (lambda sink: EngineFigures(sink, stats)) if hasattr(stats, "figures") else None
     return Backend(trainer=trainer, engine=engine, tokenizer=tokenizer, meter=meter, start_step=start_step,
-                   resume_state=resume_state, checkpoint=checkpoint, closers=closers)
+                   resume_state=resume_state, checkpoint=checkpoint, wrap_metrics=wrap, closers=closers)
+
+
+class EngineFigures:
+    """A metrics sink that adds the engine's cumulative figures (`stats.figures()`: vLLM's prompt
+    tokens and prefix-cache hits) to every step row."""
+
+    def __init__(self, sink: Any, stats: Any) -> None:
+        self.sink = sink
+        self.stats = stats
+
+    def log_step(self, step: int, metrics: Mapping[str, Any]) -> Any:
+        return self.sink.log_step(step, {**metrics, **self.stats.figures()})
+
+    def log_eval(self, step: int, metrics: Mapping[str, Any]) -> Any:
+        return self.sink.log_eval(step, metrics)
 
 
 def load_snapshot(checkpoint: str | Path) -> dict[str, Any] | None:

@@ -61,7 +61,7 @@ class EngineSpec:
     optional for the embedded engine when a model object is passed). `dtype` and `max_model_len`
     matter to vLLM only (the embedded engine runs the model object as it is and has no length
     limit of its own). `options` are engine-specific extras (for vLLM: `enforce_eager`,
-    `kv_cache_bytes`, `engine_kwargs` for further `vllm.EngineArgs` fields).
+    `prefix_caching`, `block_size`, `kv_cache_bytes`, `engine_kwargs` for further `vllm.EngineArgs` fields).
     """
 
     kind: EngineKind
@@ -91,7 +91,9 @@ def spec_from_config(
     interruption never makes a sample longer than `max_new_tokens`).
     """
     g = config.generation
-    options: dict[str, Any] = {"enforce_eager": g.vllm.enforce_eager}
+    options: dict[str, Any] = {"enforce_eager": g.vllm.enforce_eager, "prefix_caching": g.vllm.prefix_caching}
+    if g.vllm.block_size is not None:
+        options["block_size"] = g.vllm.block_size
     if g.vllm.kv_cache_gib is not None:
         options["kv_cache_bytes"] = int(g.vllm.kv_cache_gib * 2**30)
     return EngineSpec(
@@ -141,6 +143,8 @@ def build_engine(spec: EngineSpec, model: nn.Module | None = None) -> Engine:
         options = dict(spec.options)
         kv_cache_bytes = options.pop("kv_cache_bytes", None)
         enforce_eager = bool(options.pop("enforce_eager", True))
+        prefix_caching = bool(options.pop("prefix_caching", True))
+        block_size = options.pop("block_size", None)
         engine_kwargs = options.pop("engine_kwargs", None)
         if options:
             raise ValueError(f"EngineSpec.options: unknown vLLM engine options {sorted(options)}")
@@ -155,6 +159,8 @@ def build_engine(spec: EngineSpec, model: nn.Module | None = None) -> Engine:
             initial_version=spec.initial_version,
             kv_cache_bytes=kv_cache_bytes,
             enforce_eager=enforce_eager,
+            prefix_caching=prefix_caching,
+            block_size=block_size,
             engine_kwargs=engine_kwargs,
         )
     if spec.kind == "emulated":

@@ -92,6 +92,12 @@ class GenerationRequest:
 
     `hold=True` (engines with `ContinuableEngine`): a finished sample keeps its state (the KV cache)
     so that `extend` can append environment tokens and continue it; `release` frees it.
+
+    `cache_key`: requests that share one continue each other (the turns of a multi-turn episode
+    resubmitted with their whole context), so an engine with prefix caching may serve their common
+    prefix from KV computed for an earlier one, as an in-flight update keeps a running sequence's
+    KV. None: only the request's own samples share cached KV, so a request admitted after a weight
+    update never reads KV of older weights. A pool of engines keeps a key on one engine.
     """
 
     request_id: str
@@ -99,6 +105,7 @@ class GenerationRequest:
     params: SamplingParams
     metadata: dict = field(default_factory=dict)
     hold: bool = False
+    cache_key: str | None = None
 
 
 @dataclass

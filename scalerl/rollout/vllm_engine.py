@@ -23,8 +23,16 @@ behaviour:
   which is why calling `model.load_weights` alone leaves stale packed weights). Running requests
   keep their KV blocks and continue under the new weights (PipelineRL). An update must carry every
   checkpoint tensor, the LM head included even when it is tied to the embedding (a tied head left
-  out keeps its stale packed copy); a partial update is refused before anything is copied. Prefix
-  caching is off so that a request admitted after an update never reuses blocks of older weights.
+  out keeps its stale packed copy); a partial update is refused before anything is copied.
+- Prefix caching (`prefix_caching`, on by default) is scoped by vLLM's per-request `cache_salt`,
+  which enters the hash of a sequence's first block and so of every block after it: a request's
+  salt is its `cache_key` when it has one (the turns of one agentic episode, which continue each
+  other) and otherwise its own serial (its samples share the prompt's blocks, nothing else does).
+  So cached KV is only ever read by the sequence it was computed for or a continuation of it, which
+  is what an in-flight update does to a running sequence anyway (the embedded engine's `extend`
+  keeps its stale KV the same way); a request admitted after an update never reads another
+  request's blocks of older weights. vLLM 0.32 cannot reset the cache while requests run, which is
+  why a reset at each update is not the mechanism. `stats` counts prompt tokens and cache hits.
 - Behaviour log-probs: `logprobs_mode="processed_logprobs"`, the log-prob of the sampled token after
   temperature and top-k/top-p (renormalised over the kept support), which is what the sampler drew
   from. Greedy requests get vLLM's untruncated log-probs, as in `scalerl.rollout.sampling`.
@@ -38,9 +46,11 @@ behaviour:
   `MAX_FULL_SUPPORT_VOCAB` tokens and refused above it (`check_params`, before any generation).
 - Forced interruption: vLLM cannot append tokens to a running request, so a sample first runs with
   `max_tokens = budget`; if it reached the budget without closing `</think>`, the phrase is appended
-  and a continuation request (prompt + tokens so far + phrase) answers within `answer_budget`. The
-  continuation's prefill recomputes the KV cache under the current weights (the embedded engine keeps
-  the stale cache instead). The phrase tokens carry log-prob 0.0 (forced, loss-masked).
+  and a continuation request (prompt + tokens so far + phrase, same salt) answers within
+  `answer_budget`. With prefix caching its prefill reads the full blocks already computed and
+  computes the rest under the current weights; without it, all under the current weights (the
+  embedded engine keeps the whole stale cache). The phrase tokens carry log-prob 0.0 (forced,
+  loss-masked).
 - Attention head sizes: each vLLM attention backend supports a fixed set (the CPU one: 32, 64, 80,
   96, ...); a model outside it builds but fails at its first forward, so the engine checks every
   attention layer at construction and raises `UnsupportedModelError` naming the head size.
@@ -241,6 +251,23 @@ def attention_head_sizes(worker: Any) -> list[tuple[str, int, bool, list[int]]]:
 # ----------------------------------------------------------------------------- engine
 
 
+@dataclass
+class VLLMStats:
+    """Counters since construction: vLLM requests added (a sample's forced-interruption
+    continuation and each agentic turn are requests of their own), their prompt tokens, and how
+    many of those were read from the prefix cache instead of prefilled."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+
+    def figures(self) -> dict[str, float]:
+        """Cumulative figures for the step rows (`vllm_` keys)."""
+        hit = self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+        return {"vllm_requests": float(self.requests), "vllm_prompt_tokens": float(self.prompt_tokens),
+                "vllm_cached_prompt_tokens": float(self.cached_prompt_tokens), "vllm_prefix_hit_rate": hit}
+
+
 @dataclass(eq=False)
 class _Sample:
     serial: int
@@ -273,6 +300,9 @@ class VLLMEngine(SteppingEngine):
         initial_version: policy version of the weights in `model`.
         kv_cache_bytes: KV-cache size (default: `max_batch_size` full-length sequences).
         enforce_eager: no CUDA graphs / torch.compile (fast start; what the tests run).
+        prefix_caching: vLLM's prefix caching, scoped by `cache_salt` (module docstring).
+        block_size: KV block size in tokens (default vLLM's: 128 on CPU, 16 on CUDA); only full
+            blocks are cached, so short agentic turns need small blocks to hit.
         engine_kwargs: further `vllm.EngineArgs` fields.
     """
 
@@ -289,6 +319,8 @@ class VLLMEngine(SteppingEngine):
         initial_version: int = 0,
         kv_cache_bytes: int | None = None,
         enforce_eager: bool = True,
+        prefix_caching: bool = True,
+        block_size: int | None = None,
         engine_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(initial_version)
@@ -318,7 +350,8 @@ class VLLMEngine(SteppingEngine):
             max_model_len=length,
             kv_cache_memory_bytes=int(kv),
             max_logprobs=layout.vocab_size,
-            enable_prefix_caching=False,
+            enable_prefix_caching=prefix_caching,
+            **({"block_size": int(block_size)} if block_size is not None else {}),
             logprobs_mode="processed_logprobs",
             async_scheduling=False,
             stream_interval=1,
@@ -350,6 +383,8 @@ class VLLMEngine(SteppingEngine):
         self.max_model_len = 0
         self._rng = np.random.default_rng(seed)
         self._samples: dict[str, _Sample] = {}  # our vLLM request id -> sample
+        self._first_output: set[str] = set()  # vLLM requests whose cache hits are not counted yet
+        self.stats = VLLMStats()
         self._unfinished = 0
         self._closed = False
 
@@ -418,9 +453,14 @@ class VLLMEngine(SteppingEngine):
         seed = phase_seed(sample.base_seed, sample.sample_index, sample.phase)
         rid = f"{sample.serial}-{sample.sample_index}-{sample.phase}"
         vllm_params = self._vllm_params(sample.request.params, seed, max_tokens, sample.support is not None)
+        key = sample.request.cache_key
+        salt = f"key:{key}" if key is not None else f"request:{sample.serial}"
         # 0.32 returns its own (randomized) internal id; outputs carry the id passed here.
-        self._engine.add_request(rid, {"prompt_token_ids": prompt}, vllm_params)
+        self._engine.add_request(rid, {"prompt_token_ids": prompt, "cache_salt": salt}, vllm_params)
         self._samples[rid] = sample
+        self._first_output.add(rid)
+        self.stats.requests += 1
+        self.stats.prompt_tokens += len(prompt)
 
     # ----------------------------------------------------------------------------- hooks
     def _num_unfinished_locked(self) -> int:
@@ -483,6 +523,9 @@ class VLLMEngine(SteppingEngine):
             sample = self._samples.get(output.request_id)
             if sample is None:
                 continue
+            if output.request_id in self._first_output:
+                self._first_output.discard(output.request_id)
+                self.stats.cached_prompt_tokens += int(output.num_cached_tokens or 0)
             out = output.outputs[0]
             stopped = self._append(sample, out, version)
             if stopped and not output.finished:
@@ -491,6 +534,7 @@ class VLLMEngine(SteppingEngine):
             if not (output.finished or stopped):
                 continue
             del self._samples[output.request_id]
+            self._first_output.discard(output.request_id)
             reason = self._after_phase(sample, "stop" if stopped else out.finish_reason)
             if reason is not None:
                 self._unfinished -= 1

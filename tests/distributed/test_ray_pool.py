@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 from pipeline.fakes import FakeEngine, FakeScorer, FakeSource, FakeTrainer, Rows, decode, encode
@@ -149,5 +150,36 @@ def test_no_engine_left_is_a_clear_error(ray_cluster: object) -> None:
             driver.run()
         assert isinstance(info.value.__cause__, NoEngineLeftError) or "NoEngineLeftError" in str(info.value)
         assert pool.counters.engine_deaths == 2
+    finally:
+        pool.close()
+
+
+def test_a_cache_key_stays_on_the_engine_that_holds_its_context(ray_cluster: object) -> None:
+    """Later turns of an episode group (one `cache_key`) go where its context is cached, whatever
+    the load; a key whose engine died goes to the least loaded survivor."""
+    pool = EnginePool.launch([functools.partial(FakeEngine, max_batch_size=4, seed=s) for s in (1, 2)], DIST)
+    params = SamplingParams(n=2, max_new_tokens=8, seed=3)
+
+    def placed(request: GenerationRequest) -> int:
+        pool.submit([request])
+        return pool._flights[request.request_id].engine
+
+    try:
+        first = {key: placed(GenerationRequest(f"{key}#0", [1], params, cache_key=key)) for key in ("a", "b")}
+        assert sorted(first.values()) == [0, 1]  # least loaded: one each
+        pool.generate([])
+        while pool.num_unfinished():
+            pool.step()
+        # Load engine a's way down with keyless work: its next turn still goes there.
+        for i in range(3):
+            assert placed(GenerationRequest(f"free/{i}", [1], params)) in (0, 1)
+        busy = max(pool.members, key=lambda m: m.load).index
+        key = "a" if first["a"] == busy else "b"
+        assert placed(GenerationRequest(f"{key}#1", [1, 2], replace(params, n=1), cache_key=key)) == busy
+        assert pool.counters.sticky_requests == 1
+        pool.mark_dead(pool.members[busy], "test")  # re-issues its flights: the key moves with them
+        assert pool._flights[f"{key}#1"].engine == 1 - busy
+        assert placed(GenerationRequest(f"{key}#2", [1, 2], replace(params, n=1), cache_key=key)) == 1 - busy
+        assert pool.counters.sticky_requests == 2
     finally:
         pool.close()

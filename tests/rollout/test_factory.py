@@ -27,14 +27,17 @@ def test_spec_from_config_reads_the_engine_settings() -> None:
         "model": {"dtype": "bfloat16", "fp32_lm_head": False},
         "data": {"max_prompt_tokens": 100},
         "generation": {"engine": "vllm", "max_new_tokens": 60, "max_batch_size": 7, "seed": 3,
-                       "vllm": {"enforce_eager": False, "kv_cache_gib": 0.5}},
+                       "vllm": {"enforce_eager": False, "kv_cache_gib": 0.5, "prefix_caching": False,
+                                "block_size": 64}},
     })
     spec = spec_from_config(cfg, model_path="m", eos_token_ids=(1,), pad_token_id=0, initial_version=4)
     assert spec == EngineSpec(kind="vllm", model_path="m", fp32_lm_head=False, seed=3, max_batch_size=7,
                               eos_token_ids=(1,), pad_token_id=0, initial_version=4, dtype="bfloat16",
-                              max_model_len=160, options={"enforce_eager": False, "kv_cache_bytes": 2**29})
+                              max_model_len=160,
+                              options={"enforce_eager": False, "kv_cache_bytes": 2**29,
+                                       "prefix_caching": False, "block_size": 64})
     default = spec_from_config(RunConfig(), model_path=None, eos_token_ids=(1,), pad_token_id=0)
-    assert default.kind == "embedded" and default.options == {"enforce_eager": True}
+    assert default.kind == "embedded" and default.options == {"enforce_eager": True, "prefix_caching": True}
 
 
 def test_embedded_is_always_available_and_unknown_kinds_fail() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import types
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -98,10 +99,12 @@ class FakeCore:
         self.added: list[tuple[str, list[int], int]] = []
         self.weights_version = 0
         self.aborted: list[str] = []
+        self.salts: dict[str, str] = {}
 
     def add_request(self, rid: str, prompt: dict, params: Any) -> str:
         self.requests[rid] = {"ids": list(prompt["prompt_token_ids"]), "params": params, "n": 0}
         self.added.append((rid, list(prompt["prompt_token_ids"]), params.max_tokens))
+        self.salts[rid] = prompt["cache_salt"]
         return f"{rid}-internal"  # as vLLM 0.32: a randomized internal id; outputs carry ours
 
     def abort_request(self, request_ids: list[str]) -> None:
@@ -131,7 +134,8 @@ class FakeCore:
                 reason = "length"
             entry = {tok: types.SimpleNamespace(logprob=-0.25 * self.weights_version - 0.1)}
             out = types.SimpleNamespace(token_ids=[tok], logprobs=[entry], finish_reason=reason)
-            outputs.append(types.SimpleNamespace(request_id=rid, finished=reason is not None, outputs=[out]))
+            outputs.append(types.SimpleNamespace(request_id=rid, finished=reason is not None, outputs=[out],
+                                                 num_cached_tokens=0 if req["n"] == 1 else None))
             if reason is not None:
                 del self.requests[rid]
         return outputs
@@ -219,6 +223,25 @@ def test_interruption_runs_a_continuation_with_the_phrase() -> None:
         ([5, 6], 3),
         ([5, 6, *think, 40, 41], 2),
     ]
+
+
+def test_cache_salts_scope_the_prefix_cache() -> None:
+    """A request's samples and its interruption continuation share one salt; another request gets
+    its own unless both carry the same `cache_key` (an episode's turns)."""
+    engine, core = fake_engine(counting)
+    params = SamplingParams(n=2, max_new_tokens=20, interruption=SPEC)
+    engine.generate([GenerationRequest("a", [5, 6], params), GenerationRequest("b", [5, 6], params),
+                     GenerationRequest("t1", [5], replace(params, n=1), cache_key="ep"),
+                     GenerationRequest("t2", [5, 7], replace(params, n=1), cache_key="ep")])
+    by_request: dict[str, set[str]] = {}  # our vLLM ids are serial-sample-phase
+    for rid, _, _ in core.added:
+        by_request.setdefault(rid.split("-")[0], set()).add(core.salts[rid])
+    assert len(core.added) == 12  # every sample runs its think phase, then a continuation
+    a, b, t1, t2 = (by_request[k] for k in sorted(by_request, key=int))
+    assert len(a) == len(b) == 1 and a != b
+    assert t1 == t2 == {"key:ep"} and not (a & t1)
+    assert engine.stats.requests == 12 and engine.stats.cached_prompt_tokens == 0
+    assert engine.stats.prompt_tokens == sum(len(prompt) for _, prompt, _ in core.added)
 
 
 def test_closed_think_continues_without_the_phrase() -> None:

@@ -118,9 +118,13 @@ def test_scalerl_train_runs_trajectories_on_vllm(tmp_path: Path, mode: str) -> N
         "generation.max_batch_size=8", "pipeline.prompts_per_step=2", "data.heldout_size=2", "eval.k=2",
         "eval.every=2", "data.synthetic.task=tool_math", "data.synthetic.num_prompts=20",
         "agentic.environment=tools", "agentic.max_turns=2", "agentic.max_total_tokens=48",
+        "generation.vllm.block_size=32",
     ]) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["kind"] == "step"]
     assert [r["step"] for r in steps] == [1, 2]
     assert all(r["agentic_turns_mean"] >= 1 and r["agentic_gen_time_s"] > 0 for r in steps)
+    # The engine's prefix-cache figures reach the step rows (cumulative, so they never fall).
+    hits = [r["vllm_cached_prompt_tokens"] for r in steps]
+    assert hits == sorted(hits) and steps[-1]["vllm_prompt_tokens"] > 0
     assert any("val_agentic_turns_mean" in r for r in rows if r["kind"] == "eval")
