@@ -41,7 +41,7 @@ from scipy.stats import f as f_dist
 from scalerl.scaling.forms import log_compute
 from scalerl.scaling.grids import adaptive_grids, best_cell_per_A
 from scalerl.scaling.refine import levenberg_marquardt
-from scalerl.scaling.sigmoid import SigmoidFit, theta_bounds
+from scalerl.scaling.sigmoid import SigmoidFit, resolve_a_max, theta_bounds
 
 BootstrapKind = Literal["residual", "pairs"]
 PARAMS: tuple[str, ...] = ("A", "B", "C_mid")
@@ -91,7 +91,8 @@ class Bootstrap:
 
         ``observation=False``: where the true curve lies (confidence band). ``True``: where a new
         evaluation would land (prediction band: each replicate curve plus a resampled residual,
-        plus the drift term past the fit window's end).
+        plus the drift term past the fit window's end), capped at 1 when every reward is <= 1
+        (a pass rate cannot exceed 1: the rule that bounds A, `sigmoid.resolve_a_max`).
         """
         q = self.level if level is None else level
         c = np.atleast_1d(np.asarray(compute, dtype=np.float64))
@@ -103,6 +104,9 @@ class Bootstrap:
                 h = np.maximum(c - self.fit_end, 0.0) / self.spacing
                 cur = cur + rng.standard_normal(cur.shape) * np.sqrt(self.drift * h)[None, :]
         lo, hi = np.quantile(cur, [(1 - q) / 2, (1 + q) / 2], axis=0)
+        if observation:
+            ceiling = resolve_a_max(self.fit.reward, self.fit.R0, None)
+            lo, hi = np.minimum(lo, ceiling), np.minimum(hi, ceiling)
         return lo, hi
 
     def to_dict(self) -> dict[str, object]:

@@ -165,3 +165,21 @@ def test_the_observation_band_widens_past_the_window_with_drift(synthetic: Synth
     assert width[1] > 1.3 * plain[1] and width[2] > width[1]
     clo, chi = boot.band(at)  # the confidence band of the curve does not carry the drift
     np.testing.assert_array_equal((clo, chi), replace(boot, drift=0.0).band(at))
+
+
+def test_the_observation_band_of_a_pass_rate_stays_below_one(synthetic: SyntheticCurve) -> None:
+    """Near saturation with drift the band would pass 1; a pass rate cannot, so it is capped
+    there (the rule that bounds A). Rewards above 1 are not capped."""
+
+    c, y = synthetic(A=0.97, B=1.5, C_mid=5000, c_max=40000, n=40, noise=0.002, seed=3)
+    y = np.minimum(y + np.cumsum(np.random.default_rng(3).normal(0.0, 0.01, c.size)), 1.0)
+    fit = fit_sigmoid(c, y, r0=0.4, max_compute=20000)
+    boot = bootstrap(fit, n_boot=300, seed=0, level=0.95)
+    at = np.array([30000.0, 40000.0])
+    assert boot.drift > 0
+    uncapped = boot.curves(at) + np.sqrt(boot.drift * (at - boot.fit_end) / boot.spacing)[None, :] * 2
+    assert uncapped.max() > 1.0  # without the cap the band would reach past 1
+    lo, hi = boot.band(at, observation=True)
+    assert np.all(hi <= 1.0) and np.all(lo < hi)
+    scaled = bootstrap(fit_sigmoid(c, 10 * y, r0=4.0, max_compute=20000), n_boot=300, seed=0, level=0.95)
+    assert scaled.band(at, observation=True)[1].max() > 9.0  # a 0-10 score: no cap at 1

@@ -27,7 +27,9 @@ def test_the_shipped_settings_resolve_to_the_demo_run(tmp_path: Path) -> None:
     assert cfg.data.heldout_size == shipped["run"]["data"]["heldout_size"]
     assert cfg.algorithm.loss_type == "cispo"  # from the recipe
     assert cfg.pipeline.off_policy == "pipeline" and cfg.pipeline.schedule == "interleaved"
-    assert cfg.optim.lr == RunConfig().optim.lr  # the demo does not tune the model's training
+    # The demo's task (one level) and learning rate are its own (demo.yaml says why).
+    assert cfg.optim.lr == shipped["run"]["optim"]["lr"] != RunConfig().optim.lr
+    assert list(cfg.data.synthetic.difficulty) == shipped["run"]["data"]["synthetic"]["difficulty"]
     assert loaded.settings.fit.x == "flops" and loaded.settings.fit.fraction == 0.5
     quick = demo_config(loaded, output_dir=tmp_path / "q", quick=True, seed=3, max_time_s=60.0,
                         overrides=["eval.k=3"])
