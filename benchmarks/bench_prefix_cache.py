@@ -16,6 +16,7 @@ repeat builds and closes one engine per side; only the turns are timed.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -71,9 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.model, args.episodes, args.turns, args.prompt_tokens, args.repeats = "tiny", 8, 3, 96, 1
 
-    from scalerl.rollout.factory import check_engine_available
+    from scalerl.rollout.factory import EngineUnavailableError, check_engine_available
 
-    check_engine_available("vllm")  # exits with the install command when vLLM is missing
+    try:
+        check_engine_available("vllm")
+    except EngineUnavailableError as err:
+        print(f"bench_prefix_cache: {err}", file=sys.stderr)
+        return 2
     from scalerl.rollout.vllm_engine import VLLMEngine
 
     tok = build_tiny_tokenizer()

@@ -54,9 +54,10 @@ PLOT_FILE = "curves.png"
 
 
 def recipe_config(recipe: str, overrides: Sequence[str], max_steps: int | None) -> RunConfig:
-    """The recipe, the demo's run settings, `--max-steps`, then the overrides."""
+    """The demo's run settings, the recipe on top (its own choices, e.g. qwen_dapo's batch shape,
+    survive the demo's 16 prompts a step), `--max-steps`, then the overrides."""
     loaded = load_settings()
-    layers = [({"recipe": recipe}, {}), yaml_layer(recipe_path(recipe)), loaded.layer("run")]
+    layers = [({"recipe": recipe}, {}), loaded.layer("run"), yaml_layer(recipe_path(recipe))]
     if max_steps is not None:
         layers.append(({"max_steps": max_steps}, {("max_steps",): "--max-steps"}))
     layers.append(override_layer(list(overrides)))

@@ -14,6 +14,7 @@ there, never in ~/.cache), one OpenMP thread (CI machines are small and shared) 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -38,6 +39,7 @@ TESTED = {
     "bench_scaleout.py",
     "hostile_corpus.py",
     "band_calibration.py",
+    "bench_prefix_cache.py",  # with vLLM: tests/with_vllm/test_vllm_bench.py
 }
 
 
@@ -366,3 +368,12 @@ def test_band_calibration_on_the_paper_curves(cache_dir: Path) -> None:
     for m in rows.values():
         assert int(m.group(4)) >= int(m.group(5)), out
     assert 80 <= int(rows["pooled"].group(4)) <= 100, out
+
+
+def test_bench_prefix_cache_without_vllm_names_the_install() -> None:
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is importable here: tests/with_vllm/test_vllm_bench.py runs the benchmark")
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "bench_prefix_cache.py"), "--quick"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "generation.engine=vllm: vLLM is not usable here" in proc.stderr

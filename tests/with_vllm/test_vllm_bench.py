@@ -33,3 +33,23 @@ def test_bench_engine_has_a_vllm_column_for_both_models(tmp_path: Path) -> None:
         vs_engine = float(re.search(rf"^throughput ratio \(vllm / engine\): ({NUM})x", block, re.M)[1])
         assert vllm_ratio == pytest.approx(tps["VLLMEngine"] / tps["HF generate\\(\\)"], rel=0.02, abs=0.01)
         assert vs_engine == pytest.approx(tps["VLLMEngine"] / tps["EmbeddedEngine"], rel=0.02, abs=0.01)
+
+
+def test_bench_prefix_cache_quick(tmp_path: Path) -> None:
+    """The prefix-cache benchmark as a user runs it: both sides build the same tokens, only the
+    cached side reads prompt tokens from the cache, and the printed ratio is the seconds' ratio."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_prefix_cache.py"), "--quick"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=400, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = {m[1]: (int(m[2]), int(m[3]), float(m[4])) for m in re.finditer(
+        rf"^(no prefix cache|prefix cache)\s+(\d+)\s+(\d+)\s+({NUM})$", proc.stdout, re.MULTILINE)}
+    assert set(rows) == {"no prefix cache", "prefix cache"}
+    plain_prompt, plain_hit, plain_s = rows["no prefix cache"]
+    prompt, hit, cached_s = rows["prefix cache"]
+    assert plain_prompt == prompt and plain_hit == 0 and 0.3 * prompt < hit < prompt
+    m = re.search(rf"speed-up \(no cache / cache\): x({NUM}); prefill tokens saved (\d+)%; same tokens: True",
+                  proc.stdout)
+    assert m is not None
+    assert float(m[1]) == pytest.approx(plain_s / cached_s, rel=0.05, abs=0.01)
+    assert int(m[2]) == round(100 * hit / prompt)
