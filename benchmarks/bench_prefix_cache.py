@@ -19,12 +19,12 @@ import argparse
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
 from scalerl.models.tiny import TinyModelSpec, build_tiny_model, build_tiny_tokenizer
 from scalerl.rollout import GenerationRequest, SamplingParams
+from scalerl.rollout.protocol import Engine
 
 MODELS: dict[str, TinyModelSpec] = {
     "tiny": TinyModelSpec(),
@@ -37,7 +37,7 @@ def random_ids(g: torch.Generator, n: int, vocab: int) -> list[int]:
 
 
 def episodes(
-    engine: object, args: argparse.Namespace, vocab: int, cached: bool
+    engine: Engine, args: argparse.Namespace, vocab: int, cached: bool
 ) -> tuple[float, list[list[int]]]:
     """Run every episode's turns; (seconds, final contexts)."""
     g = torch.Generator().manual_seed(args.seed)
@@ -48,7 +48,7 @@ def episodes(
         requests = [GenerationRequest(f"e{i}/t{turn}", ctx, params, cache_key=f"e{i}" if cached else None)
                     for i, ctx in enumerate(contexts)]
         start = time.perf_counter()
-        out = engine.generate(requests)  # type: ignore[attr-defined]
+        out = engine.generate(requests)
         seconds += time.perf_counter() - start
         by_id = {c.request_id: c for c in out}
         contexts = [[*ctx, *by_id[f"e{i}/t{turn}"].token_ids, *random_ids(g, args.obs_tokens, vocab)]
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         tok.save_pretrained(folder)
         for _ in range(args.repeats):
             for cached in (True, False):
-                engine = VLLMEngine(str(Path(folder)), fp32_lm_head=True, seed=args.seed,
+                engine = VLLMEngine(folder, fp32_lm_head=True, seed=args.seed,
                                     max_batch_size=args.episodes, max_model_len=max_len, eos_token_ids=(),
                                     prefix_caching=cached, block_size=args.block_size)
                 try:

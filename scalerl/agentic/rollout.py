@@ -224,6 +224,7 @@ class TrajectoryEngine(SteppingEngine):
         inner_requests = []
         for serial, request, record in zip(serials, requests, records, strict=True):
             prompt: list[int] | None = None
+            key = f"{self._key_prefix}-{serial}"
             for i in range(request.params.n):
                 env = self.make_env()
                 messages = env.reset(record)
@@ -235,15 +236,14 @@ class TrajectoryEngine(SteppingEngine):
                                      "deterministic (samples of one prompt got different contexts)")
                 window = self._new_window(request, ids, first=True)
                 window.inner_index = i
-                ep = _Episode(serial, i, request, record, env, messages, window, request.params.seed,
-                              f"{self._key_prefix}-{serial}")
+                ep = _Episode(serial, i, request, record, env, messages, window, request.params.seed, key)
                 self._episodes[(window.inner_id, i)] = ep
                 self._open += 1
             assert prompt is not None
             params = self._turn_params(request.params, budget=self.settings.max_total_tokens)
             inner_requests.append(GenerationRequest(f"{request.request_id}#0", prompt, params,
                                                     dict(request.metadata), hold=self.continuable,
-                                                    cache_key=f"{self._key_prefix}-{serial}"))
+                                                    cache_key=key))
         self.inner.submit(inner_requests)
 
     def _new_window(self, request: GenerationRequest, prompt: list[int], *, first: bool = False) -> _Window:

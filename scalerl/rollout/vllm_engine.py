@@ -255,7 +255,8 @@ def attention_head_sizes(worker: Any) -> list[tuple[str, int, bool, list[int]]]:
 class VLLMStats:
     """Counters since construction: vLLM requests added (a sample's forced-interruption
     continuation and each agentic turn are requests of their own), their prompt tokens, and how
-    many of those were read from the prefix cache instead of prefilled."""
+    many prompt tokens of the requests that ended were read from the prefix cache instead of
+    prefilled (vLLM reports it on every output of a request; it is counted once, at its end)."""
 
     requests: int = 0
     prompt_tokens: int = 0
@@ -383,7 +384,6 @@ class VLLMEngine(SteppingEngine):
         self.max_model_len = 0
         self._rng = np.random.default_rng(seed)
         self._samples: dict[str, _Sample] = {}  # our vLLM request id -> sample
-        self._first_output: set[str] = set()  # vLLM requests whose cache hits are not counted yet
         self.stats = VLLMStats()
         self._unfinished = 0
         self._closed = False
@@ -458,7 +458,6 @@ class VLLMEngine(SteppingEngine):
         # 0.32 returns its own (randomized) internal id; outputs carry the id passed here.
         self._engine.add_request(rid, {"prompt_token_ids": prompt, "cache_salt": salt}, vllm_params)
         self._samples[rid] = sample
-        self._first_output.add(rid)
         self.stats.requests += 1
         self.stats.prompt_tokens += len(prompt)
 
@@ -523,9 +522,6 @@ class VLLMEngine(SteppingEngine):
             sample = self._samples.get(output.request_id)
             if sample is None:
                 continue
-            if output.request_id in self._first_output:
-                self._first_output.discard(output.request_id)
-                self.stats.cached_prompt_tokens += int(output.num_cached_tokens or 0)
             out = output.outputs[0]
             stopped = self._append(sample, out, version)
             if stopped and not output.finished:
@@ -534,7 +530,7 @@ class VLLMEngine(SteppingEngine):
             if not (output.finished or stopped):
                 continue
             del self._samples[output.request_id]
-            self._first_output.discard(output.request_id)
+            self.stats.cached_prompt_tokens += int(output.num_cached_tokens or 0)
             reason = self._after_phase(sample, "stop" if stopped else out.finish_reason)
             if reason is not None:
                 self._unfinished -= 1

@@ -135,7 +135,7 @@ class FakeCore:
             entry = {tok: types.SimpleNamespace(logprob=-0.25 * self.weights_version - 0.1)}
             out = types.SimpleNamespace(token_ids=[tok], logprobs=[entry], finish_reason=reason)
             outputs.append(types.SimpleNamespace(request_id=rid, finished=reason is not None, outputs=[out],
-                                                 num_cached_tokens=0 if req["n"] == 1 else None))
+                                                 num_cached_tokens=0))
             if reason is not None:
                 del self.requests[rid]
         return outputs
