@@ -239,9 +239,11 @@ def check_matched_grpo(cfg: RunConfig) -> None:
 def make_setup(seed: int, budget_a: float, budget_b: float, sft_steps: int | None = None) -> Setup:
     probe = resolve_run_config("scalerl", [], [f"seed={seed}"])
     print("warm start: SFT of the tiny default (cached after the first run) ...", file=sys.stderr, flush=True)
-    # None: the default warm start, the very model `scalerl train` starts from. Another step count is
-    # another cached model (the cache key covers the SFT settings); only smoke tests want one.
-    sft = None if sft_steps is None else SFTConfig(steps=sft_steps, seed=seed)
+    # The default warm start's settings, seeded by the race's seed: each seed races from its own SFT
+    # model, as in the runs docs/bench_vs_trl.md reports (`scalerl train` now starts every seed from
+    # `model.init_seed`'s, which is this one for seed 0). Another step count is another cached model
+    # (the cache key covers the SFT settings); only smoke tests want one.
+    sft = SFTConfig(seed=seed) if sft_steps is None else SFTConfig(steps=sft_steps, seed=seed)
     model_path = str(warm_start_default(probe, sft))
     base = common_overrides(model_path, seed)
     cfg_a = resolve_run_config(

@@ -45,6 +45,9 @@ class ModelConfig(Section):
     fp32_lm_head: bool = True
     gradient_checkpointing: bool = False
     tiny: TinyModelConfig = TinyModelConfig()
+    # The embedded default's base model: its random init and the seed of its SFT warm start. The
+    # run's `seed` does not change it, so seeds of one run start from one model, as seeds of an RL
+    # recipe on one base checkpoint do (ScaleRL's +-0.02 seed margin is measured that way).
     init_seed: int = 0
 
 
@@ -52,7 +55,30 @@ class SyntheticDataConfig(Section):
     task: Literal["math", "code", "math+code", "tool_math", "tool_code"] = "math"
     num_prompts: int = Field(4096, gt=0)
     difficulty: tuple[int, int] = (1, 6)
+    # Relative share of each level of `difficulty` (lo..hi), e.g. [3, 0, 0, 0, 1] for levels 4 and 8
+    # at 3:1; None = every level alike.
+    weights: list[float] | None = None
+    # Levels of the embedded default's SFT warm start (None: `difficulty` with `weights`). A narrower
+    # range than `difficulty` leaves levels whose format the warm start never showed: problems the
+    # model starts out unable to solve, as a real prompt set has beside the ones it learns.
+    warm_start_difficulty: tuple[int, int] | None = None
     seed: int = 1234
+
+    @model_validator(mode="after")
+    def _levels(self) -> SyntheticDataConfig:
+        for key in ("difficulty", "warm_start_difficulty"):
+            lo_hi = getattr(self, key)
+            if lo_hi is not None and not 1 <= lo_hi[0] <= lo_hi[1]:
+                raise ValueError(f"{key}: need 1 <= lo <= hi, got {list(lo_hi)}")
+        if self.weights is not None:
+            lo, hi = self.difficulty
+            if self.task == "math+code":
+                raise ValueError("weights: per-level weights apply to one task, not 'math+code'")
+            w = self.weights
+            if len(w) != hi - lo + 1 or any(not x >= 0 for x in w) or sum(w) <= 0:
+                raise ValueError(f"weights: need {hi - lo + 1} non-negative weights with a positive sum "
+                                 f"(one per level {lo}..{hi} of difficulty), got {w}")
+        return self
 
 
 class DataConfig(Section):

@@ -69,6 +69,20 @@ def test_invalid_think_budget_order() -> None:
         load_config(overrides=["generation.length_control.think_budget=[10, 5]"])
 
 
+def test_synthetic_level_weights_are_checked_against_the_range() -> None:
+    cfg = load_config(overrides=["data.synthetic.difficulty=[4,8]", "data.synthetic.weights=[3,0,0,0,1]"])
+    assert cfg.data.synthetic.weights == [3, 0, 0, 0, 1]
+    with pytest.raises(ConfigError, match=r"data\.synthetic.*weights: need 5 non-negative weights"):
+        load_config(overrides=["data.synthetic.difficulty=[4,8]", "data.synthetic.weights=[3,1]"])
+    with pytest.raises(ConfigError, match="positive sum"):
+        load_config(overrides=["data.synthetic.difficulty=[4,5]", "data.synthetic.weights=[0,0]"])
+    with pytest.raises(ConfigError, match="math\\+code"):
+        load_config(overrides=["data.synthetic.task=math+code", "data.synthetic.difficulty=[1,2]",
+                               "data.synthetic.weights=[1,1]"])
+    with pytest.raises(ConfigError, match=r"warm_start_difficulty: need 1 <= lo <= hi"):
+        load_config(overrides=["data.synthetic.warm_start_difficulty=[5,4]"])
+
+
 def test_missing_file_and_non_mapping(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml")

@@ -40,7 +40,7 @@ def _load_tokenizer(name: str) -> Any:
 
 def _synth(args: argparse.Namespace) -> int:
     difficulty = None if args.difficulty is None else tuple(args.difficulty)
-    path = write_synthetic_jsonl(args.out, args.task, args.n, args.seed, difficulty)
+    path = write_synthetic_jsonl(args.out, args.task, args.n, args.seed, difficulty, args.weights)
     print(f"wrote {args.n} {args.task} prompts (seed {args.seed}) to {path}")
     return 0
 
@@ -87,6 +87,9 @@ def register(subparsers: Any) -> None:
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument("--difficulty", type=int, nargs=2, metavar=("LO", "HI"),
                        help="inclusive range of difficulty levels (default: all)")
+    synth.add_argument("--weights", type=float, nargs="+", metavar="W",
+                       help="relative share of each level of the range (default: equal), e.g. "
+                            "--difficulty 4 8 --weights 3 0 0 0 1")
     synth.add_argument("--out", required=True, metavar="FILE.jsonl")
     synth.set_defaults(func=_synth)
 

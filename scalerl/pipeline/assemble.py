@@ -88,7 +88,7 @@ def load_records(config: RunConfig) -> list[PromptRecord]:
     s = d.synthetic
     # One call for every task: "math+code" caps the shared difficulty range at each task's own
     # levels (code has 5, math 8), so the default range (1, 6) is valid for the mix.
-    return make_synthetic(s.task, s.num_prompts, s.seed, s.difficulty)
+    return make_synthetic(s.task, s.num_prompts, s.seed, s.difficulty, s.weights)
 
 
 @dataclass

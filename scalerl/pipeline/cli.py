@@ -147,7 +147,7 @@ def prepare_model(cfg: RunConfig) -> RunConfig:
         return cfg
     from scalerl.training.sft import SFTConfig, progress_printer, warm_start_default
 
-    sft = SFTConfig(seed=cfg.seed)
+    sft = SFTConfig(seed=cfg.model.init_seed)  # one base model for every RL seed
     print(f"warm start: SFT of the tiny model on synthetic reasoning traces ({sft.steps} steps the first "
           "time, then cached)", file=sys.stderr, flush=True)
     path = warm_start_default(cfg, sft, on_step=progress_printer(sft.steps, prefix="warm start"))

@@ -59,7 +59,7 @@ def register(subparsers: Any) -> None:
 
 def _sft_config(args: argparse.Namespace, cfg: RunConfig) -> SFTConfig:
     values = {f.name: getattr(args, f.name) for f in fields(SFTConfig) if getattr(args, f.name) is not None}
-    values.setdefault("seed", cfg.seed)
+    values.setdefault("seed", cfg.model.init_seed)
     return replace(SFTConfig(), **values)
 
 

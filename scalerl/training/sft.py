@@ -12,7 +12,8 @@ caches the result (`save_pretrained` model + tokenizer) under `~/.cache/scalerl/
 the demo and the tests reuse it. The warm start is one model for every RL recipe: it is trained
 in a fixed way (float32, FP32 LM head, one CPU thread) whatever the RL run's `model.dtype`,
 `model.fp32_lm_head` or the machine's cores, so runs that differ only in RL settings start from
-the same weights, and training is deterministic given the seed.
+the same weights, and training is deterministic given the seed. That seed is `model.init_seed`,
+not the run's `seed`: the base model is the same for every RL seed of a run.
 """
 
 from __future__ import annotations
@@ -231,13 +232,16 @@ def default_sft_records(cfg: RunConfig) -> list[PromptRecord]:
     the held-out curve with nothing to measure.
     """
     syn = cfg.data.synthetic
-
-    def draw(seed: int) -> list[PromptRecord]:
-        # The same call as the RL prompt set (`pipeline.assemble.load_records`), under another seed.
-        return make_synthetic(syn.task, syn.num_prompts, seed, tuple(syn.difficulty))
-
-    rl_prompts = {r.prompt for r in draw(syn.seed)}
-    return [r for r in draw(syn.seed + SFT_SEED_OFFSET) if r.prompt not in rl_prompts]
+    # The same call as the RL prompt set (`pipeline.assemble.load_records`) ...
+    rl_prompts = {r.prompt for r in make_synthetic(syn.task, syn.num_prompts, syn.seed,
+                                                   tuple(syn.difficulty), syn.weights)}
+    # ... under another seed, on the warm start's own levels when it has them.
+    if syn.warm_start_difficulty is None:
+        levels, weights = tuple(syn.difficulty), syn.weights
+    else:
+        levels, weights = tuple(syn.warm_start_difficulty), None
+    drawn = make_synthetic(syn.task, syn.num_prompts, syn.seed + SFT_SEED_OFFSET, levels, weights)
+    return [r for r in drawn if r.prompt not in rl_prompts]
 
 
 def _digest(obj: Any) -> str:
@@ -292,7 +296,7 @@ def warm_start_default(
     """
     if cfg.model.name_or_path is not None:
         raise ValueError("warm_start_default: only for the embedded tiny model (model.name_or_path is set)")
-    sft = sft or SFTConfig(seed=cfg.seed)
+    sft = sft or SFTConfig(seed=cfg.model.init_seed)
     policy = load_policy(cfg.model.model_copy(update=WARM_START_MODEL), device="cpu")
     sft_records = records if records is not None else default_sft_records(cfg)
     if cfg.agentic.environment is not None:

@@ -27,6 +27,14 @@ def test_synth_then_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     text = capsys.readouterr().out
     assert "30 rows read, 30 records loaded" in text and "tasks: math 30" in text
     assert "30 fit max_prompt_tokens=64" in text
+    mix = tmp_path / "mix.jsonl"
+    assert _run(["data", "synth", "--n", "40", "--difficulty", "4", "8", "--weights", "3", "0", "0", "0", "1",
+                 "--out", str(mix)]) == 0
+    assert {r.metadata["difficulty"] for r in load_prompts(mix).records} == {4, 8}
+    with pytest.raises(ValueError, match="5 non-negative weights"):
+        _run(["data", "synth", "--n", "4", "--difficulty", "4", "8", "--weights", "1", "1",
+              "--out", str(tmp_path / "bad.jsonl")])
+    assert not (tmp_path / "bad.jsonl").exists()
 
 
 def test_check_reports_bad_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

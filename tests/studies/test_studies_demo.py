@@ -27,9 +27,13 @@ def test_the_shipped_settings_resolve_to_the_demo_run(tmp_path: Path) -> None:
     assert cfg.data.heldout_size == shipped["run"]["data"]["heldout_size"]
     assert cfg.algorithm.loss_type == "cispo"  # from the recipe
     assert cfg.pipeline.off_policy == "pipeline" and cfg.pipeline.schedule == "interleaved"
-    # The demo's task (one level) and learning rate are its own (demo.yaml says why).
+    # The demo's task (two levels, one the warm start never shows) and learning rate are its own
+    # (demo.yaml says why).
     assert cfg.optim.lr == shipped["run"]["optim"]["lr"] != RunConfig().optim.lr
-    assert list(cfg.data.synthetic.difficulty) == shipped["run"]["data"]["synthetic"]["difficulty"]
+    syn = shipped["run"]["data"]["synthetic"]
+    assert list(cfg.data.synthetic.difficulty) == syn["difficulty"]
+    assert cfg.data.synthetic.weights == syn["weights"]
+    assert list(cfg.data.synthetic.warm_start_difficulty) == syn["warm_start_difficulty"]
     assert loaded.settings.fit.x == "flops" and loaded.settings.fit.fraction == 0.5
     quick = demo_config(loaded, output_dir=tmp_path / "q", quick=True, seed=3, max_time_s=60.0,
                         overrides=["eval.k=3"])

@@ -15,6 +15,7 @@ from scalerl.config import DataConfig, RunConfig, SyntheticDataConfig
 from scalerl.data.split import split_heldout
 from scalerl.data.synthetic import make_synthetic, write_synthetic_jsonl
 from scalerl.data.tokenize import encode_prompt
+from scalerl.pipeline.assemble import load_records
 from scalerl.training import sft as sft_mod
 from scalerl.training.cli import register
 from scalerl.training.sft import (
@@ -113,6 +114,22 @@ def test_warm_start_never_trains_on_rl_prompts(small_run):
     assert not sft_prompts & {r.prompt for r in heldout}
 
 
+def test_warm_start_keeps_to_its_own_levels(small_run):
+    # RL on levels 1 and 3 at 1:1, warm start on level 1 only: level 3's format is never shown.
+    syn = small_run.data.synthetic.model_copy(update={"num_prompts": 60, "difficulty": (1, 3),
+                                                      "weights": [1, 0, 1], "warm_start_difficulty": (1, 1)})
+    cfg = small_run.model_copy(update={"data": small_run.data.model_copy(update={"synthetic": syn})})
+    rl_levels = {r.metadata["difficulty"] for r in load_records(cfg)}
+    sft_records = sft_mod.default_sft_records(cfg)
+    assert rl_levels == {1, 3}
+    assert sft_records and {r.metadata["difficulty"] for r in sft_records} == {1}
+    assert not {r.prompt for r in sft_records} & {r.prompt for r in load_records(cfg)}
+    # Without its own range the warm start follows the RL set's levels and weights.
+    same = cfg.model_copy(update={"data": cfg.data.model_copy(update={"synthetic": syn.model_copy(
+        update={"warm_start_difficulty": None})})})
+    assert {r.metadata["difficulty"] for r in sft_mod.default_sft_records(same)} == {1, 3}
+
+
 def test_read_sft_pairs_formats(tmp_path):
     f = tmp_path / "a.jsonl"
     rows = [
@@ -174,6 +191,21 @@ def test_one_warm_start_for_every_recipe(tmp_path, monkeypatch, small_run):
     for override in ("model.dtype=bfloat16", "model.gradient_checkpointing=true"):
         cfg = resolve_run_config("scalerl", [], [*flags, override])
         assert warm_start_default(cfg, sft, cache_dir=tmp_path) == first, override
+
+
+def test_the_run_seed_does_not_change_the_base_model(monkeypatch, small_run):
+    """`scalerl train` / `demo` with seeds 0 and 3 start from one warm start (the RL seeds of one
+    base model); `model.init_seed` picks another base model."""
+    from scalerl.pipeline.cli import prepare_model
+
+    seen = []
+    monkeypatch.setattr(sft_mod, "warm_start_default",
+                        lambda cfg, sft, **kw: seen.append(sft.seed) or f"/sft-{sft.seed}")
+    for seed, init_seed in ((0, 0), (3, 0), (3, 2)):
+        cfg = small_run.model_copy(update={"seed": seed, "model": small_run.model.model_copy(
+            update={"init_seed": init_seed})})
+        assert prepare_model(cfg).model.name_or_path == f"/sft-{init_seed}"
+    assert seen == [0, 0, 2]
 
 
 def test_warm_start_weights_do_not_depend_on_the_callers_threads(tmp_path, monkeypatch, small_run):
