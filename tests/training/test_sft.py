@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import fields
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -17,7 +18,7 @@ from scalerl.data.synthetic import make_synthetic, write_synthetic_jsonl
 from scalerl.data.tokenize import encode_prompt
 from scalerl.pipeline.assemble import load_records
 from scalerl.training import sft as sft_mod
-from scalerl.training.cli import register
+from scalerl.training.cli import _sft_config, register
 from scalerl.training.sft import (
     SFTConfig,
     examples_from_records,
@@ -205,6 +206,9 @@ def test_the_run_seed_does_not_change_the_base_model(monkeypatch, small_run):
         cfg = small_run.model_copy(update={"seed": seed, "model": small_run.model.model_copy(
             update={"init_seed": init_seed})})
         assert prepare_model(cfg).model.name_or_path == f"/sft-{init_seed}"
+        # `scalerl sft` without --seed makes the same model.
+        no_flags = argparse.Namespace(**{f.name: None for f in fields(SFTConfig)})
+        assert _sft_config(no_flags, cfg).seed == init_seed
     assert seen == [0, 0, 2]
 
 
