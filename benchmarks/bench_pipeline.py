@@ -1,7 +1,7 @@
 """Off-policy schedules side by side: trained samples per second and generator idle fraction.
 
 `sync`, `ppo_offpolicy` (k=8) and `pipeline` (max_lag k=8) run one after the other in this process
-with the real pieces (`scalerl.pipeline.assemble.build_training`: embedded engine, trainer, prompt
+with the real pieces (`scalerl.assembly.build.build_training`: embedded engine, trainer, prompt
 pool, rewards router) on the same tiny model, the same synthetic math task, the same seeds and
 the same B, n and step count (a multiple of 8, so ppo_offpolicy runs whole rounds). Evaluation and
 checkpoints are off. Reported per mode: trained samples/s over the whole run, generated tokens/s,
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from scalerl.config import RunConfig
-from scalerl.pipeline.assemble import build_training
+from scalerl.assembly.build import build_training
 
 MODES = (("sync", 1), ("ppo_offpolicy", 8), ("pipeline", 8))
 

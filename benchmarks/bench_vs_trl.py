@@ -103,10 +103,10 @@ from scalerl.data import PromptPool, PromptRecord, encode_prompts, split_heldout
 from scalerl.data.tokenize import encode_prompt, resolve_system_prompt
 from scalerl.evaluation.evaluator import Evaluator
 from scalerl.models.loading import load_pretrained_tokenizer
-from scalerl.pipeline.assemble import build_training, load_records, sampling_params
+from scalerl.assembly.build import build_training, load_records, sampling_params
 from scalerl.pipeline.cli import resolve_run_config
 from scalerl.pipeline.driver import success_threshold
-from scalerl.pipeline.scoring import GroupScorer
+from scalerl.rewards.groups import GroupScorer
 from scalerl.rewards import RewardConfig, RewardRouter, math_reward
 from scalerl.rollout import EmbeddedEngine
 from scalerl.training.policy import load_model

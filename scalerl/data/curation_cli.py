@@ -192,9 +192,9 @@ class _open_engine:  # noqa: N801 (a context manager used like a function)
         self._closers: list[Any] = []
 
     def __enter__(self) -> tuple[Any, Any, Any]:
-        from scalerl.pipeline.assemble import sampling_params
+        from scalerl.assembly.build import sampling_params
         from scalerl.pipeline.driver import success_threshold
-        from scalerl.pipeline.scoring import GroupScorer
+        from scalerl.rewards.groups import GroupScorer
         from scalerl.rewards import RewardConfig, RewardRouter
         from scalerl.rollout.factory import build_engine, close_engine, spec_from_config
 

@@ -214,7 +214,7 @@ def score_chunk(
 ) -> list[PassRate]:
     """k samples of every record in one engine call, verified; one `PassRate` per record, in order.
 
-    `scorer` is a `scalerl.pipeline.scoring.GroupScorer` (a failed verification counts as incorrect
+    `scorer` is a `scalerl.rewards.groups.GroupScorer` (a failed verification counts as incorrect
     and is counted); `params` the `SamplingParams` (`n`, temperature and seed are set here).
     """
     from dataclasses import replace

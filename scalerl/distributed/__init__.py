@@ -1,7 +1,7 @@
 """Scale-out: FSDP2-sharded trainer ranks, their distributed checkpoints, and the Ray backend.
 
 The single-process code never imports this package: only `distributed.backend: ray` reaches it
-(`scalerl.pipeline.assemble` imports `scalerl.distributed.assemble` lazily), and the Ray modules
+(`scalerl.assembly.build` imports `scalerl.assembly.ray` lazily), and the Ray modules
 need the `distributed` extra. See docs/distributed.md and docs/distributed_fsdp.md.
 
     from scalerl.distributed import ProcessGroupSpec, ShardedTrainerRank, spawn_ranks

@@ -82,7 +82,7 @@ def resolve_source(spec: str) -> EvalSource:
 def eval_records(source: EvalSource, data: str | None, max_prompts: int | None) -> tuple[list[Any], str]:
     """The prompts to evaluate on and a description of them."""
     from scalerl.data import load_heldout_ids, load_prompts, split_by_ids, split_heldout
-    from scalerl.pipeline.assemble import load_records
+    from scalerl.assembly.build import load_records
 
     cfg = source.config
     if data is not None:
@@ -140,9 +140,9 @@ def _evaluate_with(engine: Any, cfg: RunConfig, tokenizer: Any, records: list[An
                    temperature: float, seed: int) -> dict[str, float]:
     from scalerl.data import encode_prompts, resolve_system_prompt
     from scalerl.evaluation.evaluator import evaluate
-    from scalerl.pipeline.assemble import sampling_params
+    from scalerl.assembly.build import sampling_params
     from scalerl.pipeline.driver import success_threshold
-    from scalerl.pipeline.scoring import GroupScorer
+    from scalerl.rewards.groups import GroupScorer
     from scalerl.rewards import RewardConfig, RewardRouter
 
     d = cfg.data

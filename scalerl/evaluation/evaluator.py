@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from scalerl.data.records import PromptRecord
-from scalerl.pipeline.scoring import GroupScorer, ScoredBatch
+from scalerl.rewards.groups import GroupScorer, ScoredBatch
 from scalerl.rollout.protocol import Completion, GenerationRequest, SamplingParams
 
 GenerateFn = Callable[[Sequence[GenerationRequest]], list[Completion]]

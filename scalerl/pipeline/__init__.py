@@ -21,7 +21,7 @@ _EXPORTS = {
     "Generator": "scalerl.pipeline.generator",
     "GeneratorCounters": "scalerl.pipeline.generator",
     "GroupQueue": "scalerl.pipeline.interfaces",
-    "GroupScorer": "scalerl.pipeline.scoring",
+    "GroupScorer": "scalerl.rewards.groups",
     "InterleavedBatches": "scalerl.pipeline.modes",
     "IntervalMeter": "scalerl.pipeline.stats",
     "LocalGroupQueue": "scalerl.pipeline.local",
@@ -30,8 +30,8 @@ _EXPORTS = {
     "ReadyGroup": "scalerl.pipeline.interfaces",
     "RoundBatches": "scalerl.pipeline.modes",
     "RunResult": "scalerl.pipeline.driver",
-    "ScoredBatch": "scalerl.pipeline.scoring",
-    "Scorer": "scalerl.pipeline.interfaces",
+    "ScoredBatch": "scalerl.rewards.groups",
+    "Scorer": "scalerl.rewards.groups",
     "StalenessController": "scalerl.pipeline.staleness",
     "StalenessError": "scalerl.pipeline.staleness",
     "Trainer": "scalerl.pipeline.interfaces",
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     )
     from scalerl.pipeline.local import EngineWeightChannel, LocalGroupQueue
     from scalerl.pipeline.modes import InterleavedBatches, PipelineBatches, RoundBatches
-    from scalerl.pipeline.scoring import GroupScorer, ScoredBatch
+    from scalerl.rewards.groups import GroupScorer, ScoredBatch
     from scalerl.pipeline.staleness import StalenessController, StalenessError
     from scalerl.pipeline.stats import IntervalMeter, batch_metrics
 

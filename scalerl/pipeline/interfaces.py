@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from scalerl.data.records import PromptRecord
+from scalerl.rewards.groups import Scorer, Verdict
 from scalerl.training.batch import ScoredGroup
 
 
@@ -44,28 +45,6 @@ class PromptSource(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-class Verdict(Protocol):
-    """A verifier's outcome (e.g. `scalerl.rewards.RewardOutcome`); `status` "error"/"timeout"
-    marks a verifier failure."""
-
-    @property
-    def reward(self) -> float: ...
-
-    @property
-    def correct(self) -> bool: ...
-
-    @property
-    def status(self) -> str: ...
-
-
-@runtime_checkable
-class Scorer(Protocol):
-    """The verifier for one sample (e.g. `scalerl.rewards.RewardRouter`): the reward of
-    `completion_text` as an answer to `record`, as a number or a `Verdict`."""
-
-    def score(self, record: PromptRecord, completion_text: str) -> float | Verdict: ...
 
 
 @dataclass

@@ -232,7 +232,7 @@ def default_sft_records(cfg: RunConfig) -> list[PromptRecord]:
     the held-out curve with nothing to measure.
     """
     syn = cfg.data.synthetic
-    # The same call as the RL prompt set (`pipeline.assemble.load_records`) ...
+    # The same call as the RL prompt set (`assembly.build.load_records`) ...
     rl_prompts = {r.prompt for r in make_synthetic(syn.task, syn.num_prompts, syn.seed,
                                                    tuple(syn.difficulty), syn.weights)}
     # ... under another seed, on the warm start's own levels when it has them.

@@ -9,7 +9,7 @@ import pytest
 
 from scalerl.agentic.rollout import TrajectoryEngine
 from scalerl.config import RunConfig
-from scalerl.pipeline.assemble import build_training
+from scalerl.assembly.build import build_training
 from scalerl.telemetry import read_rows
 
 

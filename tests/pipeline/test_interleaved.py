@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from scalerl.config import PipelineConfig
 from scalerl.data.records import PromptRecord
 from scalerl.pipeline import Driver, GroupScorer
-from scalerl.pipeline.assemble import build_training
+from scalerl.assembly.build import build_training
 from scalerl.pipeline.modes import InterleavedBatches
 from scalerl.rollout.protocol import Completion
 

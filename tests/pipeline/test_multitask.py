@@ -9,7 +9,7 @@ import pytest
 
 from scalerl.config import RunConfig
 from scalerl.data.records import PromptRecord
-from scalerl.pipeline.assemble import build_training, load_records
+from scalerl.assembly.build import build_training, load_records
 from scalerl.pipeline.interfaces import ReadyGroup
 from scalerl.pipeline.stats import batch_metrics
 from scalerl.rollout.protocol import Completion

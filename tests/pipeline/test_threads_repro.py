@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-import scalerl.pipeline.assemble as assemble
+import scalerl.assembly.build as assemble
 from scalerl.config import RunConfig
 from scalerl.pipeline.cli import train_run
 from scalerl.pipeline.driver import RunResult

@@ -57,7 +57,7 @@ def test_first_run_then_resume_of_the_finished_run(
 def test_a_failure_before_the_first_row_leaves_no_run_directory(
     tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import scalerl.pipeline.assemble as assemble
+    import scalerl.assembly.build as assemble
     from scalerl.pipeline.cli import train_run
 
     def broken(*args: object, **kwargs: object) -> None:

@@ -1,6 +1,6 @@
 """`distributed.backend: ray`: the trainer ranks, the engine pool and the weight channel of a run.
 
-`ray_backend(config, run_dir, resume)` is what `scalerl.pipeline.assemble.build_training` calls
+`ray_backend(config, run_dir, resume)` is what `scalerl.assembly.build.build_training` calls
 instead of building the policy and the engine in this process. It attaches to Ray (or starts it),
 starts the FSDP2 trainer ranks (restoring the checkpoint on resume: DCP reshards, so the number of
 engines and even the trainer's world size may differ from the run that wrote it), starts
@@ -23,7 +23,7 @@ from scalerl.distributed.cluster import connect
 from scalerl.distributed.engine_actor import EngineFactory
 from scalerl.distributed.pool import EnginePool
 from scalerl.distributed.trainer import RayTrainer
-from scalerl.pipeline.assemble import Backend
+from scalerl.assembly.build import Backend
 from scalerl.rollout.factory import spec_from_config
 from scalerl.training.policy import load_tokenizer
 

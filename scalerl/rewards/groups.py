@@ -20,11 +20,32 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from scalerl.data.records import PromptRecord
-from scalerl.pipeline.interfaces import Scorer
 from scalerl.rollout.protocol import Completion
+
+class Verdict(Protocol):
+    """A verifier's outcome (e.g. `scalerl.rewards.RewardOutcome`); `status` "error"/"timeout"
+    marks a verifier failure."""
+
+    @property
+    def reward(self) -> float: ...
+
+    @property
+    def correct(self) -> bool: ...
+
+    @property
+    def status(self) -> str: ...
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """The verifier for one sample (e.g. `scalerl.rewards.RewardRouter`): the reward of
+    `completion_text` as an answer to `record`, as a number or a `Verdict`."""
+
+    def score(self, record: PromptRecord, completion_text: str) -> float | Verdict: ...
+
 
 log = logging.getLogger(__name__)
 FAILURE_STATUSES = frozenset({"error", "timeout"})

@@ -33,7 +33,7 @@ from scalerl.data.curriculum import CurriculumSpec
 from scalerl.evaluation.evaluator import Evaluator
 from scalerl.pipeline.driver import Components, Driver, success_threshold
 from scalerl.pipeline.preemption import StopRequest
-from scalerl.pipeline.scoring import GroupScorer
+from scalerl.rewards.groups import GroupScorer
 from scalerl.pipeline.snapshot import SNAPSHOT_FILE
 from scalerl.rewards import RewardConfig, RewardRouter
 from scalerl.rollout import Engine, InterruptionSpec, SamplingParams
@@ -145,7 +145,7 @@ def _build_engine(config: RunConfig, trainer: Trainer, closers: list[Any]) -> En
 @dataclass
 class Backend:
     """Where training and generation run: this process (`local_backend`) or a Ray cluster
-    (`scalerl.distributed.assemble.ray_backend`, for `distributed.backend: ray`)."""
+    (`scalerl.assembly.ray.ray_backend`, for `distributed.backend: ray`)."""
 
     trainer: Any  # the pipeline's `Trainer` protocol
     engine: Engine
@@ -227,7 +227,7 @@ def build_training(
     request the driver polls (`scalerl train` sets it from SIGTERM / SIGINT)."""
     run_path = Path(run_dir if run_dir is not None else config.output_dir)
     if config.distributed.backend == "ray":
-        from scalerl.distributed.assemble import ray_backend
+        from scalerl.assembly.ray import ray_backend
 
         backend = ray_backend(config, run_path, resume)
     else:

@@ -1,0 +1,12 @@
+"""The composition root: the only code that reads the whole `RunConfig` and builds a run from it.
+
+Every component below this package takes its own section (an engine its `EngineSpec`, the trainer
+its `AlgorithmConfig` and `OptimConfig`, the rewards router its `RewardConfig`, the driver its
+`DriverSettings`); this package picks those sections out of the run's config and wires the pieces:
+policy and trainer, engine(s), prompts and held-out split, rewards, evaluator, telemetry,
+checkpoints, and the local or the Ray backend (`local`, `ray`: two implementations chosen here;
+neither imports this package's `build` back). Commands (`scalerl.cli`) and studies
+(`scalerl.studies`) build runs through it.
+
+Nothing is imported eagerly: `scalerl --help` must not pay for torch.
+"""
