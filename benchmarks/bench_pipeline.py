@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from scalerl.config import RunConfig
 from scalerl.assembly.build import build_training
+from scalerl.config import RunConfig
 
 MODES = (("sync", 1), ("ppo_offpolicy", 8), ("pipeline", 8))
 

@@ -33,9 +33,9 @@ from scalerl.data.curriculum import CurriculumSpec
 from scalerl.evaluation.evaluator import Evaluator
 from scalerl.pipeline.driver import Components, Driver, success_threshold
 from scalerl.pipeline.preemption import StopRequest
-from scalerl.rewards.groups import GroupScorer
 from scalerl.pipeline.snapshot import SNAPSHOT_FILE
 from scalerl.rewards import RewardConfig, RewardRouter
+from scalerl.rewards.groups import GroupScorer
 from scalerl.rollout import Engine, InterruptionSpec, SamplingParams
 from scalerl.rollout.factory import build_engine, close_engine, spec_from_config
 from scalerl.telemetry import ComputeMeter, RunTelemetry, flop_params

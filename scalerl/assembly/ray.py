@@ -17,13 +17,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from scalerl.assembly.build import Backend
 from scalerl.config import RunConfig
 from scalerl.distributed.channel import RayWeightChannel
 from scalerl.distributed.cluster import connect
 from scalerl.distributed.engine_actor import EngineFactory
 from scalerl.distributed.pool import EnginePool
 from scalerl.distributed.trainer import RayTrainer
-from scalerl.assembly.build import Backend
 from scalerl.rollout.factory import spec_from_config
 from scalerl.training.policy import load_tokenizer
 

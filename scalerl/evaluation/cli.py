@@ -81,8 +81,8 @@ def resolve_source(spec: str) -> EvalSource:
 
 def eval_records(source: EvalSource, data: str | None, max_prompts: int | None) -> tuple[list[Any], str]:
     """The prompts to evaluate on and a description of them."""
-    from scalerl.data import load_heldout_ids, load_prompts, split_by_ids, split_heldout
     from scalerl.assembly.build import load_records
+    from scalerl.data import load_heldout_ids, load_prompts, split_by_ids, split_heldout
 
     cfg = source.config
     if data is not None:
@@ -138,12 +138,12 @@ def evaluate_source(
 
 def _evaluate_with(engine: Any, cfg: RunConfig, tokenizer: Any, records: list[Any], *, k: int,
                    temperature: float, seed: int) -> dict[str, float]:
+    from scalerl.assembly.build import sampling_params
     from scalerl.data import encode_prompts, resolve_system_prompt
     from scalerl.evaluation.evaluator import evaluate
-    from scalerl.assembly.build import sampling_params
     from scalerl.pipeline.driver import success_threshold
-    from scalerl.rewards.groups import GroupScorer
     from scalerl.rewards import RewardConfig, RewardRouter
+    from scalerl.rewards.groups import GroupScorer
 
     d = cfg.data
     encoded = encode_prompts(records, tokenizer, max_prompt_tokens=d.max_prompt_tokens,

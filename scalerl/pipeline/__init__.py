@@ -57,9 +57,9 @@ if TYPE_CHECKING:
     )
     from scalerl.pipeline.local import EngineWeightChannel, LocalGroupQueue
     from scalerl.pipeline.modes import InterleavedBatches, PipelineBatches, RoundBatches
-    from scalerl.rewards.groups import GroupScorer, ScoredBatch
     from scalerl.pipeline.staleness import StalenessController, StalenessError
     from scalerl.pipeline.stats import IntervalMeter, batch_metrics
+    from scalerl.rewards.groups import GroupScorer, ScoredBatch
 
 __all__ = [
     "Components",

@@ -220,8 +220,8 @@ def _record_session(run_dir: Path, event: dict[str, Any]) -> None:
 
 
 def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, device: str | None = None) -> int:
-    from scalerl.model_identity import START_MODEL_FILE, model_identity
     from scalerl.assembly.build import train
+    from scalerl.model_identity import START_MODEL_FILE, model_identity
     from scalerl.pipeline.faults import FaultLimitError
     from scalerl.pipeline.preemption import StopRequest, exit_status, stop_on_signals
     from scalerl.training.checkpoint import CheckpointWriteError, latest_checkpoint

@@ -44,10 +44,10 @@ from scalerl.pipeline.interfaces import GroupQueue, PromptSource, Scorer, Traine
 from scalerl.pipeline.local import EngineWeightChannel, LocalGroupQueue
 from scalerl.pipeline.modes import BatchSource, InterleavedBatches, PipelineBatches, RoundBatches
 from scalerl.pipeline.preemption import Interrupted, StopRequest
-from scalerl.rewards.groups import GroupScorer
 from scalerl.pipeline.shaping import LengthShaping
 from scalerl.pipeline.staleness import StalenessController
 from scalerl.pipeline.stats import IntervalMeter, batch_metrics
+from scalerl.rewards.groups import GroupScorer
 from scalerl.rollout.protocol import Completion, Engine, GenerationRequest, SamplingParams
 from scalerl.telemetry.compute import ComputeMeter
 

@@ -42,8 +42,8 @@ from scalerl.pipeline.dynamic_sampling import DynamicSampling
 from scalerl.pipeline.faults import FaultLimitError, RunLength
 from scalerl.pipeline.interfaces import GroupQueue, PromptSource, ReadyGroup
 from scalerl.pipeline.preemption import Interrupted
-from scalerl.rewards.groups import GroupScorer
 from scalerl.pipeline.staleness import StalenessController
+from scalerl.rewards.groups import GroupScorer
 from scalerl.rollout.protocol import Completion, Engine, GenerationRequest, SamplingParams
 from scalerl.training.batch import ScoredGroup
 from scalerl.training.threads import same_threads_as_caller

@@ -16,7 +16,6 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from scalerl.data.records import PromptRecord
-from scalerl.rewards.groups import Scorer, Verdict
 from scalerl.training.batch import ScoredGroup
 
 

@@ -25,6 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 from scalerl.data.records import PromptRecord
 from scalerl.rollout.protocol import Completion
 
+
 class Verdict(Protocol):
     """A verifier's outcome (e.g. `scalerl.rewards.RewardOutcome`); `status` "error"/"timeout"
     marks a verifier failure."""

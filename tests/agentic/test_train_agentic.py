@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from scalerl.agentic.rollout import TrajectoryEngine
-from scalerl.config import RunConfig
 from scalerl.assembly.build import build_training
+from scalerl.config import RunConfig
 from scalerl.telemetry import read_rows
 
 

@@ -29,8 +29,8 @@ from scalerl.data.difficulty import (
 )
 from scalerl.data.synthetic import make_math_task
 from scalerl.models.tiny import TinyModelSpec, build_tiny_model, build_tiny_tokenizer
-from scalerl.rewards.groups import GroupScorer
 from scalerl.rewards import RewardConfig, RewardRouter
+from scalerl.rewards.groups import GroupScorer
 from scalerl.rollout.protocol import Completion, GenerationRequest, SamplingParams
 
 

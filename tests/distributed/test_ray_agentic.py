@@ -16,10 +16,10 @@ import torch
 
 from scalerl.agentic.rollout import TrajectoryEngine
 from scalerl.agentic.setup import build_agentic
+from scalerl.assembly.build import build_training, load_records
 from scalerl.config import DistributedConfig, RunConfig, load_config
 from scalerl.distributed.engine_actor import EngineFactory
 from scalerl.distributed.pool import EnginePool
-from scalerl.assembly.build import build_training, load_records
 from scalerl.rollout.factory import build_engine, spec_from_config
 from scalerl.rollout.protocol import Completion, GenerationRequest, SamplingParams
 from scalerl.telemetry import read_rows

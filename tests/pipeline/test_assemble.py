@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scalerl.config import RunConfig
 from scalerl.assembly.build import build_training, sampling_params
+from scalerl.config import RunConfig
 from scalerl.telemetry import read_rows
 from scalerl.training.policy import load_tokenizer
 

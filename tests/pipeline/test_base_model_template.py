@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from scalerl.assembly.build import build_training
 from scalerl.config import RunConfig
 from scalerl.data import DataError
 from scalerl.data.tokenize import QWEN_MATH_SYSTEM
 from scalerl.models.tiny import TinyModelSpec, build_tiny_model, build_tiny_tokenizer
-from scalerl.assembly.build import build_training
 from scalerl.telemetry import read_rows
 
 

@@ -21,10 +21,10 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from scalerl.assembly.build import build_training
 from scalerl.config import PipelineConfig
 from scalerl.data.records import PromptRecord
 from scalerl.pipeline import Driver, GroupScorer
-from scalerl.assembly.build import build_training
 from scalerl.pipeline.modes import InterleavedBatches
 from scalerl.rollout.protocol import Completion
 

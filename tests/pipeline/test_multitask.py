@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from scalerl.assembly.build import build_training, load_records
 from scalerl.config import RunConfig
 from scalerl.data.records import PromptRecord
-from scalerl.assembly.build import build_training, load_records
 from scalerl.pipeline.interfaces import ReadyGroup
 from scalerl.pipeline.stats import batch_metrics
 from scalerl.rollout.protocol import Completion

@@ -12,11 +12,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from scalerl.assembly.build import load_records
 from scalerl.config import DataConfig, RunConfig, SyntheticDataConfig
 from scalerl.data.split import split_heldout
 from scalerl.data.synthetic import make_synthetic, write_synthetic_jsonl
 from scalerl.data.tokenize import encode_prompt
-from scalerl.assembly.build import load_records
 from scalerl.training import sft as sft_mod
 from scalerl.training.cli import _sft_config, register
 from scalerl.training.sft import (
