@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from scalerl.assembly.sections import driver_settings
 from scalerl.config import RunConfig
 from scalerl.data import PromptPool, PromptRecord, make_synthetic
 from scalerl.pipeline.driver import Components, Driver
@@ -149,7 +150,7 @@ def run_local(args: argparse.Namespace, mode: str, k: int, num_engines: int) -> 
         metrics=rows,
     )
     try:
-        driver = Driver(_config(args, mode, k), components)
+        driver = Driver(driver_settings(_config(args, mode, k)), components)
         start = time.perf_counter()
         result = driver.run()
         seconds = time.perf_counter() - start
@@ -215,7 +216,7 @@ def run_ray(args: argparse.Namespace, mode: str, k: int, num_engines: int) -> Ru
         metrics=rows, channel=RayWeightChannel(pool, mode="object_store", timeout_s=dist.timeout_s),
     )
     try:
-        driver = Driver(_config(args, mode, k), components)
+        driver = Driver(driver_settings(_config(args, mode, k)), components)
         start = time.perf_counter()
         result = driver.run()
         seconds = time.perf_counter() - start
@@ -238,6 +239,7 @@ def weight_sync_rows(sizes: list[str], repeats: int, num_engines: int = 2) -> No
     engine actors, over the object store and over a gloo group, median of `repeats`."""
     import statistics
 
+    from scalerl.assembly.sections import trainer_settings
     from scalerl.config import RunConfig
     from scalerl.distributed.channel import RayWeightChannel
     from scalerl.distributed.engine_actor import EngineFactory
@@ -256,7 +258,7 @@ def weight_sync_rows(sizes: list[str], repeats: int, num_engines: int = 2) -> No
         tiny = dict(WEIGHT_SYNC_MODELS[size], max_position_embeddings=512)
         dist = _ray_dist(num_engines).model_dump()
         cfg = RunConfig.model_validate({"model": {"tiny": tiny}, "distributed": dist})
-        trainer = RayTrainer(cfg)
+        trainer = RayTrainer(cfg.model, trainer_settings(cfg), cfg.distributed)
         pool = EnginePool.launch([EngineFactory(spec) for _ in range(num_engines)], cfg.distributed)
         try:
             seconds: dict[str, list[float]] = {"object_store": [], "collective": [], "gather": []}

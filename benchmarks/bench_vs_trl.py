@@ -99,6 +99,7 @@ from typing import Any
 import torch
 
 from scalerl.assembly.build import build_training, load_records, sampling_params
+from scalerl.assembly.warm_start import warm_start_default
 from scalerl.config import ModelConfig, RunConfig
 from scalerl.data import PromptPool, PromptRecord, encode_prompts, split_heldout
 from scalerl.data.tokenize import encode_prompt, resolve_system_prompt
@@ -110,7 +111,7 @@ from scalerl.rewards import RewardConfig, RewardRouter, math_reward
 from scalerl.rewards.groups import GroupScorer
 from scalerl.rollout import EmbeddedEngine
 from scalerl.training.policy import load_model
-from scalerl.training.sft import SFTConfig, warm_start_default
+from scalerl.training.sft import SFTConfig
 
 DEFAULT_THREADS = 2  # the brief's setting; see --threads and docs/bench_vs_trl.md
 EVAL_THREADS = 1
@@ -290,7 +291,7 @@ class HeldoutEval:
             return str(tok.decode(ids, skip_special_tokens=True))
 
         self.scorer = GroupScorer(self.router, decode, max_workers=cfg.rewards.max_workers,
-                                  success_threshold=success_threshold(cfg))
+                                  success_threshold=success_threshold(cfg.rewards))
         params = replace(sampling_params(cfg, tok), temperature=cfg.eval.temperature)
         self.evaluator = Evaluator(setup.heldout, lambda r: encode_prompt(r, tok), self.scorer, k=k,
                                    params=params, seed=cfg.seed)

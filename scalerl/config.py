@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -19,6 +20,25 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 class ConfigError(ValueError):
     """A configuration problem; the message names the key path (and file:line when known)."""
+
+
+def level_shares(levels: Sequence[int], weights: Sequence[float] | None, what: str) -> list[float]:
+    """Each level's share of a synthetic task's draws: `weights / sum(weights)`, uniform when none.
+
+    The rule is here, at the bottom of the package, so that the config checks it at load time (the
+    error then names `data.synthetic.weights`) and the task builders (`scalerl.data.synthetic`)
+    apply the same rule when they draw.
+    """
+    if weights is None:
+        return [1.0 / len(levels)] * len(levels)
+    w = [float(x) for x in weights]
+    if len(w) != len(levels) or not all(math.isfinite(x) and x >= 0 for x in w) or sum(w) <= 0:
+        raise ValueError(
+            f"{what} weights: need {len(levels)} non-negative weights (one per level {list(levels)}) "
+            f"with a positive sum, got {list(weights)}"
+        )
+    total = sum(w)
+    return [x / total for x in w]
 
 
 class Section(BaseModel):
@@ -73,11 +93,9 @@ class SyntheticDataConfig(Section):
         if self.weights is not None:
             if self.task == "math+code":
                 raise ValueError("weights: per-level weights apply to one task, not 'math+code'")
-            # The check the task builders make, here at load time so the error names the key.
-            from scalerl.data.synthetic.draws import level_weights
-
+            # The rule the task builders draw by, here at load time so the error names the key.
             lo, hi = self.difficulty
-            level_weights(range(lo, hi + 1), self.weights, self.task)
+            level_shares(range(lo, hi + 1), self.weights, self.task)
         return self
 
 

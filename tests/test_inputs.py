@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import scalerl.training.sft as sft_mod
+import scalerl.assembly.warm_start as ws_mod
 from scalerl.cli import main
 from scalerl.inputs import InputError, check_model_source, check_run_inputs, could_be_hub_id
 
@@ -29,7 +29,7 @@ def no_warm_start(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("the warm start ran before the inputs were checked")
 
-    monkeypatch.setattr(sft_mod, "warm_start_default", refuse)
+    monkeypatch.setattr(ws_mod, "warm_start_default", refuse)
 
 
 def test_which_names_can_be_hub_ids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

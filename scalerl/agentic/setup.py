@@ -1,6 +1,6 @@
-"""Wiring an agentic run from `RunConfig.agentic`: environment factory, engine wrapper, scorer.
+"""Wiring an agentic run from its `agentic` section: environment factory, engine wrapper, scorer.
 
-`build_agentic(config, tokenizer, engine, router, decode)` returns what `scalerl train` and
+`build_agentic(agentic, tokenizer, engine, router, decode)` returns what `scalerl train` and
 `scalerl eval` swap in when `agentic.environment` is set: the `TrajectoryEngine` around the run's
 engine, `encode(record)` (the environment's initial context, rendered as the rollout renders it)
 and the `TrajectoryScorer`. `agentic.environment`:
@@ -21,7 +21,7 @@ from scalerl.agentic.environment import Environment, ToolEnvironment
 from scalerl.agentic.rollout import AgenticSettings, TrajectoryEngine
 from scalerl.agentic.scoring import TrajectoryScorer
 from scalerl.agentic.tools import ToolBox, ToolSettings, tool_factories
-from scalerl.config import AgenticConfig, RunConfig
+from scalerl.config import AgenticConfig
 from scalerl.data.records import PromptRecord
 from scalerl.rewards.registry import import_object
 from scalerl.rewards.router import RewardRouter
@@ -75,10 +75,9 @@ def environment_factory(
 
 
 def build_agentic(
-    config: RunConfig, tokenizer: Any, engine: Engine, router: RewardRouter | None,
+    a: AgenticConfig, tokenizer: Any, engine: Engine, router: RewardRouter | None,
     decode: Callable[[list[int]], str],
 ) -> Agentic:
-    a = config.agentic
     make_env, _ = environment_factory(a, router)
     probe = make_env()
     chat = ChatFormat(tokenizer, tools=list(probe.tool_schemas) or None)

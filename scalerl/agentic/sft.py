@@ -26,7 +26,7 @@ import numpy as np
 from scalerl.agentic.chat import ChatFormat
 from scalerl.agentic.toolcalls import ToolCall, format_tool_call
 from scalerl.agentic.tools import evaluate_arithmetic
-from scalerl.config import RunConfig
+from scalerl.config import AgenticConfig
 from scalerl.data.records import PromptRecord
 from scalerl.training.sft import SFTExample
 
@@ -62,12 +62,13 @@ def direct_trace(record: PromptRecord, chat: ChatFormat) -> SFTExample:
 
 
 def agentic_examples(
-    cfg: RunConfig, tokenizer: Any, records: Sequence[PromptRecord], max_length: int
+    agentic: AgenticConfig, seed: int, tokenizer: Any, records: Sequence[PromptRecord], max_length: int
 ) -> list[SFTExample]:
-    """The warm start's examples (module docstring); over-long examples are an error naming the record."""
+    """The warm start's examples (module docstring); over-long examples are an error naming the record.
+    `seed` (the run's) draws which records get a tool trace (`agentic.sft_tool_fraction` of them)."""
     chat = ChatFormat(tokenizer)
-    rng = np.random.default_rng([cfg.seed, 0x534654])
-    fraction = cfg.agentic.sft_tool_fraction
+    rng = np.random.default_rng([seed, 0x534654])
+    fraction = agentic.sft_tool_fraction
     out = []
     for record in records:
         if not isinstance(record.metadata.get("solution"), str):

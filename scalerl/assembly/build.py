@@ -9,13 +9,19 @@ outstanding prompts) and the compute meter, and keeps the original held-out spli
 
 from __future__ import annotations
 
-import copy
-import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from scalerl.assembly.backend import Backend
+from scalerl.assembly.local import local_backend
+from scalerl.assembly.sections import (
+    curriculum_spec,
+    driver_settings,
+    load_records,
+    sampling_params,
+)
 from scalerl.config import RunConfig
 from scalerl.data import (
     PromptPool,
@@ -23,72 +29,22 @@ from scalerl.data import (
     encode_prompts,
     load_heldout_ids,
     load_prompts,
-    make_synthetic,
     resolve_system_prompt,
     save_heldout_ids,
     split_by_ids,
     split_heldout,
 )
-from scalerl.data.curriculum import CurriculumSpec
 from scalerl.evaluation.evaluator import Evaluator
 from scalerl.pipeline.driver import Components, Driver, success_threshold
 from scalerl.pipeline.preemption import StopRequest
 from scalerl.pipeline.snapshot import SNAPSHOT_FILE
 from scalerl.rewards import RewardConfig, RewardRouter
 from scalerl.rewards.groups import GroupScorer
-from scalerl.rollout import Engine, InterruptionSpec, SamplingParams
-from scalerl.rollout.factory import build_engine, close_engine, spec_from_config
-from scalerl.telemetry import ComputeMeter, RunTelemetry, flop_params
-from scalerl.training.policy import load_policy
+from scalerl.rollout import Engine
+from scalerl.telemetry import RunTelemetry
 from scalerl.training.trainer import Trainer
 
 HELDOUT_IDS_FILE = "heldout_ids.json"
-THINK_END = "</think>"
-
-
-def sampling_params(config: RunConfig, tokenizer: Any) -> SamplingParams:
-    """Training sampling parameters: `generation.*`, eos as stop token, forced interruption."""
-    g = config.generation
-    lc = g.length_control
-    interruption = None
-    if lc.kind == "interruption":
-        lo, hi = lc.think_budget
-        interruption = InterruptionSpec(
-            think_budget_lo=lo,
-            think_budget_hi=hi,
-            answer_budget=lc.answer_budget,
-            phrase_ids=tuple(tokenizer.encode(lc.phrase, add_special_tokens=False)),
-            think_end_ids=tuple(tokenizer.encode(THINK_END, add_special_tokens=False)),
-        )
-    params = SamplingParams(
-        n=g.n,
-        temperature=g.temperature,
-        top_p=g.top_p,
-        top_k=g.top_k,
-        max_new_tokens=g.max_new_tokens,
-        stop_token_ids=(int(tokenizer.eos_token_id),),
-        interruption=interruption,
-    )
-    return replace(params, return_support=config.algorithm.keep_sampling_mask and params.truncates_support)
-
-
-def curriculum_spec(config: RunConfig) -> CurriculumSpec:
-    """`algorithm.curriculum` for the prompt pool (Kimi k1.5 sampling strategies)."""
-    c = config.algorithm.curriculum
-    return CurriculumSpec(order=c.order, priority=c.priority, difficulty_key=c.difficulty_key,
-                          harder=c.harder, ramp_prompts=c.ramp_prompts, start_fraction=c.start_fraction)
-
-
-def load_records(config: RunConfig) -> list[PromptRecord]:
-    d = config.data
-    on_error = d.on_bad_row
-    if d.train_path is not None:
-        return load_prompts(d.train_path, field_map=d.field_map, default_task=d.default_task,
-                            format=d.format, on_error=on_error).records
-    s = d.synthetic
-    # One call for every task: "math+code" caps the shared difficulty range at each task's own
-    # levels (code has 5, math 8), so the default range (1, 6) is valid for the mix.
-    return make_synthetic(s.task, s.num_prompts, s.seed, s.difficulty, s.weights)
 
 
 @dataclass
@@ -113,94 +69,6 @@ class Training:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _build_engine(config: RunConfig, trainer: Trainer, closers: list[Any]) -> Engine:
-    """The generation engine, holding the trainer's current weights at the trainer's version.
-
-    The embedded engine gets a copy of the policy. vLLM loads from a directory (the model's, or a
-    temporary save of a policy built from `model.tiny`) and is then sent the trainer's weights: a
-    resumed trainer's differ from the directory's, and sending them always costs one update.
-    """
-    policy = trainer.policy
-    eos, pad = (int(policy.tokenizer.eos_token_id),), policy.pad_token_id
-    if config.generation.engine == "embedded":
-        spec = spec_from_config(config, model_path=config.model.name_or_path, eos_token_ids=eos,
-                                pad_token_id=pad, initial_version=trainer.version)
-        return build_engine(spec, model=copy.deepcopy(policy.model))
-    path = config.model.name_or_path
-    if path is None:
-        scratch = tempfile.TemporaryDirectory(prefix="scalerl-engine-model-")
-        closers.append(scratch.cleanup)
-        policy.save_pretrained(scratch.name)
-        path = scratch.name
-    spec = spec_from_config(config, model_path=path, eos_token_ids=eos, pad_token_id=pad,
-                            initial_version=trainer.version)
-    engine = build_engine(spec)
-    closers.append(lambda: close_engine(engine))
-    engine.update_weights(trainer.weights_for_engine(), trainer.version)
-    return engine
-
-
-@dataclass
-class Backend:
-    """Where training and generation run: this process (`local_backend`) or a Ray cluster
-    (`scalerl.assembly.ray.ray_backend`, for `distributed.backend: ray`)."""
-
-    trainer: Any  # the pipeline's `Trainer` protocol
-    engine: Engine
-    tokenizer: Any
-    meter: ComputeMeter
-    start_step: int
-    resume_state: dict[str, Any] | None
-    checkpoint: Any  # (step, pipeline state[, snapshot=...]) -> None (see `Components.checkpoint`)
-    channel: Any = None  # a `WeightChannel`; None: straight into the engine
-    wrap_metrics: Any = None  # sink -> sink that adds the backend's per-step figures
-    closers: list[Any] = field(default_factory=list)
-
-
-def local_backend(
-    config: RunConfig, run_path: Path, device: str | None, resume: str | Path | None
-) -> Backend:
-    """The policy and its trainer here, and a generation copy of the model in the embedded engine."""
-    policy = load_policy(config.model, device)
-    meter = ComputeMeter(flop_params(policy.model))
-    trainer = Trainer.from_config(config, policy, meter)
-    start_step, resume_state = 0, None
-    if resume is not None:
-        saved = trainer.load(resume)
-        start_step = saved.step
-        resume_state = saved.extra.get("pipeline")
-        if resume_state is None:
-            raise ValueError(f"{resume}: checkpoint has no pipeline state (not written by `scalerl train`?)")
-
-    tokenizer = policy.tokenizer
-    closers: list[Any] = []
-    engine = _build_engine(config, trainer, closers)
-
-    def checkpoint(step: int, state: dict[str, Any], snapshot: dict[str, Any] | None = None) -> None:
-        files = {SNAPSHOT_FILE: snapshot} if snapshot is not None else None
-        trainer.save(run_path, step, extra={"pipeline": state}, keep=config.checkpoint.keep, files=files)
-
-    stats = getattr(engine, "stats", None)
-    wrap = (lambda sink: EngineFigures(sink, stats)) if hasattr(stats, "figures") else None
-    return Backend(trainer=trainer, engine=engine, tokenizer=tokenizer, meter=meter, start_step=start_step,
-                   resume_state=resume_state, checkpoint=checkpoint, wrap_metrics=wrap, closers=closers)
-
-
-class EngineFigures:
-    """A metrics sink that adds the engine's cumulative figures (`stats.figures()`: vLLM's prompt
-    tokens and prefix-cache hits) to every step row."""
-
-    def __init__(self, sink: Any, stats: Any) -> None:
-        self.sink = sink
-        self.stats = stats
-
-    def log_step(self, step: int, metrics: Mapping[str, Any]) -> Any:
-        return self.sink.log_step(step, {**metrics, **self.stats.figures()})
-
-    def log_eval(self, step: int, metrics: Mapping[str, Any]) -> Any:
-        return self.sink.log_eval(step, metrics)
 
 
 def load_snapshot(checkpoint: str | Path) -> dict[str, Any] | None:
@@ -297,14 +165,14 @@ def _build_training(
     if config.agentic.environment is not None:  # multi-turn tool use: trajectories (docs/agentic.md)
         from scalerl.agentic.setup import build_agentic
 
-        agentic = build_agentic(config, tokenizer, engine, router, decode)
+        agentic = build_agentic(config.agentic, tokenizer, engine, router, decode)
         engine, encode, scorer = agentic.engine, agentic.encode, agentic.scorer  # type: ignore[assignment]
         closers.append(agentic.close)
 
     evaluator = None
     if split.heldout:
         eval_scorer = GroupScorer(scorer, decode, max_workers=config.rewards.max_workers,
-                                  success_threshold=success_threshold(config))
+                                  success_threshold=success_threshold(config.rewards))
         closers.append(eval_scorer.close)
         evaluator = Evaluator(
             split.heldout, encode, eval_scorer, k=config.eval.k,
@@ -330,7 +198,7 @@ def _build_training(
         checkpoint=backend.checkpoint if checkpoints else None, meter=meter, channel=backend.channel,
     )
     snapshot = load_snapshot(resume) if resume is not None else None
-    driver = Driver(config, components, start_step=start_step, resume_state=resume_state,
+    driver = Driver(driver_settings(config), components, start_step=start_step, resume_state=resume_state,
                     resume_snapshot=snapshot, stop=stop)
     closers.extend(backend.closers)  # last: evaluations and the final checkpoint may still generate
     return Training(driver=driver, trainer=trainer, engine=engine, pool=pool, router=router,

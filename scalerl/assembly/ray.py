@@ -17,14 +17,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from scalerl.assembly.build import Backend
+from scalerl.assembly.backend import Backend
+from scalerl.assembly.sections import engine_spec, trainer_settings
 from scalerl.config import RunConfig
 from scalerl.distributed.channel import RayWeightChannel
 from scalerl.distributed.cluster import connect
 from scalerl.distributed.engine_actor import EngineFactory
 from scalerl.distributed.pool import EnginePool
 from scalerl.distributed.trainer import RayTrainer
-from scalerl.rollout.factory import spec_from_config
 from scalerl.training.policy import load_tokenizer
 
 
@@ -67,7 +67,7 @@ def ray_backend(config: RunConfig, run_path: Path, resume: str | Path | None) ->
     ray, started = connect(d)
     closers: list[Any] = []
     try:
-        trainer = RayTrainer(config, resume=resume)
+        trainer = RayTrainer(config.model, trainer_settings(config), d, resume=resume)
         closers.append(trainer.close)
         start_step, resume_state = 0, None
         if trainer.resumed is not None:
@@ -77,7 +77,7 @@ def ray_backend(config: RunConfig, run_path: Path, resume: str | Path | None) ->
                 raise ValueError(f"{resume}: checkpoint has no pipeline state (not from scalerl train?)")
         tokenizer = load_tokenizer(config.model)
         pad = tokenizer.pad_token_id
-        spec = spec_from_config(
+        spec = engine_spec(
             config,
             model_path=config.model.name_or_path,
             eos_token_ids=(int(tokenizer.eos_token_id),),

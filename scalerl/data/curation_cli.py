@@ -193,10 +193,11 @@ class _open_engine:  # noqa: N801 (a context manager used like a function)
 
     def __enter__(self) -> tuple[Any, Any, Any]:
         from scalerl.assembly.build import sampling_params
+        from scalerl.assembly.sections import engine_spec
         from scalerl.pipeline.driver import success_threshold
         from scalerl.rewards import RewardConfig, RewardRouter
         from scalerl.rewards.groups import GroupScorer
-        from scalerl.rollout.factory import build_engine, close_engine, spec_from_config
+        from scalerl.rollout.factory import build_engine, close_engine
 
         cfg, tok = self.cfg, self.tokenizer
         try:
@@ -204,10 +205,10 @@ class _open_engine:  # noqa: N801 (a context manager used like a function)
             self._closers.append(router.close)
             scorer = GroupScorer(router, lambda ids: str(tok.decode(ids, skip_special_tokens=True)),
                                  max_workers=cfg.rewards.max_workers,
-                                 success_threshold=success_threshold(cfg))
+                                 success_threshold=success_threshold(cfg.rewards))
             self._closers.append(scorer.close)
             pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-            spec = spec_from_config(cfg, model_path=self.model, eos_token_ids=(int(tok.eos_token_id),),
+            spec = engine_spec(cfg, model_path=self.model, eos_token_ids=(int(tok.eos_token_id),),
                                     pad_token_id=int(pad))
             model = None
             if spec.kind == "embedded":

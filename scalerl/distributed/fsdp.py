@@ -32,7 +32,7 @@ from torch import Tensor
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 
-from scalerl.config import RunConfig
+from scalerl.config import ModelConfig
 from scalerl.distributed.checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
 from scalerl.distributed.collectives import RankCollectives
 from scalerl.distributed.group import ProcessGroupSpec, barrier, init_process_group
@@ -41,7 +41,7 @@ from scalerl.telemetry.compute import ComputeMeter
 from scalerl.training.batch import ScoredGroup
 from scalerl.training.checkpoint import CheckpointState
 from scalerl.training.policy import Policy, load_model, load_policy
-from scalerl.training.trainer import Trainer
+from scalerl.training.trainer import Trainer, TrainerSettings
 
 
 def batch_fingerprint(groups: Sequence[ScoredGroup]) -> str:
@@ -69,15 +69,16 @@ class ShardedTrainerRank:
     (rank 0's) is the run's; its busy time is that rank's wall time.
     """
 
-    def __init__(self, cfg: RunConfig, group: ProcessGroupSpec, meter: ComputeMeter | None = None) -> None:
-        self.cfg = cfg
+    def __init__(self, model: ModelConfig, settings: TrainerSettings, group: ProcessGroupSpec,
+                 meter: ComputeMeter | None = None) -> None:
+        self.model_cfg = model
         self.group = group
         self._owns_group = init_process_group(group)
         self.device = group.resolved_device
         self.mesh = init_device_mesh(self.device.type, (group.world_size,))
         # Built on the CPU (the same initial weights on every rank: a pretrained checkpoint or the
         # seeded tiny default), then sharded: each rank keeps only its shard on its device.
-        loaded = load_policy(cfg.model, device="cpu")
+        loaded = load_policy(model, device="cpu")
         self.policy = Policy(
             model=shard_causal_lm(loaded.model, self.mesh),
             tokenizer=loaded.tokenizer,
@@ -86,10 +87,10 @@ class ShardedTrainerRank:
             reference_factory=self._sharded_reference,
         )
         self.collectives = RankCollectives(group.rank, group.world_size, self.device)
-        self.trainer = Trainer.from_config(cfg, self.policy, meter=meter, collectives=self.collectives)
+        self.trainer = Trainer.from_settings(settings, self.policy, meter=meter, collectives=self.collectives)
 
     def _sharded_reference(self) -> torch.nn.Module:
-        ref = load_model(self.cfg.model, torch.device("cpu"))
+        ref = load_model(self.model_cfg, torch.device("cpu"))
         ref.requires_grad_(False)
         ref.eval()
         return shard_causal_lm(ref, self.mesh)

@@ -24,19 +24,43 @@ from typing import Any
 
 import torch
 
-from scalerl.config import RunConfig
+from scalerl.config import AlgorithmConfig, DistributedConfig, ModelConfig, OptimConfig
 from scalerl.distributed.channel import RemoteWeights
 from scalerl.distributed.cluster import PeerError, free_port, import_ray, node_ip, startup_hint, wait_all
 from scalerl.distributed.weights import BucketMeta, WeightGroup, bucket_state, plan_buckets
 from scalerl.telemetry.compute import ComputeMeter, flop_params
 from scalerl.training.batch import ScoredGroup
 from scalerl.training.checkpoint import CheckpointState
+from scalerl.training.trainer import TrainerSettings
 
 RANK_CONCURRENCY = 2  # a step or a sync, plus the controller's liveness questions
 
 
 class TrainerRankError(RuntimeError):
     """A trainer rank died, failed or timed out; the message names the rank."""
+
+
+def settings_payload(model: ModelConfig, settings: TrainerSettings, d: DistributedConfig) -> dict[str, Any]:
+    """What a rank needs to build its trainer, as JSON-able values (read back by `settings_from_payload`)."""
+    return {
+        "model": model.model_dump(mode="json"),
+        "algorithm": settings.algorithm.model_dump(mode="json"),
+        "optim": settings.optim.model_dump(mode="json"),
+        "temperature": settings.temperature,
+        "max_new_tokens": settings.max_new_tokens,
+        "distributed": d.model_dump(mode="json"),
+    }
+
+
+def settings_from_payload(payload: dict[str, Any]) -> tuple[ModelConfig, TrainerSettings, DistributedConfig]:
+    settings = TrainerSettings(
+        algorithm=AlgorithmConfig.model_validate(payload["algorithm"]),
+        optim=OptimConfig.model_validate(payload["optim"]),
+        temperature=float(payload["temperature"]),
+        max_new_tokens=payload["max_new_tokens"],
+    )
+    return (ModelConfig.model_validate(payload["model"]), settings,
+            DistributedConfig.model_validate(payload["distributed"]))
 
 
 @dataclass
@@ -63,17 +87,16 @@ class TrainerRankWorker:
         """An address on this rank's node where a process group's store can listen."""
         return node_ip(), free_port()
 
-    def setup(self, config: dict[str, Any], host: str, port: int, resume: str | None) -> RankInfo:
+    def setup(self, payload: dict[str, Any], host: str, port: int, resume: str | None) -> RankInfo:
         from scalerl.distributed.fsdp import ShardedTrainerRank
         from scalerl.distributed.group import ProcessGroupSpec
 
-        cfg = RunConfig.model_validate(config)
-        d = cfg.distributed
+        model, settings, d = settings_from_payload(payload)
         gpu = d.trainer_num_gpus > 0 and torch.cuda.is_available()
         # Ray sets CUDA_VISIBLE_DEVICES to the GPU it granted this actor: it is cuda:0 here.
         spec = ProcessGroupSpec(self.rank, self.world_size, f"tcp://{host}:{port}", timeout_s=d.timeout_s,
                                 backend="nccl" if gpu else "gloo", device="cuda:0" if gpu else "cpu")
-        self.trainer = ShardedTrainerRank(cfg, spec)
+        self.trainer = ShardedTrainerRank(model, settings, spec)
         # The rank's trainer counts the step's work (the whole batch); the controller's meter takes
         # rank 0's counts.
         self.meter = ComputeMeter(flop_params(self.trainer.policy.model))
@@ -133,11 +156,10 @@ class TrainerRankWorker:
 class RayTrainer:
     """`Trainer` over `trainer_world_size` rank actors (module docstring)."""
 
-    def __init__(self, config: RunConfig, *, resume: str | Path | None = None,
-                 meter_devices: int | None = None) -> None:
+    def __init__(self, model: ModelConfig, settings: TrainerSettings, distributed: DistributedConfig, *,
+                 resume: str | Path | None = None, meter_devices: int | None = None) -> None:
         ray = import_ray()
-        d = config.distributed
-        self.config = config
+        d = distributed
         self.timeout_s = d.timeout_s
         self.bucket_bytes = int(d.bucket_mb * (1 << 20))
         self.put_weights = d.weight_sync == "object_store"
@@ -149,7 +171,7 @@ class RayTrainer:
         ]
         self.names = [f"trainer rank {r}" for r in range(d.trainer_world_size)]
         try:
-            infos = self._start(config, resume)
+            infos = self._start(settings_payload(model, settings, d), d, resume)
         except BaseException:
             self.close()
             raise
@@ -161,12 +183,12 @@ class RayTrainer:
         self.meter = ComputeMeter(self.n_params, num_devices=devices,
                                   role_devices={"generator": d.num_engines, "trainer": d.trainer_world_size})
 
-    def _start(self, config: RunConfig, resume: str | Path | None) -> list[RankInfo]:
-        d = config.distributed
+    def _start(
+        self, payload: dict[str, Any], d: DistributedConfig, resume: str | Path | None
+    ) -> list[RankInfo]:
         try:
             host, port = self._all(lambda r, a: a.rendezvous.remote(), "trainer rendezvous",
                                    d.startup_timeout_s, ranks=[0])[0]
-            payload = config.model_dump(mode="json")
             path = None if resume is None else str(resume)
             return self._all(lambda r, a: a.setup.remote(payload, host, port, path), "trainer start-up",
                              d.startup_timeout_s)

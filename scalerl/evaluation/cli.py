@@ -114,7 +114,8 @@ def evaluate_source(
     device: str | None = None,
 ) -> dict[str, float]:
     """Load the model into the configured engine and evaluate `records` (keys without a prefix)."""
-    from scalerl.rollout.factory import build_engine, close_engine, spec_from_config
+    from scalerl.assembly.sections import engine_spec
+    from scalerl.rollout.factory import build_engine, close_engine
     from scalerl.training.policy import load_policy
 
     cfg = source.config.model_copy(deep=True)
@@ -127,7 +128,7 @@ def evaluate_source(
     except OSError as err:  # a hub name that does not resolve, or a directory without weights
         raise FileNotFoundError(f"{source.model}: cannot load a model from it ({err})") from None
     tokenizer = policy.tokenizer
-    spec = spec_from_config(cfg, model_path=source.model, eos_token_ids=(int(tokenizer.eos_token_id),),
+    spec = engine_spec(cfg, model_path=source.model, eos_token_ids=(int(tokenizer.eos_token_id),),
                             pad_token_id=policy.pad_token_id)
     engine = build_engine(spec, model=policy.model if spec.kind == "embedded" else None)
     try:
@@ -166,11 +167,11 @@ def _evaluate_with(engine: Any, cfg: RunConfig, tokenizer: Any, records: list[An
         if cfg.agentic.environment is not None:  # an agentic run is evaluated on trajectories
             from scalerl.agentic.setup import build_agentic
 
-            agentic = build_agentic(cfg, tokenizer, engine, router, decode)
+            agentic = build_agentic(cfg.agentic, tokenizer, engine, router, decode)
             closers.append(agentic.close)
             engine, encode, verdicts = agentic.engine, agentic.encode, agentic.scorer
         scorer = GroupScorer(verdicts, decode, max_workers=cfg.rewards.max_workers,
-                             success_threshold=success_threshold(cfg))
+                             success_threshold=success_threshold(cfg.rewards))
         closers.append(scorer.close)
         # The same request seeds as the evaluations during training (prefix and seed), so a
         # checkpoint of an evaluated step reproduces that evaluation.

@@ -145,7 +145,8 @@ def prepare_model(cfg: RunConfig) -> RunConfig:
     """The embedded default: replace 'no model' by the cached SFT warm start of the tiny model."""
     if cfg.model.name_or_path is not None:
         return cfg
-    from scalerl.training.sft import SFTConfig, progress_printer, warm_start_default
+    from scalerl.assembly.warm_start import warm_start_default
+    from scalerl.training.sft import SFTConfig, progress_printer
 
     sft = SFTConfig(seed=cfg.model.init_seed)  # one base model for every RL seed
     print(f"warm start: SFT of the tiny model on synthetic reasoning traces ({sft.steps} steps the first "

@@ -1,6 +1,6 @@
 """The training driver: wires curriculum, engine, scorer, trainer, evaluator, metrics and checkpoints.
 
-`Driver(config, components).run()` trains until `max_steps` optimizer steps (counted as training
+`Driver(settings, components).run()` trains until `max_steps` optimizer steps (counted as training
 steps, including steps the trainer skipped for lack of signal), `max_time_s`, or the prompts run
 out. Per step it takes B groups from the mode's batch source (`modes.py`), checks their staleness,
 trains, hands the weights back (`pipeline`: in flight, every step; round modes: at the next round),
@@ -35,19 +35,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from scalerl.config import RunConfig
+from scalerl.config import EvalConfig, GenerationConfig, PipelineConfig, RewardConfig
 from scalerl.data.records import PromptRecord
 from scalerl.pipeline.dynamic_sampling import DynamicSampling
 from scalerl.pipeline.faults import RunLength
 from scalerl.pipeline.generator import Generator
-from scalerl.pipeline.interfaces import GroupQueue, PromptSource, Scorer, Trainer, WeightChannel
+from scalerl.pipeline.interfaces import GroupQueue, PromptSource, Trainer, WeightChannel
 from scalerl.pipeline.local import EngineWeightChannel, LocalGroupQueue
 from scalerl.pipeline.modes import BatchSource, InterleavedBatches, PipelineBatches, RoundBatches
 from scalerl.pipeline.preemption import Interrupted, StopRequest
 from scalerl.pipeline.shaping import LengthShaping
 from scalerl.pipeline.staleness import StalenessController
 from scalerl.pipeline.stats import IntervalMeter, batch_metrics
-from scalerl.rewards.groups import GroupScorer
+from scalerl.rewards.groups import GroupScorer, Scorer
 from scalerl.rollout.protocol import Completion, Engine, GenerationRequest, SamplingParams
 from scalerl.telemetry.compute import ComputeMeter
 
@@ -107,16 +107,37 @@ class RunResult:
     counters: dict[str, int] = field(default_factory=dict)
 
 
-def success_threshold(config: RunConfig) -> float:
+@dataclass(frozen=True)
+class DriverSettings:
+    """What the driver reads of a run's config: its own sections and the few scalars it enforces.
+
+    Built by the composition root (`scalerl.assembly.sections.driver_settings`); the driver never
+    sees the whole `RunConfig`. `generation` supplies `n`, `seed` and the length shaping
+    (`length_control`, `max_new_tokens`); `rewards` the scorer's workers, failure reward and limits.
+    """
+
+    pipeline: PipelineConfig
+    generation: GenerationConfig
+    rewards: RewardConfig
+    eval: EvalConfig
+    max_steps: int
+    max_time_s: float | None = None
+    checkpoint_every: int = 0
+    dynamic_sampling: bool = False
+    max_consecutive_dropped_groups: int | None = 1000
+    max_consecutive_noop_steps: int | None = None
+
+
+def success_threshold(rewards: RewardConfig) -> float:
     """Reward above which a sample counts as a success for the curriculum: midway between the
     configured incorrect and correct rewards (0.5 for 0/1, 0 for -1/+1)."""
-    return 0.5 * (config.rewards.correct_reward + config.rewards.incorrect_reward)
+    return 0.5 * (rewards.correct_reward + rewards.incorrect_reward)
 
 
 class Driver:
     def __init__(
         self,
-        config: RunConfig,
+        settings: DriverSettings,
         components: Components,
         *,
         start_step: int = 0,
@@ -126,12 +147,13 @@ class Driver:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         c = components
-        pipe = config.pipeline
-        if c.params.n != config.generation.n:
-            raise ValueError(f"params.n={c.params.n} but generation.n={config.generation.n}")
-        if config.algorithm.dynamic_sampling and config.generation.n < 2:
+        pipe = settings.pipeline
+        gen = settings.generation
+        if c.params.n != gen.n:
+            raise ValueError(f"params.n={c.params.n} but generation.n={gen.n}")
+        if settings.dynamic_sampling and gen.n < 2:
             raise ValueError("algorithm.dynamic_sampling needs generation.n >= 2 (one sample: no variance)")
-        self.config = config
+        self.settings = settings
         self.c = components
         self.clock = clock
         self.stop = stop if stop is not None else StopRequest()
@@ -148,14 +170,14 @@ class Driver:
         self.channel = c.channel if c.channel is not None else EngineWeightChannel(c.engine)
         max_lag = pipe.k if pipe.off_policy == "pipeline" else self._updates_per_round() - 1
         self.controller = StalenessController(max_lag, self.batch_size, train_version=c.trainer.version)
-        threshold = success_threshold(config)
-        shaping = LengthShaping.from_config(config, threshold, version=lambda: c.trainer.version)
+        threshold = success_threshold(settings.rewards)
+        shaping = LengthShaping.from_generation(gen, threshold, version=lambda: c.trainer.version)
         self.group_scorer = GroupScorer(
             c.scorer,
             c.decode,
-            max_workers=config.rewards.max_workers,
+            max_workers=settings.rewards.max_workers,
             success_threshold=threshold,
-            failure_reward=config.rewards.failure_reward,
+            failure_reward=settings.rewards.failure_reward,
         )
         self.generator = Generator(
             c.engine,
@@ -165,15 +187,15 @@ class Driver:
             self.group_scorer,
             self.controller,
             self.queue,
-            dynamic_sampling=DynamicSampling(config.algorithm.dynamic_sampling),
+            dynamic_sampling=DynamicSampling(settings.dynamic_sampling),
             shaping=shaping.shape if shaping.active else None,
-            seed=config.generation.seed,
+            seed=gen.seed,
             success_threshold=threshold,
             busy=(lambda: meter.busy("generator")) if (meter := c.meter) is not None else None,
-            max_consecutive_failures=config.rewards.max_consecutive_failures,
-            max_consecutive_drops=config.algorithm.max_consecutive_dropped_groups,
+            max_consecutive_failures=settings.rewards.max_consecutive_failures,
+            max_consecutive_drops=settings.max_consecutive_dropped_groups,
         )
-        self.noop_run = RunLength(config.optim.max_consecutive_noop_steps,
+        self.noop_run = RunLength(settings.max_consecutive_noop_steps,
                                   "steps with every group filtered (no learning signal)",
                                   "optim.max_consecutive_noop_steps")
         if resume_state is not None:
@@ -194,7 +216,7 @@ class Driver:
             self.resumed_exactly = self._restore_snapshot(resume_snapshot)
 
     def _updates_per_round(self) -> int:
-        pipe = self.config.pipeline
+        pipe = self.settings.pipeline
         return 1 if pipe.off_policy == "sync" else pipe.k
 
     # ------------------------------------------------------------------------------ state
@@ -203,7 +225,7 @@ class Driver:
         return {
             "version": STATE_VERSION,
             "step": self.step,
-            "mode": self.config.pipeline.off_policy,
+            "mode": self.settings.pipeline.off_policy,
             "generator": self.generator.state_dict(),
             "meter": self.c.meter.state_dict() if self.c.meter is not None else None,
             # The metrics log kept this step's eval row (if any): a resume must not log it twice.
@@ -325,7 +347,7 @@ class Driver:
         return row
 
     def run(self) -> RunResult:
-        cfg = self.config
+        cfg = self.settings
         self._deadline = None if cfg.max_time_s is None else self.clock() + cfg.max_time_s
         result = RunResult(steps=self.step, stop_reason="max_steps")
         # A resumed run's starting step is already checkpointed: saving it again would rewrite it.
@@ -363,7 +385,7 @@ class Driver:
                 self.noop_run.check(f"step {self.step}")
                 if self.c.evaluator is not None and self.step % cfg.eval.every == 0:
                     result.last_eval, self.evaluated_at = self._evaluate(), self.step
-                every = cfg.checkpoint.every
+                every = cfg.checkpoint_every
                 if self.c.checkpoint is not None and every and self.step % every == 0:
                     self._save()
                     saved_at = self.step
@@ -387,6 +409,6 @@ class Driver:
         return result
 
 
-def run_training(config: RunConfig, components: Components, **kwargs: Any) -> RunResult:
+def run_training(settings: DriverSettings, components: Components, **kwargs: Any) -> RunResult:
     """Build a `Driver` and run it."""
-    return Driver(config, components, **kwargs).run()
+    return Driver(settings, components, **kwargs).run()

@@ -1,7 +1,8 @@
 """What the pipeline drives, as protocols, and the two transports a distributed backend replaces.
 
 The pipeline needs an `Engine` (`scalerl.rollout.protocol`), a `Trainer`, a `PromptSource` (the
-curriculum, e.g. `scalerl.data.pool.PromptPool`) and a `Scorer` (the rewards router). Between the
+curriculum, e.g. `scalerl.data.pool.PromptPool`) and a `Scorer` (the rewards router;
+`scalerl.rewards.groups`). Between the
 generator side and the trainer side only two things travel, so those are the seams a multi-process
 or multi-node backend implements: a `GroupQueue` (finished, scored groups -> trainer) and a
 `WeightChannel` (trainer weights -> generator). `scalerl.pipeline.local` has the in-process ones.

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from scalerl.algorithms.length import apply_kimi_length_reward, apply_overlong_penalty, kimi_length_coef
-from scalerl.config import RunConfig
+from scalerl.config import GenerationConfig
 
 SHAPING_KINDS = ("overlong_penalty", "kimi")
 
@@ -40,13 +40,14 @@ class LengthShaping:
         self.version = version
 
     @classmethod
-    def from_config(
-        cls, config: RunConfig, correct_threshold: float, version: Callable[[], int] | None = None
+    def from_generation(
+        cls, generation: GenerationConfig, correct_threshold: float, version: Callable[[], int] | None = None
     ) -> LengthShaping:
-        lc = config.generation.length_control
+        """The shaping `generation.length_control` asks for (`generation.max_new_tokens` bounds it)."""
+        lc = generation.length_control
         return cls(
             lc.kind,
-            max_new_tokens=config.generation.max_new_tokens,
+            max_new_tokens=generation.max_new_tokens,
             cache_length=lc.overlong_cache,
             kimi_coef=lc.kimi_coef,
             correct_threshold=correct_threshold,

@@ -2,10 +2,10 @@
 
 An `EngineSpec` is everything an engine needs, as plain picklable values, so the same spec builds
 an engine in this process (`scalerl train`, `scalerl eval`) or in another one (a Ray engine actor).
-`spec_from_config` reads it off a `RunConfig`; `build_engine(spec, model=...)` takes an already
-loaded model for the embedded engine (the trainer's generation copy) or loads `spec.model_path`
-itself. `check_engine_available(kind)` is what a command calls first, so that asking for an engine
-that is not installed fails before any work.
+`spec_from_config` builds it from the `generation` and `model` sections; `build_engine(spec,
+model=...)` takes an already loaded model for the embedded engine (the trainer's generation copy)
+or loads `spec.model_path` itself. `check_engine_available(kind)` is what a command calls first,
+so that asking for an engine that is not installed fails before any work.
 
 `kind="emulated"` builds `scalerl.rollout.emulated.EmulatedEngine`, a device emulator for benchmarks
 and tests (its timing and length model in `options`); `generation.engine` never selects it.
@@ -21,7 +21,7 @@ from torch import nn
 from scalerl.rollout.protocol import Engine
 
 if TYPE_CHECKING:
-    from scalerl.config import RunConfig
+    from scalerl.config import GenerationConfig, ModelConfig
 
 EngineKind = Literal["embedded", "vllm", "emulated"]
 
@@ -78,19 +78,23 @@ class EngineSpec:
 
 
 def spec_from_config(
-    config: RunConfig,
+    generation: GenerationConfig,
+    model: ModelConfig,
     *,
+    max_prompt_tokens: int,
     model_path: str | None,
     eos_token_ids: tuple[int, ...],
     pad_token_id: int | None,
     initial_version: int = 0,
 ) -> EngineSpec:
-    """The engine `config.generation` asks for, for the model at `model_path`.
+    """The engine `generation` asks for, for the model at `model_path` (`model`: its dtype and FP32
+    head).
 
-    vLLM's length limit is the longest prompt the data admits plus the response budget (forced
-    interruption never makes a sample longer than `max_new_tokens`).
+    vLLM's length limit is the longest prompt the data admits (`max_prompt_tokens`, the run's
+    `data.max_prompt_tokens`) plus the response budget (forced interruption never makes a sample
+    longer than `max_new_tokens`).
     """
-    g = config.generation
+    g = generation
     options: dict[str, Any] = {"enforce_eager": g.vllm.enforce_eager, "prefix_caching": g.vllm.prefix_caching}
     if g.vllm.block_size is not None:
         options["block_size"] = g.vllm.block_size
@@ -99,14 +103,14 @@ def spec_from_config(
     return EngineSpec(
         kind=g.engine,
         model_path=model_path,
-        fp32_lm_head=config.model.fp32_lm_head,
+        fp32_lm_head=model.fp32_lm_head,
         seed=g.seed,
         max_batch_size=g.max_batch_size,
         eos_token_ids=eos_token_ids,
         pad_token_id=pad_token_id,
         initial_version=initial_version,
-        dtype=config.model.dtype,
-        max_model_len=config.data.max_prompt_tokens + g.max_new_tokens,
+        dtype=model.dtype,
+        max_model_len=max_prompt_tokens + g.max_new_tokens,
         options=options,
     )
 

@@ -1,7 +1,7 @@
 """The trainer side: the policy, one exact optimizer step on scored groups, checkpoints, and SFT.
 
     policy = load_policy(cfg.model)
-    trainer = Trainer.from_config(cfg, policy, meter=meter)
+    trainer = Trainer.from_settings(TrainerSettings(cfg.algorithm, cfg.optim), policy, meter=meter)
     metrics = trainer.step(groups)              # groups: list[ScoredGroup]
     engine.update_weights(trainer.weights_for_engine(), trainer.version)
     trainer.save(run_dir, step, extra={...});   trainer.load(latest_checkpoint(run_dir))
@@ -22,6 +22,7 @@ _EXPORTS = {
     "ScoredGroup": "scalerl.training.batch",
     "TrainBatch": "scalerl.training.batch",
     "Trainer": "scalerl.training.trainer",
+    "TrainerSettings": "scalerl.training.trainer",
     "TrainingDivergedError": "scalerl.training.trainer",
     "collate": "scalerl.training.batch",
     "latest_checkpoint": "scalerl.training.checkpoint",
@@ -30,7 +31,6 @@ _EXPORTS = {
     "load_policy": "scalerl.training.policy",
     "save_checkpoint": "scalerl.training.checkpoint",
     "train_sft": "scalerl.training.sft",
-    "warm_start_default": "scalerl.training.sft",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
@@ -44,9 +44,9 @@ if TYPE_CHECKING:
         save_checkpoint,
     )
     from scalerl.training.policy import Policy, load_policy
-    from scalerl.training.sft import train_sft, warm_start_default
+    from scalerl.training.sft import train_sft
     from scalerl.training.sft_config import SFTConfig
-    from scalerl.training.trainer import Trainer, TrainingDivergedError
+    from scalerl.training.trainer import Trainer, TrainerSettings, TrainingDivergedError
 
 __all__ = [
     "CheckpointState",
@@ -55,6 +55,7 @@ __all__ = [
     "ScoredGroup",
     "TrainBatch",
     "Trainer",
+    "TrainerSettings",
     "TrainingDivergedError",
     "collate",
     "latest_checkpoint",
@@ -63,5 +64,4 @@ __all__ = [
     "load_policy",
     "save_checkpoint",
     "train_sft",
-    "warm_start_default",
 ]

@@ -64,17 +64,15 @@ def _sft_config(args: argparse.Namespace, cfg: RunConfig) -> SFTConfig:
 
 
 def run_sft(args: argparse.Namespace) -> int:
+    from scalerl.assembly.warm_start import default_sft_records, system_prompt_of, warm_start_default
     from scalerl.inputs import check_model_source, check_path
     from scalerl.training.sft import (
         INFO_FILE,
-        default_sft_records,
         examples_from_records,
         progress_printer,
         save_sft_model,
         solution_pairs,
-        system_prompt_of,
         train_sft,
-        warm_start_default,
     )
     from scalerl.training.threads import run_threads
 
@@ -111,7 +109,7 @@ def run_sft(args: argparse.Namespace) -> int:
         policy = load_policy(cfg.model, device=args.device)
         if pairs is None:
             pairs = solution_pairs(default_sft_records(cfg))
-        examples = examples_from_records(pairs, policy.tokenizer, system_prompt_of(cfg), sft.max_length,
+        examples = examples_from_records(pairs, policy.tokenizer, system_prompt_of(cfg.data), sft.max_length,
                                          cfg.data.template)
         print(f"sft: {len(examples)} examples, {sft.steps} steps of {sft.batch_size}", file=sys.stderr)
         result = train_sft(policy, examples, sft, on_step=report)

@@ -7,7 +7,7 @@ import math
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from scalerl.config import OptimConfig, RunConfig
+from scalerl.config import OptimConfig
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, object]]:
@@ -40,11 +40,9 @@ def scaled_lr(lr: float, batch: int, reference: int, rule: str) -> float:
     return lr if rule == "none" else lr * math.sqrt(batch / reference)
 
 
-def scaled_optim(cfg: RunConfig) -> OptimConfig:
-    """`cfg.optim` with `optim.lr_scaling` applied to its learning rate for this run's batch
-    (`pipeline.prompts_per_step * generation.n` samples per optimizer step)."""
-    o = cfg.optim
-    batch = cfg.pipeline.prompts_per_step * cfg.generation.n
+def scaled_optim(o: OptimConfig, batch: int) -> OptimConfig:
+    """`o` with `optim.lr_scaling` applied to its learning rate for `batch` samples per optimizer
+    step (a run's `pipeline.prompts_per_step * generation.n`)."""
     lr = scaled_lr(o.lr, batch, o.lr_reference_batch, o.lr_scaling)
     return o if lr == o.lr else o.model_copy(update={"lr": lr})
 

@@ -5,7 +5,8 @@ response and the end-of-sequence token; the loss is the mean negative log-likeli
 response tokens (the prompt is context only). Log-probs come from the same forward (and LM-head
 code) as RL training.
 
-`warm_start_default(cfg)` is what `scalerl train` calls when no model is given: it SFTs the embedded
+`scalerl.assembly.warm_start.warm_start_default(cfg)` is what `scalerl train` calls when no model
+is given (it reads the run's config, so it lives in the composition root): it SFTs the embedded
 tiny model on the synthetic task's gold traces (`metadata["solution"]`) of the *training* split and
 caches the result (`save_pretrained` model + tokenizer) under `~/.cache/scalerl/sft/` (or
 `$SCALERL_CACHE_DIR/sft/`), keyed by a hash of everything that determines it, so later runs,
@@ -29,23 +30,21 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from scalerl.config import OptimConfig, RunConfig
+from scalerl.config import OptimConfig
 from scalerl.data.records import PromptRecord
-from scalerl.data.synthetic import make_synthetic
-from scalerl.data.tokenize import THINK_SYSTEM_PROMPT, encode_prompt
+from scalerl.data.tokenize import encode_prompt
 from scalerl.inputs import CACHE_DIR_VAR
 from scalerl.training.batch import pad_prompt_response
 from scalerl.training.forward import response_forward
 from scalerl.training.optim import build_optimizer, build_scheduler
-from scalerl.training.policy import Policy, load_policy
+from scalerl.training.policy import Policy
 from scalerl.training.sft_config import SFTConfig
-from scalerl.training.threads import torch_threads
 
 logger = logging.getLogger(__name__)
 
@@ -81,13 +80,6 @@ class SFTResult:
     def final_loss(self) -> float:
         tail = self.losses[-10:]
         return sum(tail) / len(tail) if tail else math.nan
-
-
-def system_prompt_of(cfg: RunConfig) -> str | None:
-    """The system prompt RL prompts get: the configured one, else the `<think>` instruction if asked."""
-    if cfg.data.system_prompt is not None:
-        return cfg.data.system_prompt
-    return THINK_SYSTEM_PROMPT if cfg.data.think_system_prompt else None
 
 
 def encode_example(
@@ -220,58 +212,12 @@ def cache_root() -> Path:
     return Path(base) if base else Path.home() / ".cache" / "scalerl"
 
 
-SFT_SEED_OFFSET = 7919
-
-
-def default_sft_records(cfg: RunConfig) -> list[PromptRecord]:
-    """Gold traces for the warm start, on problems the RL run never sees.
-
-    Drawn from a separate seed stream of the synthetic task, minus every problem whose prompt text
-    is in the RL prompt set (training pool and held-out split alike): warm-starting on the RL pool
-    would let the model memorise its answers, leaving RL with all-correct (zero-variance) groups and
-    the held-out curve with nothing to measure.
-    """
-    syn = cfg.data.synthetic
-    # The same call as the RL prompt set (`assembly.build.load_records`) ...
-    rl_prompts = {r.prompt for r in make_synthetic(syn.task, syn.num_prompts, syn.seed,
-                                                   tuple(syn.difficulty), syn.weights)}
-    # ... under another seed, on the warm start's own levels when it has them.
-    if syn.warm_start_difficulty is None:
-        levels, weights = tuple(syn.difficulty), syn.weights
-    else:
-        levels, weights = tuple(syn.warm_start_difficulty), None
-    drawn = make_synthetic(syn.task, syn.num_prompts, syn.seed + SFT_SEED_OFFSET, levels, weights)
-    return [r for r in drawn if r.prompt not in rl_prompts]
-
-
-def _digest(obj: Any) -> str:
+def content_digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
-#: The warm start's own precision settings; the RL run's `model.dtype` / `model.fp32_lm_head` /
-#: `model.gradient_checkpointing` are RL settings and do not change the starting model.
-WARM_START_MODEL = {"dtype": "float32", "fp32_lm_head": True, "gradient_checkpointing": False}
-#: Threads of the warm start's torch ops: fixed, so the cached weights do not depend on the machine.
-WARM_START_THREADS = 1
-
-
-def warm_start_key(cfg: RunConfig, sft: SFTConfig, examples: Sequence[SFTExample]) -> str:
-    """Hash of everything the warm-started weights depend on: the tiny model's size and init seed,
-    the SFT settings, the encoded examples and the torch version (no RL-only setting)."""
-    return _digest({
-        "recipe": SFT_RECIPE_VERSION,
-        "model": cfg.model.model_dump(mode="json", include={"tiny", "init_seed"}),
-        "sft": asdict(sft),
-        # A mask joins the digest only where one is set, so mask-less warm starts keep their key.
-        "examples": _digest([[list(e.prompt_ids), list(e.response_ids),
-                              *([list(e.response_mask)] if e.response_mask is not None else [])]
-                             for e in examples]),
-        "torch": torch.__version__.split("+")[0],
-    })
-
-
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -281,49 +227,7 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def warm_start_default(
-    cfg: RunConfig,
-    sft: SFTConfig | None = None,
-    *,
-    records: Sequence[PromptRecord] | None = None,
-    cache_dir: str | Path | None = None,
-    on_step: Callable[[int, float], None] | None = None,
-) -> Path:
-    """Path of the SFT-warm-started tiny model for `cfg` (trained and cached on first use).
-
-    `records` are the training prompts with gold `metadata["solution"]`; by default the synthetic
-    task's training split. Only for the embedded default (`model.name_or_path` unset).
-    """
-    if cfg.model.name_or_path is not None:
-        raise ValueError("warm_start_default: only for the embedded tiny model (model.name_or_path is set)")
-    sft = sft or SFTConfig(seed=cfg.model.init_seed)
-    policy = load_policy(cfg.model.model_copy(update=WARM_START_MODEL), device="cpu")
-    sft_records = records if records is not None else default_sft_records(cfg)
-    if cfg.agentic.environment is not None:
-        # Agentic runs warm-start on a mix of tool-use and direct traces (cached under its own key).
-        from scalerl.agentic.sft import agentic_examples
-
-        examples = agentic_examples(cfg, policy.tokenizer, sft_records, sft.max_length)
-    else:
-        pairs = solution_pairs(sft_records)
-        examples = examples_from_records(pairs, policy.tokenizer, system_prompt_of(cfg), sft.max_length,
-                                         cfg.data.template)
-    key = warm_start_key(cfg, sft, examples)
-    root = Path(cache_dir) if cache_dir is not None else cache_root() / "sft"
-    target = root / f"tiny-{key[:16]}"
-    if (target / INFO_FILE).is_file():
-        return target
-    with _file_lock(root / f".tiny-{key[:16]}.lock"):
-        if (target / INFO_FILE).is_file():  # another process finished it while we waited
-            return target
-        logger.info("SFT warm start of the tiny model (%d steps, cached at %s)", sft.steps, target)
-        with torch_threads(WARM_START_THREADS):
-            result = train_sft(policy, examples, sft, on_step)
-        save_sft_model(policy, target, {"key": key, "sft": asdict(sft), **_summary(result)})
-    return target
-
-
-def _summary(result: SFTResult) -> dict[str, Any]:
+def result_summary(result: SFTResult) -> dict[str, Any]:
     return {"final_loss": result.final_loss, "first_loss": result.losses[0], "tokens": result.tokens,
             "seconds": result.seconds, "examples": result.examples}
 

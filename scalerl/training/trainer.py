@@ -48,7 +48,7 @@ from scalerl.algorithms.kl import kl_penalty, kl_shaped_rewards
 from scalerl.algorithms.masks import off_policy_sequence_mask
 from scalerl.algorithms.objectives import per_token_policy_loss
 from scalerl.algorithms.stats import merge_policy_stats, reduce_token_stats
-from scalerl.config import AlgorithmConfig, OptimConfig, RunConfig
+from scalerl.config import AlgorithmConfig, OptimConfig
 from scalerl.models.lm_head import output_head
 from scalerl.telemetry.compute import ComputeMeter
 from scalerl.training.advantage import AdvantageEstimator, OutcomeAdvantages
@@ -57,7 +57,7 @@ from scalerl.training.checkpoint import CheckpointState, load_checkpoint, save_c
 from scalerl.training.collectives import StepCollectives
 from scalerl.training.critic import Critic
 from scalerl.training.forward import EntropyMode, ResponseForward
-from scalerl.training.optim import build_optimizer, build_scheduler, scaled_optim
+from scalerl.training.optim import build_optimizer, build_scheduler
 from scalerl.training.policy import Policy
 
 logger = logging.getLogger(__name__)
@@ -156,6 +156,20 @@ def _zero_loss(logprobs: Tensor) -> Tensor:
     return torch.where(torch.isfinite(logprobs), logprobs, 0.0).sum() * 0.0
 
 
+@dataclass(frozen=True)
+class TrainerSettings:
+    """The trainer's sections of a run: `algorithm`, `optim` (its learning rate already scaled for
+    the run's batch, `scalerl.training.optim.scaled_optim`), and the two generation values its
+    log-probs and aggregation depend on: the sampling `temperature` and the `max_new_tokens` budget
+    (the `constant` aggregation's divisor). Built by the composition root; plain picklable values,
+    so the same settings build a trainer rank in another process."""
+
+    algorithm: AlgorithmConfig
+    optim: OptimConfig
+    temperature: float = 1.0
+    max_new_tokens: int | None = None
+
+
 class Trainer:
     """Owns the policy's optimizer and schedule; `step(groups)` performs one update.
 
@@ -219,19 +233,19 @@ class Trainer:
         return Critic.for_policy(self.policy, self.algo, self.optim_cfg, meter=self.meter)
 
     @classmethod
-    def from_config(
+    def from_settings(
         cls,
-        cfg: RunConfig,
+        settings: TrainerSettings,
         policy: Policy,
         meter: ComputeMeter | None = None,
         collectives: StepCollectives | None = None,
     ) -> Trainer:
         return cls(
             policy,
-            cfg.algorithm,
-            scaled_optim(cfg),
-            temperature=cfg.generation.temperature,
-            max_new_tokens=cfg.generation.max_new_tokens,
+            settings.algorithm,
+            settings.optim,
+            temperature=settings.temperature,
+            max_new_tokens=settings.max_new_tokens,
             meter=meter,
             collectives=collectives,
         )

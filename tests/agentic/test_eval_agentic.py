@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from scalerl.assembly.warm_start import warm_start_default
 from scalerl.config import load_config
 from scalerl.evaluation import cli as eval_cli
 from scalerl.pipeline.cli import train_run
-from scalerl.training.sft import SFTConfig, warm_start_default
+from scalerl.training.sft import SFTConfig
 
 AGENTIC = [
     "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",

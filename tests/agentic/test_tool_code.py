@@ -72,7 +72,7 @@ def test_the_warm_start_mixes_interpreter_traces_with_direct_ones() -> None:
     cfg = RunConfig.model_validate({"agentic": {"environment": "tools", "tools": ["python"],
                                                 "sft_tool_fraction": 1.0}})
     chat = ChatFormat(TOK)
-    (ex,) = agentic_examples(cfg, TOK, RECORDS[:1], max_length=512)
+    (ex,) = agentic_examples(cfg.agentic, cfg.seed, TOK, RECORDS[:1], max_length=512)
     mask = ex.response_mask
     assert mask is not None and not all(mask) and mask[0] and mask[-1]
     text = TOK.decode(list(ex.response_ids))

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from scalerl.assembly.warm_start import warm_start_default
 from scalerl.config import load_config
-from scalerl.training.sft import SFTConfig, warm_start_default
+from scalerl.training.sft import SFTConfig
 
 OVERRIDES: list[str] = [
     "model.tiny.hidden_size=64",

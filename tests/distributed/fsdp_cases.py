@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from scalerl.assembly.sections import trainer_settings
 from scalerl.config import AlgorithmConfig, ModelConfig, OptimConfig, RunConfig, TinyModelConfig
 from scalerl.data.records import PromptRecord
 from scalerl.rollout.protocol import Completion
@@ -83,7 +84,7 @@ def scored_groups(seed: int, sizes: tuple[int, ...] = (4, 4, 4, 3), noise: float
 
 
 def local_trainer(cfg: RunConfig) -> Trainer:
-    return Trainer.from_config(cfg, load_policy(cfg.model, device="cpu"))
+    return Trainer.from_settings(trainer_settings(cfg), load_policy(cfg.model, device="cpu"))
 
 
 def local_gradients(trainer: Trainer) -> dict[str, torch.Tensor]:

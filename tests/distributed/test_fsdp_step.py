@@ -14,6 +14,7 @@ import torch
 from fsdp_cases import assert_close_tensors, assert_same_metrics, run_config
 from fsdp_jobs import run_ops, step_suite_job
 
+from scalerl.assembly.sections import trainer_settings
 from scalerl.distributed import spawn_ranks
 from scalerl.training.policy import load_policy
 
@@ -146,7 +147,8 @@ def test_a_rank_meter_counts_the_whole_step(suite):
     from scalerl.telemetry.compute import ComputeMeter
     from scalerl.training.trainer import Trainer
 
-    local = Trainer.from_config(METER_CFG, load_policy(METER_CFG.model, device="cpu"), ComputeMeter(1000))
+    policy = load_policy(METER_CFG.model, device="cpu")
+    local = Trainer.from_settings(trainer_settings(METER_CFG), policy, ComputeMeter(1000))
     local.step(batch(0))
     local.step(batch(1))
     want = meter_counts(local)

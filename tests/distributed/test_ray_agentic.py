@@ -17,10 +17,11 @@ import torch
 from scalerl.agentic.rollout import TrajectoryEngine
 from scalerl.agentic.setup import build_agentic
 from scalerl.assembly.build import build_training, load_records
+from scalerl.assembly.sections import engine_spec
 from scalerl.config import DistributedConfig, RunConfig, load_config
 from scalerl.distributed.engine_actor import EngineFactory
 from scalerl.distributed.pool import EnginePool
-from scalerl.rollout.factory import build_engine, spec_from_config
+from scalerl.rollout.factory import build_engine
 from scalerl.rollout.protocol import Completion, GenerationRequest, SamplingParams
 from scalerl.telemetry import read_rows
 from scalerl.training.policy import load_tokenizer
@@ -48,7 +49,7 @@ def run_config(model: str, ray: Any, *more: str) -> RunConfig:
 
 def trajectories(cfg: RunConfig, inner: Any) -> list[Completion]:
     tokenizer = load_tokenizer(cfg.model)
-    agentic = build_agentic(cfg, tokenizer, inner, None,
+    agentic = build_agentic(cfg.agentic, tokenizer, inner, None,
                             lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True)))
     greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.generation.max_new_tokens)
     records = load_records(cfg)[:6]
@@ -64,7 +65,7 @@ def trajectories(cfg: RunConfig, inner: Any) -> list[Completion]:
 def pool(ray_cluster: Any, tool_model: str) -> Iterator[tuple[RunConfig, EnginePool]]:
     cfg = run_config(tool_model, ray_cluster)
     tok = load_tokenizer(cfg.model)
-    spec = spec_from_config(cfg, model_path=tool_model, eos_token_ids=(int(tok.eos_token_id),),
+    spec = engine_spec(cfg, model_path=tool_model, eos_token_ids=(int(tok.eos_token_id),),
                             pad_token_id=int(tok.pad_token_id))
     engines = EnginePool.launch([EngineFactory(spec), EngineFactory(spec)],
                                 DistributedConfig.model_validate(cfg.distributed.model_dump()))
@@ -77,7 +78,7 @@ def pool(ray_cluster: Any, tool_model: str) -> Iterator[tuple[RunConfig, EngineP
 def test_pool_builds_the_trajectories_a_local_engine_builds(pool: tuple[RunConfig, EnginePool]) -> None:
     cfg, engines = pool
     tok = load_tokenizer(cfg.model)
-    spec = spec_from_config(cfg, model_path=cfg.model.name_or_path, eos_token_ids=(int(tok.eos_token_id),),
+    spec = engine_spec(cfg, model_path=cfg.model.name_or_path, eos_token_ids=(int(tok.eos_token_id),),
                             pad_token_id=int(tok.pad_token_id))
     remote = trajectories(cfg, engines)
     local = trajectories(cfg, build_engine(spec))  # the embedded engine: extend, one held sequence

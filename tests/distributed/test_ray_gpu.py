@@ -12,6 +12,8 @@ import pytest
 import torch
 from test_ray_trainer import TINY, groups_for
 
+from scalerl.assembly.sections import trainer_settings
+from scalerl.assembly.warm_start import warm_start_default
 from scalerl.config import RunConfig
 from scalerl.distributed.channel import RayWeightChannel
 from scalerl.distributed.engine_actor import EngineFactory
@@ -19,7 +21,7 @@ from scalerl.distributed.pool import EnginePool
 from scalerl.distributed.trainer import RayTrainer
 from scalerl.rollout.factory import EngineSpec
 from scalerl.rollout.protocol import GenerationRequest, SamplingParams
-from scalerl.training.sft import SFTConfig, warm_start_default
+from scalerl.training.sft import SFTConfig
 
 pytestmark = [pytest.mark.distributed, pytest.mark.gpu]
 
@@ -39,7 +41,7 @@ def test_cuda_rank_exports_into_an_engine_on_the_gpu(ray_cluster: object, tmp_pa
         "distributed": {"backend": "ray", "trainer_world_size": 1, "trainer_num_gpus": 0.5,
                         "engine_num_gpus": 0.5, "timeout_s": 120, "startup_timeout_s": 600},
     })
-    trainer = RayTrainer(cfg)
+    trainer = RayTrainer(cfg.model, trainer_settings(cfg), cfg.distributed)
     options = {"gpu_memory_utilization": 0.3, "enforce_eager": True} if kind == "vllm" else {}
     spec = EngineSpec(kind=kind, model_path=model_dir, fp32_lm_head=True, seed=0,  # type: ignore[arg-type]
                       max_batch_size=4, eos_token_ids=(0,), options=options)

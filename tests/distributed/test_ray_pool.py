@@ -12,6 +12,7 @@ import pytest
 from pipeline.fakes import FakeEngine, FakeScorer, FakeSource, FakeTrainer, Rows, decode, encode
 from ray_engines import CrashingEngine
 
+from scalerl.assembly.sections import driver_settings
 from scalerl.config import DistributedConfig, RunConfig
 from scalerl.distributed.channel import RayWeightChannel
 from scalerl.distributed.engine_actor import EngineFactory
@@ -44,7 +45,7 @@ def run_driver(
         params=SamplingParams(n=cfg.generation.n, max_new_tokens=cfg.generation.max_new_tokens),
         metrics=rows, channel=RayWeightChannel(pool, mode="object_store", timeout_s=60),
     )
-    driver = Driver(cfg, comps)
+    driver = Driver(driver_settings(cfg), comps)
     return driver, rows
 
 

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 from pipeline.test_kill_resume import MAX_STEPS, tiny_run_config
 
+from scalerl.assembly.warm_start import warm_start_default
 from scalerl.config import RunConfig, config_to_yaml
 from scalerl.telemetry import read_rows
-from scalerl.training.sft import SFTConfig, warm_start_default
+from scalerl.training.sft import SFTConfig
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from training.conftest import build_groups
 
+from scalerl.assembly.sections import trainer_settings
+from scalerl.assembly.warm_start import warm_start_default
 from scalerl.config import ModelConfig, RunConfig
 from scalerl.distributed.channel import RayWeightChannel
 from scalerl.distributed.engine_actor import EngineFactory
@@ -21,7 +24,7 @@ from scalerl.rollout.factory import EngineSpec
 from scalerl.rollout.protocol import GenerationRequest, SamplingParams
 from scalerl.telemetry.compute import ComputeMeter, flop_params
 from scalerl.training.policy import load_model, load_policy
-from scalerl.training.sft import SFTConfig, warm_start_default
+from scalerl.training.sft import SFTConfig
 from scalerl.training.trainer import Trainer
 
 pytestmark = pytest.mark.distributed
@@ -31,6 +34,11 @@ TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "
 
 
 @pytest.fixture(scope="module")
+
+def ray_trainer(cfg: RunConfig, **kwargs: Any) -> RayTrainer:
+    """The run's trainer ranks, built from its sections as the composition root builds them."""
+    return RayTrainer(cfg.model, trainer_settings(cfg), cfg.distributed, **kwargs)
+
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     base = RunConfig.model_validate({"model": {"tiny": TINY}, "data": {"synthetic": {"num_prompts": 40}}})
     cache = tmp_path_factory.mktemp("sft")
@@ -65,8 +73,8 @@ def test_two_rank_step_equals_one_process(ray_cluster: object, model_dir: str) -
     cfg = run_config(model_dir, world=2, algorithm={"kl_coef": 0.05})
     policy = load_policy(cfg.model, device="cpu")
     meter = ComputeMeter(flop_params(policy.model))
-    local = Trainer.from_config(cfg, policy, meter)
-    trainer = RayTrainer(cfg)
+    local = Trainer.from_settings(trainer_settings(cfg), policy, meter)
+    trainer = ray_trainer(cfg)
     try:
         for seed in (0, 1):
             groups = groups_for(model_dir, seed)
@@ -96,7 +104,7 @@ def _logprobs(engine: object, prompt: list[int], copies: int = 1) -> list[list[f
 
 def test_weights_reach_every_engine_over_both_transports(ray_cluster: object, model_dir: str) -> None:
     cfg = run_config(model_dir, world=2, bucket_mb=0.01)  # several buckets
-    trainer = RayTrainer(cfg)
+    trainer = ray_trainer(cfg)
     spec = EngineSpec(kind="embedded", model_path=model_dir, fp32_lm_head=True, seed=0, max_batch_size=4,
                       eos_token_ids=(0,))
     pool = EnginePool.launch([EngineFactory(spec), EngineFactory(spec)], cfg.distributed)
@@ -131,13 +139,13 @@ def test_weights_reach_every_engine_over_both_transports(ray_cluster: object, mo
 def test_checkpoint_resumes_on_another_world_size(
     ray_cluster: object, model_dir: str, tmp_path: Path
 ) -> None:
-    two = RayTrainer(run_config(model_dir, world=2))
+    two = ray_trainer(run_config(model_dir, world=2))
     try:
         two.step(groups_for(model_dir, 0))
         path = two.save(tmp_path, 1, extra={"pipeline": {"marker": 7}}, keep=2)
         assert path == tmp_path / "checkpoints" / "step_000001" and (path / "state.json").is_file()
         saved = dict(two.weights_for_engine())
-        one = RayTrainer(run_config(model_dir, world=1), resume=path)
+        one = ray_trainer(run_config(model_dir, world=1), resume=path)
         try:
             assert one.resumed is not None and one.resumed.step == 1
             assert one.resumed.extra == {"pipeline": {"marker": 7}} and one.version == 1
@@ -160,7 +168,7 @@ def test_checkpoint_resumes_on_another_world_size(
 
 def test_dead_rank_stops_the_step_naming_it(ray_cluster: object, model_dir: str) -> None:
     ray = ray_cluster
-    trainer = RayTrainer(run_config(model_dir, world=2, timeout_s=20))
+    trainer = ray_trainer(run_config(model_dir, world=2, timeout_s=20))
     try:
         ray.kill(trainer.actors[1])  # type: ignore[attr-defined]
         start = time.monotonic()

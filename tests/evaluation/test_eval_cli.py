@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 import scalerl.cli
+from scalerl.assembly.warm_start import warm_start_default
 from scalerl.config import load_config
 from scalerl.data import write_jsonl
 from scalerl.data.records import PromptRecord
 from scalerl.evaluation import cli as eval_cli
 from scalerl.pipeline.cli import train_run
-from scalerl.training.sft import SFTConfig, warm_start_default
+from scalerl.training.sft import SFTConfig
 
 TINY = [
     "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from scalerl.assembly.sections import driver_settings
 from scalerl.data.records import PromptRecord
 from scalerl.evaluation import Evaluator
 from scalerl.pipeline import Driver, GroupScorer
@@ -38,7 +39,7 @@ def test_driver_evaluates_at_start_every_n_and_end(mode: str, schedule: str, tra
     scorer = GroupScorer(FakeScorer(), decode, max_workers=2)
     params = SamplingParams(max_new_tokens=64)
     comps.evaluator = Evaluator(heldout(counts), encode, scorer, k=4, params=params)
-    Driver(cfg, comps).run()
+    Driver(driver_settings(cfg), comps).run()
     assert [s for s, _ in rows.evals] == [0, 3, 6, 7]
     for _, row in rows.evals:
         assert row["val_pass_rate"] == pytest.approx(sum(c / 4 for c in counts) / 4)

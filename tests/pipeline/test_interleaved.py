@@ -22,6 +22,7 @@ import torch
 from pydantic import ValidationError
 
 from scalerl.assembly.build import build_training
+from scalerl.assembly.sections import driver_settings
 from scalerl.config import PipelineConfig
 from scalerl.data.records import PromptRecord
 from scalerl.pipeline import Driver, GroupScorer
@@ -76,7 +77,7 @@ def run_fakes(
     trainer = FakeTrainer(engine, step_time=(0.0, 0.001))
     source = FakeSource()
     comps, rows = build(cfg, engine=engine, trainer=trainer, source=source, scorer=JitteryScorer())
-    driver = Driver(cfg, comps)
+    driver = Driver(driver_settings(cfg), comps)
     result = driver.run()
     assert result.steps == steps and result.stop_reason == "max_steps"
     check_accounting(driver, source, trainer)
@@ -124,7 +125,7 @@ def test_trainer_time_delays_weights_and_raises_lag() -> None:
     engine = FakeEngine(max_batch_size=8, long_tail=0.15, max_len=60)
     comps, _ = build(cfg, engine=engine, trainer=Recorder(engine))
     comps.channel = Channel()
-    driver = Driver(cfg, comps)
+    driver = Driver(driver_settings(cfg), comps)
     assert isinstance(driver.batches, InterleavedBatches)
     source_ref = driver.batches
     driver.run()
@@ -231,7 +232,7 @@ def test_resume_interleaved_consumes_no_prompt_twice_and_is_reproducible() -> No
     trainer1 = FakeTrainer(engine1)
     comps, _ = build(cfg, engine=engine1, trainer=trainer1)
     comps.checkpoint = checkpoint
-    Driver(cfg, comps).run()
+    Driver(driver_settings(cfg), comps).run()
     state = saved[4]
     outstanding = [o["record"]["id"] for o in state["generator"]["outstanding"]]
     assert outstanding, "groups were in flight at the checkpoint"
@@ -243,7 +244,7 @@ def test_resume_interleaved_consumes_no_prompt_twice_and_is_reproducible() -> No
         trainer.load_version(trainer1.batches[3][0] + 1)
         source = FakeSource()
         comps, rows = build(cfg, engine=engine, trainer=trainer, source=source)
-        driver = Driver(cfg, comps, resume_state=state)
+        driver = Driver(driver_settings(cfg), comps, resume_state=state)
         assert driver.run().steps == 10
         return driver, trainer, source, rows
 
@@ -275,7 +276,7 @@ def test_a_lost_weight_update_stalls_loudly() -> None:
     comps, _ = build(cfg)
     comps.channel = Dropping()
     with pytest.raises(RuntimeError, match="interleaved schedule stalled"):
-        Driver(cfg, comps).run()
+        Driver(driver_settings(cfg), comps).run()
 
 
 def test_drain_waits_for_every_threaded_verdict() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from scalerl.assembly.sections import driver_settings
 from scalerl.config import RunConfig
 from scalerl.pipeline import Components, Driver
 from scalerl.rollout.protocol import SamplingParams
@@ -83,7 +84,7 @@ def test_pipeline_lag_bound_under_random_speeds(k: int, b: int) -> None:
     trainer = FakeTrainer(engine, step_time=(0.0, 0.01), seed=b)
     source = FakeSource()
     comps, rows = build(cfg, engine=engine, trainer=trainer, source=source)
-    driver = Driver(cfg, comps)
+    driver = Driver(driver_settings(cfg), comps)
     result = driver.run()
     assert result.steps == 25 and result.stop_reason == "max_steps"
 
@@ -109,7 +110,7 @@ def test_pipeline_with_large_lag_keeps_generator_busy() -> None:
     engine = FakeEngine(max_batch_size=8, step_sleep=(0.001, 0.002), long_tail=0.1, max_len=40)
     trainer = FakeTrainer(engine, step_time=(0.005, 0.015))
     comps, rows = build(cfg, engine=engine, trainer=trainer)
-    Driver(cfg, comps).run()
+    Driver(driver_settings(cfg), comps).run()
     idle = [row["gen_idle_frac"] for _, row in rows.steps[5:]]
     assert sum(idle) / len(idle) < 0.1
 
@@ -120,7 +121,7 @@ def test_sync_mode_is_on_policy_and_engine_idle_while_training() -> None:
     trainer = FakeTrainer(engine, step_time=(0.0, 0.003))
     source = FakeSource()
     comps, rows = build(cfg, engine=engine, trainer=trainer, source=source)
-    driver = Driver(cfg, comps)
+    driver = Driver(driver_settings(cfg), comps)
     driver.run()
     assert engine.busy_during_train == 0
     for u, groups in trainer.batches:
@@ -139,7 +140,7 @@ def test_ppo_offpolicy_rounds(k: int) -> None:
     trainer = FakeTrainer(engine)
     source = FakeSource()
     comps, rows = build(cfg, engine=engine, trainer=trainer, source=source)
-    driver = Driver(cfg, comps)
+    driver = Driver(driver_settings(cfg), comps)
     driver.run()
     assert engine.busy_during_train == 0
     # Round r generates with weights r * k; its j-th mini-batch is trained at version r * k + j.
@@ -158,7 +159,7 @@ def test_steps_without_update_do_not_stall_round_modes() -> None:
     engine = FakeEngine()
     trainer = FakeTrainer(engine, noop_every=2)  # every second step leaves the version unchanged
     comps, _ = build(cfg, engine=engine, trainer=trainer)
-    result = Driver(cfg, comps).run()
+    result = Driver(driver_settings(cfg), comps).run()
     assert result.steps == 6 and trainer.version == 3
 
 
@@ -173,7 +174,7 @@ def test_dynamic_sampling_keeps_only_informative_groups(mode: str, schedule: str
     trainer = FakeTrainer(engine)
     source = FakeSource()
     comps, rows = build(cfg, engine=engine, trainer=trainer, source=source)
-    driver = Driver(cfg, comps)
+    driver = Driver(driver_settings(cfg), comps)
     result = driver.run()
     assert result.steps == 8
     for _, groups in trainer.batches:
@@ -195,7 +196,7 @@ def test_verifier_failures_score_zero_and_are_counted() -> None:
     engine = FakeEngine()
     trainer = FakeTrainer(engine)
     comps, rows = build(cfg, engine=engine, trainer=trainer, scorer=FakeScorer(fail_every=2))
-    result = Driver(cfg, comps).run()
+    result = Driver(driver_settings(cfg), comps).run()
     failures = result.counters["verifier_failures"]
     assert failures > 0
     assert sum(row["verifier_failures"] for _, row in rows.steps) == failures
@@ -214,7 +215,7 @@ def test_finite_prompts_stop_the_run() -> None:
         trainer = FakeTrainer(engine)
         source = FakeSource(limit=9)
         comps, _ = build(cfg, engine=engine, trainer=trainer, source=source)
-        result = Driver(cfg, comps).run()
+        result = Driver(driver_settings(cfg), comps).run()
         assert result.stop_reason == "prompts_exhausted"
         assert result.steps == 4
 
@@ -223,7 +224,7 @@ def test_finite_prompts_stop_the_run() -> None:
 def test_step_rows_carry_pipeline_metrics(schedule: str) -> None:
     cfg = make_config("pipeline", 2, 2, steps=4, schedule=schedule)
     comps, rows = build(cfg)
-    Driver(cfg, comps).run()
+    Driver(driver_settings(cfg), comps).run()
     _, row = rows.steps[-1]
     for key in ("version_lag_mean", "version_lag_max", "token_lag_mean", "gen_tokens_per_s", "gen_idle_frac",
                 "truncation_rate", "interruption_rate", "reward_mean", "response_length_mean",
@@ -244,4 +245,4 @@ def test_generator_thread_failure_surfaces() -> None:
     comps, _ = build(cfg)
     comps.encode = bad_encode
     with pytest.raises(RuntimeError, match="generator thread failed"):
-        Driver(cfg, comps).run()
+        Driver(driver_settings(cfg), comps).run()

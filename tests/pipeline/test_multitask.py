@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from scalerl.assembly.build import build_training, load_records
+from scalerl.assembly.warm_start import default_sft_records
 from scalerl.config import RunConfig
 from scalerl.data.records import PromptRecord
 from scalerl.pipeline.interfaces import ReadyGroup
@@ -16,7 +17,6 @@ from scalerl.rollout.protocol import Completion
 from scalerl.scaling.io import read_run_dir
 from scalerl.telemetry import read_rows
 from scalerl.training.batch import ScoredGroup
-from scalerl.training.sft import default_sft_records
 
 
 def _completion(n_tokens: int) -> Completion:

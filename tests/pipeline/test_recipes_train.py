@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scalerl.assembly.warm_start import warm_start_default
 from scalerl.cli import main
 from scalerl.telemetry import read_rows
-from scalerl.training.sft import SFTConfig, warm_start_default
+from scalerl.training.sft import SFTConfig
 
 from .test_kill_resume import tiny_run_config
 

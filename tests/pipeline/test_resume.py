@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from scalerl.assembly.sections import driver_settings
 from scalerl.pipeline import Driver
 
 from .fakes import FakeEngine, FakeSource, FakeTrainer
@@ -30,7 +31,7 @@ def test_resume_reissues_outstanding_prompts(mode: str, schedule: str) -> None:
     source1 = FakeSource()
     comps, _ = build(cfg, engine=engine1, trainer=trainer1, source=source1)
     comps.checkpoint = checkpoint
-    Driver(cfg, comps).run()
+    Driver(driver_settings(cfg), comps).run()
     assert sorted(saved) == [4, 8]
 
     # "Crash" after step 4: everything run 1 trained after the checkpoint is lost with it.
@@ -49,7 +50,7 @@ def test_resume_reissues_outstanding_prompts(mode: str, schedule: str) -> None:
     trainer2.load_version(trainer1.batches[3][0] + 1)
     source2 = FakeSource()
     comps2, rows2 = build(cfg, engine=engine2, trainer=trainer2, source=source2)
-    driver2 = Driver(cfg, comps2, resume_state=state)
+    driver2 = Driver(driver_settings(cfg), comps2, resume_state=state)
     result = driver2.run()
     assert result.steps == 8 and len(trainer2.batches) == 4
     assert [s for s, _ in rows2.steps] == [5, 6, 7, 8]
@@ -86,7 +87,7 @@ def test_resuming_a_finished_run_keeps_its_checkpoint_and_its_lag() -> None:
     trainer = FakeTrainer(engine)
     comps, _ = build(cfg, engine=engine, trainer=trainer)
     comps.checkpoint = checkpoint
-    first = Driver(cfg, comps).run()
+    first = Driver(driver_settings(cfg), comps).run()
     assert sorted(saved) == [6] and first.max_version_lag > 0
     final = saved.pop(6)
     assert final["max_version_lag"] == first.max_version_lag
@@ -96,7 +97,7 @@ def test_resuming_a_finished_run_keeps_its_checkpoint_and_its_lag() -> None:
     trainer2.load_version(6)
     comps2, rows2 = build(cfg, engine=engine2, trainer=trainer2)
     comps2.checkpoint = checkpoint
-    again = Driver(cfg, comps2, start_step=6, resume_state=final).run()
+    again = Driver(driver_settings(cfg), comps2, start_step=6, resume_state=final).run()
     assert again.steps == 6 and not rows2.steps and not trainer2.batches
     assert saved == {}, "the final checkpoint was written again"
     assert again.max_version_lag == first.max_version_lag

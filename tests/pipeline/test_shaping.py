@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from scalerl.assembly.sections import driver_settings
 from scalerl.pipeline import Driver
 from scalerl.pipeline.shaping import LengthShaping
 
@@ -39,7 +40,7 @@ def test_driver_shapes_training_rewards_but_keeps_verdicts() -> None:
     trainer = FakeTrainer(engine)
     comps, _ = build(cfg, engine=engine, trainer=trainer)
     comps.params = comps.params.__class__(n=cfg.generation.n, max_new_tokens=24)
-    Driver(cfg, comps).run()
+    Driver(driver_settings(cfg), comps).run()
     shaped = 0
     for _, groups in trainer.batches:
         for g in groups:
@@ -75,7 +76,7 @@ def test_the_driver_warms_the_kimi_reward_up_over_the_trainers_steps() -> None:
     engine = FakeEngine(max_len=24, long_tail=0.5)
     trainer = FakeTrainer(engine)
     comps, _ = build(cfg, engine=engine, trainer=trainer)
-    Driver(cfg, comps).run()
+    Driver(driver_settings(cfg), comps).run()
     shaped_at = set()
     for version, groups in trainer.batches:
         for g in groups:

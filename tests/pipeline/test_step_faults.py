@@ -16,6 +16,7 @@ import threading
 import pytest
 import torch
 
+from scalerl.assembly.sections import driver_settings, trainer_settings
 from scalerl.config import ModelConfig, RunConfig, TinyModelConfig
 from scalerl.data.records import PromptRecord
 from scalerl.pipeline import Driver
@@ -82,7 +83,7 @@ def test_an_occasionally_crashing_verifier_is_counted_and_the_run_goes_on(mode: 
     scorer = CountingScorer(crash=lambda r, i: number(r) % 3 == 0 and i < 2)
     trainer = FakeTrainer()
     comps, rows = build(cfg, scorer=scorer, trainer=trainer)
-    driver = Driver(cfg, comps)
+    driver = Driver(driver_settings(cfg), comps)
     assert driver.run().steps == cfg.max_steps
     assert scorer.raised > 0
     assert driver.generator.counters.verifier_failures == scorer.raised
@@ -101,7 +102,7 @@ def test_a_verifier_that_always_crashes_stops_the_run_naming_the_limit(mode: str
     cfg = config(mode, k, rewards={"max_consecutive_failures": 6})
     scorer = CountingScorer(crash=lambda r, i: True)
     comps, _ = build(cfg, scorer=scorer)
-    driver = Driver(cfg, comps)
+    driver = Driver(driver_settings(cfg), comps)
     message = (r"^\d+ verifier calls failed in a row \(last: RuntimeError: verifier crashed "
                r"\(prompt 'p\d+'\)\); stopping \(rewards\.max_consecutive_failures=6\)")
     with pytest.raises(FaultLimitError, match=message):
@@ -131,7 +132,7 @@ def test_a_hanging_verifier_worker_is_killed_counted_and_the_run_goes_on() -> No
     trainer = FakeTrainer()
     comps, rows = build(cfg, scorer=scorer, trainer=trainer)  # type: ignore[arg-type]
     try:
-        assert Driver(cfg, comps).run().steps == 3
+        assert Driver(driver_settings(cfg), comps).run().steps == 3
     finally:
         scorer.verifier.close()
     assert scorer.verifier.restarts == 2 and total(rows, "verifier_failures") == 2
@@ -146,7 +147,7 @@ def test_a_verifier_worker_that_hangs_every_time_stops_the_run() -> None:
     try:
         with pytest.raises(FaultLimitError, match=r"verifier calls failed in a row \(last: status 'timeout': "
                            r"math-verify exceeded 0\.5s .*rewards\.max_consecutive_failures=3"):
-            Driver(cfg, comps).run()
+            Driver(driver_settings(cfg), comps).run()
     finally:
         scorer.verifier.close()
     assert 3 <= scorer.verifier.restarts <= 4  # one group of 2, then one more sample at most
@@ -159,7 +160,7 @@ def test_a_nan_reward_is_a_counted_failure_and_never_reaches_the_trainer(mode: s
     scorer = CountingScorer(nan=lambda r, i: i == 3)
     trainer = FakeTrainer()
     comps, _ = build(cfg, scorer=scorer, trainer=trainer)
-    driver = Driver(cfg, comps)
+    driver = Driver(driver_settings(cfg), comps)
     driver.run()
     trained = [g for _, groups in trainer.batches for g in groups]
     assert trained and all(math.isfinite(x) for g in trained for x in g.rewards)
@@ -173,7 +174,7 @@ def test_groups_dropped_in_a_row_by_dynamic_sampling_stop_the_run() -> None:
     scorer = CountingScorer(constant=1.0)  # every group solved: every group dropped
     trainer = FakeTrainer()
     comps, _ = build(cfg, scorer=scorer, trainer=trainer)
-    driver = Driver(cfg, comps)
+    driver = Driver(driver_settings(cfg), comps)
     message = (r"^5 groups dropped by dynamic sampling in a row \(last: prompt 'p\d+', rewards "
                r"\[1\.0, 1\.0, 1\.0, 1\.0\]\); stopping \(algorithm\.max_consecutive_dropped_groups=5\)")
     with pytest.raises(FaultLimitError, match=message):
@@ -188,7 +189,7 @@ TINY = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1
 
 def real_trainer(cfg: RunConfig) -> Trainer:
     policy = load_policy(ModelConfig(tiny=TINY, init_seed=0), device="cpu")
-    return Trainer.from_config(cfg, policy)
+    return Trainer.from_settings(trainer_settings(cfg), policy)
 
 
 def optimizer_is_finite(trainer: Trainer) -> bool:
@@ -205,7 +206,7 @@ def test_every_group_filtered_is_a_counted_noop_that_stops_after_the_limit() -> 
     message = (r"^3 steps with every group filtered \(no learning signal\) in a row \(last: step 3\); "
                r"stopping \(optim\.max_consecutive_noop_steps=3\)")
     with pytest.raises(FaultLimitError, match=message):
-        Driver(cfg, comps).run()
+        Driver(driver_settings(cfg), comps).run()
     assert [r["skipped_no_signal"] for _, r in rows.steps] == [1.0, 1.0, 1.0]
     assert trainer.version == 0 and trainer.noop_steps == 3 and trainer.optimizer.state_dict()["state"] == {}
     assert all(torch.equal(v, params[k]) for k, v in trainer.policy.model.state_dict().items())
@@ -218,7 +219,7 @@ def test_crashes_and_nan_rewards_leave_the_real_optimizer_finite_and_learning(mo
     # Sample 3 is NaN everywhere, samples 0-1 of every other prompt crash.
     scorer = CountingScorer(crash=lambda r, i: number(r) % 2 == 0 and i < 2, nan=lambda r, i: i == 3)
     comps, rows = build(cfg, scorer=scorer, engine=FakeEngine(max_len=8), trainer=trainer)  # type: ignore[arg-type]
-    assert Driver(cfg, comps).run().steps == 6
+    assert Driver(driver_settings(cfg), comps).run().steps == 6
     assert scorer.raised > 0 and scorer.nans > 0
     assert total(rows, "skipped_nonfinite") == 0, "a NaN reached the loss"
     assert trainer.version == 6 - int(total(rows, "skipped_no_signal")) > 0

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 import scalerl.assembly.build as assemble
+from scalerl.assembly.warm_start import warm_start_default
 from scalerl.config import RunConfig
 from scalerl.pipeline.cli import train_run
 from scalerl.pipeline.driver import RunResult
-from scalerl.training.sft import SFTConfig, warm_start_default
+from scalerl.training.sft import SFTConfig
 
 # Row keys that measure time or machine speed rather than what was computed.
 WALL_CLOCK = ("time", "hours", "per_s", "idle", "busy", "_s")

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scalerl.assembly.warm_start import warm_start_default
 from scalerl.cli import main
 from scalerl.model_identity import model_identity
 from scalerl.scaling.io import read_run_dir
-from scalerl.training.sft import SFTConfig, warm_start_default
+from scalerl.training.sft import SFTConfig
 
 from .test_kill_resume import tiny_run_config
 

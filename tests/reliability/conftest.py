@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from scalerl.assembly.warm_start import warm_start_default
 from scalerl.config import RunConfig
-from scalerl.training.sft import SFTConfig, warm_start_default
+from scalerl.training.sft import SFTConfig
 
 from .helpers import TINY
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-import scalerl.training.sft as sft_mod
+import scalerl.assembly.warm_start as ws_mod
 from scalerl.cli import main
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reliability.md"
@@ -199,7 +199,7 @@ def nothing_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("work started before the inputs were checked")
 
-    monkeypatch.setattr(sft_mod, "warm_start_default", refuse)
+    monkeypatch.setattr(ws_mod, "warm_start_default", refuse)
     monkeypatch.setattr(huggingface_hub.HfApi, "model_info", refuse)
 
 

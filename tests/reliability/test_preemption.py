@@ -15,6 +15,7 @@ import torch
 from pipeline.fakes import FakeEngine, FakeSource, FakeTrainer
 from pipeline.test_modes import build, make_config
 
+from scalerl.assembly.sections import driver_settings
 from scalerl.pipeline import Driver
 from scalerl.pipeline.preemption import StopRequest, exit_status
 
@@ -107,7 +108,7 @@ def test_a_stop_inside_a_long_round_checkpoints_without_finishing_it(mode: str, 
     comps, _ = build(cfg, engine=engine, trainer=trainer)
     saved: dict[int, dict[str, Any]] = {}
     comps.checkpoint = lambda step, state, snapshot=None: saved.setdefault(step, copy.deepcopy(state))
-    result = Driver(cfg, comps, stop=stop).run()
+    result = Driver(driver_settings(cfg), comps, stop=stop).run()
     assert result.stop_reason == "signal" and result.signal == "SIGTERM"
     if mode == "pipeline" and schedule == "threaded":
         # The generator thread does not wait for the driver: a batch it queued while the driver
@@ -131,7 +132,7 @@ def test_a_stop_after_some_steps_saves_the_round_in_flight_and_the_resume_finish
         saved[step] = json.loads(json.dumps(state))
 
     comps.checkpoint = checkpoint
-    driver = Driver(cfg, comps, stop=stop)
+    driver = Driver(driver_settings(cfg), comps, stop=stop)
     real_next = driver.batches.next_batch
 
     def next_batch():
@@ -152,7 +153,7 @@ def test_a_stop_after_some_steps_saves_the_round_in_flight_and_the_resume_finish
     trainer2 = FakeTrainer(engine2)
     trainer2.load_version(trainer.version)
     comps2, rows2 = build(cfg, engine=engine2, trainer=trainer2, source=FakeSource())
-    result2 = Driver(cfg, comps2, start_step=4, resume_state=state).run()
+    result2 = Driver(driver_settings(cfg), comps2, start_step=4, resume_state=state).run()
     assert result2.steps == 12 and [s for s, _ in rows2.steps] == list(range(5, 13))
     trained2 = [g.record.id for _, gs in trainer2.batches for g in gs]
     assert not set(trained1) & set(trained2)
@@ -176,7 +177,7 @@ def test_max_time_is_honoured_inside_a_long_round() -> None:
     comps, _ = build(cfg, engine=engine, trainer=trainer)
     saved: list[int] = []
     comps.checkpoint = lambda step, state, snapshot=None: saved.append(step)
-    result = Driver(cfg, comps, clock=lambda: now[0]).run()
+    result = Driver(driver_settings(cfg), comps, clock=lambda: now[0]).run()
     assert result.stop_reason == "max_time_s"
     assert result.steps == 0 and trainer.batches == []
     assert now[0] < 1.0 + 0.02  # one engine step past the limit at most

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from scalerl.assembly.sections import engine_spec
 from scalerl.cli import main
 from scalerl.config import RunConfig
 from scalerl.rollout.factory import (
@@ -15,7 +16,6 @@ from scalerl.rollout.factory import (
     EngineUnavailableError,
     build_engine,
     check_engine_available,
-    spec_from_config,
 )
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -30,19 +30,19 @@ def test_spec_from_config_reads_the_engine_settings() -> None:
                        "vllm": {"enforce_eager": False, "kv_cache_gib": 0.5, "prefix_caching": False,
                                 "block_size": 64}},
     })
-    spec = spec_from_config(cfg, model_path="m", eos_token_ids=(1,), pad_token_id=0, initial_version=4)
+    spec = engine_spec(cfg, model_path="m", eos_token_ids=(1,), pad_token_id=0, initial_version=4)
     assert spec == EngineSpec(kind="vllm", model_path="m", fp32_lm_head=False, seed=3, max_batch_size=7,
                               eos_token_ids=(1,), pad_token_id=0, initial_version=4, dtype="bfloat16",
                               max_model_len=160,
                               options={"enforce_eager": False, "kv_cache_bytes": 2**29,
                                        "prefix_caching": False, "block_size": 64})
-    default = spec_from_config(RunConfig(), model_path=None, eos_token_ids=(1,), pad_token_id=0)
+    default = engine_spec(RunConfig(), model_path=None, eos_token_ids=(1,), pad_token_id=0)
     assert default.kind == "embedded" and default.options == {"enforce_eager": True, "prefix_caching": True}
 
 
 def test_embedded_is_always_available_and_unknown_kinds_fail() -> None:
     check_engine_available("embedded")
-    spec = spec_from_config(RunConfig(), model_path=None, eos_token_ids=(1,), pad_token_id=0)
+    spec = engine_spec(RunConfig(), model_path=None, eos_token_ids=(1,), pad_token_id=0)
     with pytest.raises(ValueError, match="unknown engine"):
         build_engine(EngineSpec(**{**spec.__dict__, "kind": "sglang"}))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="model_path"):

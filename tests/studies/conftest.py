@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from study_helpers import TINY_OVERRIDES
 
+from scalerl.assembly.warm_start import warm_start_default
 from scalerl.config import load_config
-from scalerl.training.sft import SFTConfig, warm_start_default
+from scalerl.training.sft import SFTConfig
 
 
 @pytest.fixture(scope="session")

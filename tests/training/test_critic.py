@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from scalerl.algorithms import discounted_returns, token_rewards
+from scalerl.assembly.sections import trainer_settings
 from scalerl.config import AlgorithmConfig, ConfigError, OptimConfig, RunConfig, load_config
 from scalerl.telemetry.compute import ComputeMeter, flop_params
 from scalerl.training.batch import collate
@@ -201,7 +202,7 @@ def test_square_root_lr_rule(make_policy):
     assert scaled_lr(1e-4, 256, 64, "none") == 1e-4
     cfg = RunConfig.model_validate({"optim": {"lr": 1e-4, "lr_scaling": "sqrt", "lr_reference_batch": 64},
                                     "pipeline": {"prompts_per_step": 32}, "generation": {"n": 8}})
-    assert Trainer.from_config(cfg, make_policy()).optim_cfg.lr == pytest.approx(2e-4)
+    assert Trainer.from_settings(trainer_settings(cfg), make_policy()).optim_cfg.lr == pytest.approx(2e-4)
 
 
 def test_vapo_decoupled_and_length_adaptive_lambdas(make_policy, make_groups):

@@ -12,21 +12,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import scalerl.assembly.warm_start as ws_mod
 from scalerl.assembly.build import load_records
+from scalerl.assembly.warm_start import warm_start_default
 from scalerl.config import DataConfig, RunConfig, SyntheticDataConfig
 from scalerl.data.split import split_heldout
 from scalerl.data.synthetic import make_synthetic, write_synthetic_jsonl
 from scalerl.data.tokenize import encode_prompt
 from scalerl.training import sft as sft_mod
 from scalerl.training.cli import _sft_config, register
-from scalerl.training.sft import (
-    SFTConfig,
-    examples_from_records,
-    sft_loss,
-    solution_pairs,
-    train_sft,
-    warm_start_default,
-)
+from scalerl.training.sft import SFTConfig, examples_from_records, sft_loss, solution_pairs, train_sft
 from scalerl.training.sft_data import read_sft_pairs
 
 
@@ -87,7 +82,7 @@ def test_warm_start_is_cached_and_loadable(tmp_path, monkeypatch, small_run, tin
     sft = SFTConfig(steps=3, batch_size=4)
     path = warm_start_default(cfg, sft, cache_dir=tmp_path)
     info = json.loads((path / "sft_info.json").read_text())
-    assert info["sft"]["steps"] == 3 and info["examples"] == len(sft_mod.default_sft_records(cfg)) > 0
+    assert info["sft"]["steps"] == 3 and info["examples"] == len(ws_mod.default_sft_records(cfg)) > 0
     model = AutoModelForCausalLM.from_pretrained(path)
     tok = AutoTokenizer.from_pretrained(path)
     assert model.config.hidden_size == tiny.hidden_size and tok.eos_token == "<|end|>"
@@ -95,7 +90,7 @@ def test_warm_start_is_cached_and_loadable(tmp_path, monkeypatch, small_run, tin
     def no_training(*a, **k):
         raise AssertionError("the cached model should have been reused")
 
-    monkeypatch.setattr(sft_mod, "train_sft", no_training)
+    monkeypatch.setattr(ws_mod, "train_sft", no_training)
     assert warm_start_default(cfg, sft, cache_dir=tmp_path) == path
     monkeypatch.undo()
     other = warm_start_default(cfg, SFTConfig(steps=3, batch_size=4, seed=1), cache_dir=tmp_path)
@@ -106,7 +101,7 @@ def test_warm_start_is_cached_and_loadable(tmp_path, monkeypatch, small_run, tin
 
 def test_warm_start_never_trains_on_rl_prompts(small_run):
     cfg = small_run
-    records = sft_mod.default_sft_records(cfg)
+    records = ws_mod.default_sft_records(cfg)
     rl_records = make_synthetic("math", 40, cfg.data.synthetic.seed, (1, 2))
     heldout = split_heldout(rl_records, 8, cfg.data.heldout_seed).heldout
     assert records and all(r.metadata["solution"] for r in records)
@@ -121,14 +116,14 @@ def test_warm_start_keeps_to_its_own_levels(small_run):
                                                       "weights": [1, 0, 1], "warm_start_difficulty": (1, 1)})
     cfg = small_run.model_copy(update={"data": small_run.data.model_copy(update={"synthetic": syn})})
     rl_levels = {r.metadata["difficulty"] for r in load_records(cfg)}
-    sft_records = sft_mod.default_sft_records(cfg)
+    sft_records = ws_mod.default_sft_records(cfg)
     assert rl_levels == {1, 3}
     assert sft_records and {r.metadata["difficulty"] for r in sft_records} == {1}
     assert not {r.prompt for r in sft_records} & {r.prompt for r in load_records(cfg)}
     # Without its own range the warm start follows the RL set's levels and weights.
     same = cfg.model_copy(update={"data": cfg.data.model_copy(update={"synthetic": syn.model_copy(
         update={"warm_start_difficulty": None})})})
-    assert {r.metadata["difficulty"] for r in sft_mod.default_sft_records(same)} == {1, 3}
+    assert {r.metadata["difficulty"] for r in ws_mod.default_sft_records(same)} == {1, 3}
 
 
 def test_read_sft_pairs_formats(tmp_path):
@@ -180,7 +175,7 @@ def test_one_warm_start_for_every_recipe(tmp_path, monkeypatch, small_run):
     def no_training(*a, **k):
         raise AssertionError("a second warm start was trained")
 
-    monkeypatch.setattr(sft_mod, "train_sft", no_training)
+    monkeypatch.setattr(ws_mod, "train_sft", no_training)
     flags = [f"model.tiny.{k}={v}" for k, v in small_run.model.tiny.model_dump().items()]
     flags += ["data.synthetic.num_prompts=40", "data.synthetic.difficulty=[1, 2]", "data.heldout_size=8"]
     fp32_heads = set()
@@ -200,7 +195,7 @@ def test_the_run_seed_does_not_change_the_base_model(monkeypatch, small_run):
     from scalerl.pipeline.cli import prepare_model
 
     seen = []
-    monkeypatch.setattr(sft_mod, "warm_start_default",
+    monkeypatch.setattr(ws_mod, "warm_start_default",
                         lambda cfg, sft, **kw: seen.append(sft.seed) or f"/sft-{sft.seed}")
     for seed, init_seed in ((0, 0), (3, 0), (3, 2)):
         cfg = small_run.model_copy(update={"seed": seed, "model": small_run.model.model_copy(
@@ -220,7 +215,7 @@ def test_warm_start_weights_do_not_depend_on_the_callers_threads(tmp_path, monke
         seen.append(torch.get_num_threads())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(sft_mod, "train_sft", spy)
+    monkeypatch.setattr(ws_mod, "train_sft", spy)
     before = torch.get_num_threads()
     try:
         for i, threads in enumerate((2, 1)):
@@ -229,7 +224,7 @@ def test_warm_start_weights_do_not_depend_on_the_callers_threads(tmp_path, monke
             assert torch.get_num_threads() == threads
     finally:
         torch.set_num_threads(before)
-    assert seen == [sft_mod.WARM_START_THREADS] * 2 == [1, 1]
+    assert seen == [ws_mod.WARM_START_THREADS] * 2 == [1, 1]
     a, b = (next((tmp_path / str(i)).glob("tiny-*/model.safetensors")).read_bytes() for i in range(2))
     assert a == b
 

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from scalerl.assembly.sections import trainer_settings
 from scalerl.config import AlgorithmConfig, OptimConfig, RunConfig, TisConfig
 from scalerl.data.records import PromptRecord
 from scalerl.rollout.protocol import Completion
@@ -252,7 +253,7 @@ def test_bf16_autocast_step_runs_with_fp32_head(make_policy, make_groups):
 def test_from_config_and_weights_for_engine(make_policy, make_groups):
     policy = make_policy()
     cfg = RunConfig()
-    trainer = Trainer.from_config(cfg, policy)
+    trainer = Trainer.from_settings(trainer_settings(cfg), policy)
     assert trainer.temperature == cfg.generation.temperature
     weights = trainer.weights_for_engine()
     name, tensor = next(iter(weights.items()))

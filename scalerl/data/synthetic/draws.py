@@ -12,6 +12,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from scalerl.config import level_shares
+
 # Below this size a level's whole space is shuffled once; above it, repeats are rejected on draw.
 ENUMERATE_BELOW = 200_000
 
@@ -25,15 +27,8 @@ def level_range(difficulty: int | tuple[int, int], n_levels: int, what: str) -> 
 
 
 def level_weights(levels: Sequence[int], weights: Sequence[float] | None, what: str) -> np.ndarray:
-    if weights is None:
-        return np.full(len(levels), 1.0 / len(levels))
-    w = np.asarray(weights, dtype=float)
-    if w.shape != (len(levels),) or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
-        raise ValueError(
-            f"{what} weights: need {len(levels)} non-negative weights (one per level {list(levels)}) "
-            f"with a positive sum, got {list(weights)}"
-        )
-    return w / w.sum()
+    """Each level's share of the draws (`scalerl.config.level_shares`, the rule the config checks)."""
+    return np.asarray(level_shares(levels, weights, what), dtype=float)
 
 
 def unique_draws(

@@ -1,0 +1,90 @@
+"""`distributed.backend: local`: the policy, its trainer and the generation engine in this process."""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from scalerl.assembly.backend import Backend
+from scalerl.assembly.sections import engine_spec, trainer_settings
+from scalerl.config import RunConfig
+from scalerl.pipeline.snapshot import SNAPSHOT_FILE
+from scalerl.rollout import Engine
+from scalerl.rollout.factory import build_engine, close_engine
+from scalerl.telemetry import ComputeMeter, flop_params
+from scalerl.training.policy import load_policy
+from scalerl.training.trainer import Trainer
+
+
+def _build_engine(config: RunConfig, trainer: Trainer, closers: list[Any]) -> Engine:
+    """The generation engine, holding the trainer's current weights at the trainer's version.
+
+    The embedded engine gets a copy of the policy. vLLM loads from a directory (the model's, or a
+    temporary save of a policy built from `model.tiny`) and is then sent the trainer's weights: a
+    resumed trainer's differ from the directory's, and sending them always costs one update.
+    """
+    policy = trainer.policy
+    eos, pad = (int(policy.tokenizer.eos_token_id),), policy.pad_token_id
+    if config.generation.engine == "embedded":
+        spec = engine_spec(config, model_path=config.model.name_or_path, eos_token_ids=eos,
+                                pad_token_id=pad, initial_version=trainer.version)
+        return build_engine(spec, model=copy.deepcopy(policy.model))
+    path = config.model.name_or_path
+    if path is None:
+        scratch = tempfile.TemporaryDirectory(prefix="scalerl-engine-model-")
+        closers.append(scratch.cleanup)
+        policy.save_pretrained(scratch.name)
+        path = scratch.name
+    spec = engine_spec(config, model_path=path, eos_token_ids=eos, pad_token_id=pad,
+                            initial_version=trainer.version)
+    engine = build_engine(spec)
+    closers.append(lambda: close_engine(engine))
+    engine.update_weights(trainer.weights_for_engine(), trainer.version)
+    return engine
+
+
+def local_backend(
+    config: RunConfig, run_path: Path, device: str | None, resume: str | Path | None
+) -> Backend:
+    """The policy and its trainer here, and a generation copy of the model in the embedded engine."""
+    policy = load_policy(config.model, device)
+    meter = ComputeMeter(flop_params(policy.model))
+    trainer = Trainer.from_settings(trainer_settings(config), policy, meter)
+    start_step, resume_state = 0, None
+    if resume is not None:
+        saved = trainer.load(resume)
+        start_step = saved.step
+        resume_state = saved.extra.get("pipeline")
+        if resume_state is None:
+            raise ValueError(f"{resume}: checkpoint has no pipeline state (not written by `scalerl train`?)")
+
+    tokenizer = policy.tokenizer
+    closers: list[Any] = []
+    engine = _build_engine(config, trainer, closers)
+
+    def checkpoint(step: int, state: dict[str, Any], snapshot: dict[str, Any] | None = None) -> None:
+        files = {SNAPSHOT_FILE: snapshot} if snapshot is not None else None
+        trainer.save(run_path, step, extra={"pipeline": state}, keep=config.checkpoint.keep, files=files)
+
+    stats = getattr(engine, "stats", None)
+    wrap = (lambda sink: EngineFigures(sink, stats)) if hasattr(stats, "figures") else None
+    return Backend(trainer=trainer, engine=engine, tokenizer=tokenizer, meter=meter, start_step=start_step,
+                   resume_state=resume_state, checkpoint=checkpoint, wrap_metrics=wrap, closers=closers)
+
+
+class EngineFigures:
+    """A metrics sink that adds the engine's cumulative figures (`stats.figures()`: vLLM's prompt
+    tokens and prefix-cache hits) to every step row."""
+
+    def __init__(self, sink: Any, stats: Any) -> None:
+        self.sink = sink
+        self.stats = stats
+
+    def log_step(self, step: int, metrics: Mapping[str, Any]) -> Any:
+        return self.sink.log_step(step, {**metrics, **self.stats.figures()})
+
+    def log_eval(self, step: int, metrics: Mapping[str, Any]) -> Any:
+        return self.sink.log_eval(step, metrics)

@@ -1,0 +1,114 @@
+"""From the run's config to each component's own settings: the only place that picks sections.
+
+Each function reads a `RunConfig` and returns what one component takes: the trainer's
+`TrainerSettings`, the driver's `DriverSettings`, an engine's `EngineSpec`, the sampling parameters,
+the curriculum's spec, the prompt records. Components never see the whole config, so what a
+component depends on is visible in its signature, and a test builds it from the sections it needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from scalerl.config import RunConfig
+from scalerl.data import PromptRecord, load_prompts, make_synthetic
+from scalerl.data.curriculum import CurriculumSpec
+from scalerl.pipeline.driver import DriverSettings
+from scalerl.rollout import InterruptionSpec, SamplingParams
+from scalerl.rollout.factory import EngineSpec, spec_from_config
+from scalerl.training.optim import scaled_optim
+from scalerl.training.trainer import TrainerSettings
+
+THINK_END = "</think>"
+
+
+def samples_per_step(cfg: RunConfig) -> int:
+    """Samples per optimizer step: `pipeline.prompts_per_step * generation.n`."""
+    return cfg.pipeline.prompts_per_step * cfg.generation.n
+
+
+def trainer_settings(cfg: RunConfig) -> TrainerSettings:
+    """The trainer's sections, with `optim.lr_scaling` applied for the run's batch."""
+    return TrainerSettings(
+        algorithm=cfg.algorithm,
+        optim=scaled_optim(cfg.optim, samples_per_step(cfg)),
+        temperature=cfg.generation.temperature,
+        max_new_tokens=cfg.generation.max_new_tokens,
+    )
+
+
+def driver_settings(cfg: RunConfig) -> DriverSettings:
+    """The driver's sections and limits."""
+    return DriverSettings(
+        pipeline=cfg.pipeline,
+        generation=cfg.generation,
+        rewards=cfg.rewards,
+        eval=cfg.eval,
+        max_steps=cfg.max_steps,
+        max_time_s=cfg.max_time_s,
+        checkpoint_every=cfg.checkpoint.every,
+        dynamic_sampling=cfg.algorithm.dynamic_sampling,
+        max_consecutive_dropped_groups=cfg.algorithm.max_consecutive_dropped_groups,
+        max_consecutive_noop_steps=cfg.optim.max_consecutive_noop_steps,
+    )
+
+
+def engine_spec(
+    cfg: RunConfig,
+    *,
+    model_path: str | None,
+    eos_token_ids: tuple[int, ...],
+    pad_token_id: int | None,
+    initial_version: int = 0,
+) -> EngineSpec:
+    """The engine `generation` asks for, its length limit from `data.max_prompt_tokens`."""
+    return spec_from_config(cfg.generation, cfg.model, max_prompt_tokens=cfg.data.max_prompt_tokens,
+                            model_path=model_path, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
+                            initial_version=initial_version)
+
+
+def sampling_params(config: RunConfig, tokenizer: Any) -> SamplingParams:
+    """Training sampling parameters: `generation.*`, eos as stop token, forced interruption."""
+    g = config.generation
+    lc = g.length_control
+    interruption = None
+    if lc.kind == "interruption":
+        lo, hi = lc.think_budget
+        interruption = InterruptionSpec(
+            think_budget_lo=lo,
+            think_budget_hi=hi,
+            answer_budget=lc.answer_budget,
+            phrase_ids=tuple(tokenizer.encode(lc.phrase, add_special_tokens=False)),
+            think_end_ids=tuple(tokenizer.encode(THINK_END, add_special_tokens=False)),
+        )
+    params = SamplingParams(
+        n=g.n,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        top_k=g.top_k,
+        max_new_tokens=g.max_new_tokens,
+        stop_token_ids=(int(tokenizer.eos_token_id),),
+        interruption=interruption,
+    )
+    return replace(params, return_support=config.algorithm.keep_sampling_mask and params.truncates_support)
+
+
+def curriculum_spec(config: RunConfig) -> CurriculumSpec:
+    """`algorithm.curriculum` for the prompt pool (Kimi k1.5 sampling strategies)."""
+    c = config.algorithm.curriculum
+    return CurriculumSpec(order=c.order, priority=c.priority, difficulty_key=c.difficulty_key,
+                          harder=c.harder, ramp_prompts=c.ramp_prompts, start_fraction=c.start_fraction)
+
+
+def load_records(config: RunConfig) -> list[PromptRecord]:
+    """The run's prompt set: `data.train_path`, or the built-in synthetic task."""
+    d = config.data
+    on_error = d.on_bad_row
+    if d.train_path is not None:
+        return load_prompts(d.train_path, field_map=d.field_map, default_task=d.default_task,
+                            format=d.format, on_error=on_error).records
+    s = d.synthetic
+    # One call for every task: "math+code" caps the shared difficulty range at each task's own
+    # levels (code has 5, math 8), so the default range (1, 6) is valid for the mix.
+    return make_synthetic(s.task, s.num_prompts, s.seed, s.difficulty, s.weights)
