@@ -428,6 +428,12 @@ class AgenticConfig(Section):
     # Share of the SFT warm start's examples that are tool-use traces (the rest: direct traces).
     sft_tool_fraction: float = Field(0.25, ge=0.0, le=1.0)
 
+    @model_validator(mode="after")
+    def _context_budget(self) -> AgenticConfig:
+        if self.context_strategy != "none" and self.context_budget is None:
+            raise ValueError("context_strategy: needs context_budget (tokens of one context window)")
+        return self
+
 
 class RunConfig(Section):
     name: str = "run"

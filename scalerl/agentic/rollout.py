@@ -50,14 +50,13 @@ import torch
 from scalerl.agentic.chat import ChatFormat
 from scalerl.agentic.environment import Environment, StepResult, final_answer_text
 from scalerl.agentic.messages import (
-    CONTEXT_STRATEGIES,
-    THINKING_RETENTION,
     Message,
     discard_tool_history,
     retain_thinking,
     summary_context,
     summary_request,
 )
+from scalerl.config import AgenticConfig
 from scalerl.data.records import PromptRecord
 from scalerl.rollout.base import Finished, SteppingEngine
 from scalerl.rollout.protocol import (
@@ -71,32 +70,6 @@ from scalerl.rollout.protocol import (
 
 ENDS: tuple[str, ...] = ("answer", "turn_limit", "token_budget", "context_limit", "length", "env_error")
 _SEED_MIX = 0x9E3779B97F4A7C15
-
-
-@dataclass(frozen=True)
-class AgenticSettings:
-    """Limits of every episode (`agentic.*` in the run config)."""
-
-    max_turns: int = 4
-    max_total_tokens: int = 512  # sampled + environment tokens after the prompt, all windows
-    context_budget: int | None = None  # prompt + trajectory tokens of one window before management
-    context_strategy: str = "none"
-    thinking_retention: str = "deepseek_v32"
-    max_observation_tokens: int = 256
-    overlap_env: bool = False
-    env_workers: int = 4
-
-    def __post_init__(self) -> None:
-        if self.max_turns < 1 or self.max_total_tokens < 1 or self.max_observation_tokens < 1:
-            raise ValueError("agentic: max_turns, max_total_tokens, max_observation_tokens must be >= 1")
-        if self.context_strategy not in CONTEXT_STRATEGIES:
-            raise ValueError(f"agentic.context_strategy: {self.context_strategy!r} not in "
-                             f"{CONTEXT_STRATEGIES}")
-        if self.thinking_retention not in THINKING_RETENTION:
-            raise ValueError(f"agentic.thinking_retention: {self.thinking_retention!r} not in "
-                             f"{THINKING_RETENTION}")
-        if self.context_strategy != "none" and self.context_budget is None:
-            raise ValueError("agentic.context_strategy needs agentic.context_budget (tokens)")
 
 
 @dataclass
@@ -170,7 +143,7 @@ class TrajectoryEngine(SteppingEngine):
         make_env: Callable[[], Environment],
         chat: ChatFormat,
         decode: Callable[[list[int]], str],
-        settings: AgenticSettings | None = None,
+        settings: AgenticConfig | None = None,
         *,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -179,7 +152,7 @@ class TrajectoryEngine(SteppingEngine):
         self.make_env = make_env
         self.chat = chat
         self.decode = decode
-        self.settings = settings or AgenticSettings()
+        self.settings = settings or AgenticConfig()
         self.clock = clock
         self.continuable = isinstance(inner, ContinuableEngine)
         self._pool = ThreadPoolExecutor(self.settings.env_workers, thread_name_prefix="scalerl-env")

@@ -18,7 +18,7 @@ from typing import Any
 
 from scalerl.agentic.chat import ChatFormat
 from scalerl.agentic.environment import Environment, ToolEnvironment
-from scalerl.agentic.rollout import AgenticSettings, TrajectoryEngine
+from scalerl.agentic.rollout import TrajectoryEngine
 from scalerl.agentic.scoring import TrajectoryScorer
 from scalerl.agentic.tools import ToolBox, ToolSettings, tool_factories
 from scalerl.config import AgenticConfig
@@ -37,15 +37,6 @@ class Agentic:
 
     def close(self) -> None:
         self.engine.close()
-
-
-def settings_of(a: AgenticConfig) -> AgenticSettings:
-    return AgenticSettings(
-        max_turns=a.max_turns, max_total_tokens=a.max_total_tokens, context_budget=a.context_budget,
-        context_strategy=a.context_strategy, thinking_retention=a.thinking_retention,
-        max_observation_tokens=a.max_observation_tokens, overlap_env=a.overlap_env,
-        env_workers=a.env_workers,
-    )
 
 
 def environment_factory(
@@ -82,7 +73,7 @@ def build_agentic(
     probe = make_env()
     chat = ChatFormat(tokenizer, tools=list(probe.tool_schemas) or None)
     probe.close()
-    wrapped = TrajectoryEngine(engine, make_env, chat, decode, settings_of(a))
+    wrapped = TrajectoryEngine(engine, make_env, chat, decode, a)
     cache: dict[str, list[int]] = {}
 
     def encode(record: PromptRecord) -> list[int]:

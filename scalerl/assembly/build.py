@@ -17,7 +17,6 @@ from typing import Any
 from scalerl.assembly.backend import Backend
 from scalerl.assembly.local import local_backend
 from scalerl.assembly.sections import (
-    curriculum_spec,
     driver_settings,
     load_records,
     sampling_params,
@@ -148,7 +147,7 @@ def _build_training(
         retire_threshold=config.algorithm.retire_threshold,
         no_positive_resampling=config.algorithm.no_positive_resampling,
         heldout_ids=split.heldout_ids,
-        curriculum=curriculum_spec(config),
+        curriculum=config.algorithm.curriculum,
     )
     router = RewardRouter(RewardConfig.from_run_config(config.rewards))
     closers: list[Any] = [router.close]

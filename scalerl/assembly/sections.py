@@ -2,7 +2,7 @@
 
 Each function reads a `RunConfig` and returns what one component takes: the trainer's
 `TrainerSettings`, the driver's `DriverSettings`, an engine's `EngineSpec`, the sampling parameters,
-the curriculum's spec, the prompt records. Components never see the whole config, so what a
+the prompt records. Components never see the whole config, so what a
 component depends on is visible in its signature, and a test builds it from the sections it needs.
 """
 
@@ -13,7 +13,6 @@ from typing import Any
 
 from scalerl.config import RunConfig
 from scalerl.data import PromptRecord, load_prompts, make_synthetic
-from scalerl.data.curriculum import CurriculumSpec
 from scalerl.pipeline.driver import DriverSettings
 from scalerl.rollout import InterruptionSpec, SamplingParams
 from scalerl.rollout.factory import EngineSpec, spec_from_config
@@ -92,13 +91,6 @@ def sampling_params(config: RunConfig, tokenizer: Any) -> SamplingParams:
         interruption=interruption,
     )
     return replace(params, return_support=config.algorithm.keep_sampling_mask and params.truncates_support)
-
-
-def curriculum_spec(config: RunConfig) -> CurriculumSpec:
-    """`algorithm.curriculum` for the prompt pool (Kimi k1.5 sampling strategies)."""
-    c = config.algorithm.curriculum
-    return CurriculumSpec(order=c.order, priority=c.priority, difficulty_key=c.difficulty_key,
-                          harder=c.harder, ramp_prompts=c.ramp_prompts, start_fraction=c.start_fraction)
 
 
 def load_records(config: RunConfig) -> list[PromptRecord]:

@@ -12,51 +12,23 @@ Kimi Team 2025 (arXiv 2501.12599, §2.3.4 "Sampling Strategies"):
   probabilities". A prompt never drawn has no success yet (`s = 0`).
 
 The functions here are pure (numpy); `scalerl.data.pool.PromptPool` draws with them when a
-`CurriculumSpec` asks for either strategy.
+`CurriculumConfig` (the `algorithm.curriculum` section) asks for either strategy.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
+from scalerl.config import CurriculumConfig
 from scalerl.data.records import PromptRecord
 
-ORDERS = ("shuffle", "easy_to_hard")
-PRIORITIES = ("uniform", "failure_rate")
 
-
-@dataclass(frozen=True)
-class CurriculumSpec:
-    """How `PromptPool` draws (see module docstring); the default draws epoch shuffles."""
-
-    order: str = "shuffle"
-    priority: str = "uniform"
-    difficulty_key: str = "difficulty"
-    harder: str = "higher"
-    ramp_prompts: int = 2048
-    start_fraction: float = 0.25
-
-    def __post_init__(self) -> None:
-        if self.order not in ORDERS:
-            raise ValueError(f"order: unknown {self.order!r}; expected one of {', '.join(ORDERS)}")
-        if self.priority not in PRIORITIES:
-            raise ValueError(f"priority: unknown {self.priority!r}; expected one of {', '.join(PRIORITIES)}")
-        if self.harder not in ("higher", "lower"):
-            raise ValueError(f"harder: expected 'higher' or 'lower', got {self.harder!r}")
-        ramp = self.ramp_prompts
-        if isinstance(ramp, bool) or not isinstance(ramp, int) or ramp <= 0:
-            raise ValueError(f"ramp_prompts: expected a positive integer, got {self.ramp_prompts!r}")
-        if not 0.0 < self.start_fraction <= 1.0:
-            raise ValueError(f"start_fraction: expected a number in (0, 1], got {self.start_fraction!r}")
-
-    @property
-    def weighted(self) -> bool:
-        """Whether draws follow weights (either strategy) rather than epoch shuffles."""
-        return self.order != "shuffle" or self.priority != "uniform"
+def weighted(spec: CurriculumConfig) -> bool:
+    """Whether draws follow weights (either strategy) rather than epoch shuffles."""
+    return spec.order != "shuffle" or spec.priority != "uniform"
 
 
 def metadata_value(metadata: dict, key: str) -> object:

@@ -7,9 +7,10 @@ advantage signal) and the extra prompts drawn to refill a batch under DAPO dynam
 saves all of that with a checkpoint so a resumed run draws exactly the prompts the original would
 have drawn.
 
-With a `CurriculumSpec` that asks for it (`scalerl.data.curriculum`), draws instead follow Kimi
-k1.5's strategies: an easy-to-hard frontier over the prompts' difficulty and/or prioritized
-resampling by failure rate, seeded by the draw count so that a restored pool draws the same.
+With an `algorithm.curriculum` section (`CurriculumConfig`) that asks for it
+(`scalerl.data.curriculum`), draws instead follow Kimi k1.5's strategies: an easy-to-hard frontier
+over the prompts' difficulty and/or prioritized resampling by failure rate, seeded by the draw
+count so that a restored pool draws the same.
 
 The trainer's loop is: `prompts = pool.next_prompts(k)`, generate a group per prompt,
 `pool.report(prompt.id, rewards)` per group; under dynamic sampling, when `report` says a group is
@@ -27,12 +28,13 @@ import numpy as np
 from torch import Tensor
 
 from scalerl.algorithms.filters import PassRateHistory, is_informative_group
+from scalerl.config import CurriculumConfig
 from scalerl.data.curriculum import (
-    CurriculumSpec,
     curriculum_frontier,
     difficulty_ranks,
     draw_weighted,
     failure_rate_weights,
+    weighted,
 )
 from scalerl.data.records import PromptRecord
 
@@ -79,7 +81,7 @@ class PromptPool:
         no_positive_resampling: bool = True,
         retire_basis: str = "last",
         heldout_ids: Iterable[str] = (),
-        curriculum: CurriculumSpec | None = None,
+        curriculum: CurriculumConfig | None = None,
     ) -> None:
         if not records:
             raise ValueError("records: the prompt pool needs at least one training prompt")
@@ -107,7 +109,7 @@ class PromptPool:
         self.epoch = 0
         self._order: list[str] = []
         self._position = 0
-        self._init_curriculum(curriculum or CurriculumSpec(), records)
+        self._init_curriculum(curriculum or CurriculumConfig(), records)
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -140,7 +142,7 @@ class PromptPool:
 
     # -- Kimi k1.5 sampling (scalerl.data.curriculum) -------------------------------------------
 
-    def _init_curriculum(self, spec: CurriculumSpec, records: Sequence[PromptRecord]) -> None:
+    def _init_curriculum(self, spec: CurriculumConfig, records: Sequence[PromptRecord]) -> None:
         self.curriculum = spec
         self.curriculum_draws = 0
         self.curriculum_fallbacks = 0  # draws where every open prompt had weight 0 (uniform instead)
@@ -185,7 +187,7 @@ class PromptPool:
         """
         if k < 0:
             raise ValueError(f"k: must be >= 0, got {k}")
-        if self.curriculum.weighted and k > 0:
+        if weighted(self.curriculum) and k > 0:
             drawn = self._next_weighted(k)
             self.counters["prompts_drawn"] += len(drawn)
             if refill:
@@ -258,7 +260,7 @@ class PromptPool:
             "zero_variance_fraction": self.counters["zero_variance_groups"] / groups if groups else 0.0,
         }
         out.update({k: float(v) for k, v in self.counters.items()})
-        if self.curriculum.weighted:
+        if weighted(self.curriculum):
             out["curriculum_frontier"] = self.frontier
             out["curriculum_fallbacks"] = float(self.curriculum_fallbacks)
         return out

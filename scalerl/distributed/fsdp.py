@@ -1,7 +1,7 @@
 """One rank of the FSDP2-sharded trainer: the single-process `Trainer`'s step, spread over ranks.
 
     spec = ProcessGroupSpec(rank, world_size, "tcp://10.0.0.1:29500", timeout_s=300)
-    rank = ShardedTrainerRank(cfg, spec)      # joins the group, loads and shards the policy
+    rank = ShardedTrainerRank(model_cfg, settings, spec)  # joins the group, loads and shards the policy
     metrics = rank.step(groups)               # EVERY rank, with the SAME groups (collective)
     state = rank.full_state_dict()            # every rank calls; rank 0 gets the HF state dict
     rank.save(run_dir, step, extra={...})     # every rank; DCP shards + HF export + state.json

@@ -10,9 +10,10 @@ import pytest
 
 from scalerl.agentic.chat import ChatFormat
 from scalerl.agentic.environment import StepResult, ToolEnvironment
-from scalerl.agentic.rollout import AgenticSettings, TrajectoryEngine
+from scalerl.agentic.rollout import TrajectoryEngine
 from scalerl.agentic.toolcalls import ToolCall, format_tool_call
 from scalerl.agentic.tools import Calculator, ToolBox
+from scalerl.config import AgenticConfig
 from scalerl.data.records import PromptRecord
 from scalerl.models.tiny import build_tiny_tokenizer
 from scalerl.rollout.protocol import Completion, GenerationRequest, SamplingParams
@@ -59,11 +60,15 @@ class BrokenTool:
         pass
 
 
+# Wider limits than the config's defaults (256 / 64): these episodes' tool outputs are long.
+ROLLOUT_LIMITS = {"max_total_tokens": 512, "max_observation_tokens": 256}
+
+
 def make_engine(policy, *, continuable: bool = True, tools=None, timeout_s: float = 5.0, **settings):
     inner = ScriptedEngine(TOK, policy, continuable=continuable)
     box = ToolBox(tools or {"calculator": Calculator})
     engine = TrajectoryEngine(inner, lambda: ToolEnvironment(box, timeout_s=timeout_s), ChatFormat(TOK),
-                              decode, AgenticSettings(**settings))
+                              decode, AgenticConfig(**{**ROLLOUT_LIMITS, **settings}))
     return engine, inner
 
 
@@ -220,7 +225,7 @@ def test_thinking_retention_drops_reasoning_when_a_user_message_arrives(rule: st
 
     inner = ScriptedEngine(TOK, policy)
     engine = TrajectoryEngine(inner, UserTurnEnv, ChatFormat(TOK), decode,
-                              AgenticSettings(thinking_retention=rule, max_turns=5))
+                              AgenticConfig(thinking_retention=rule, max_turns=5))
     (c,) = run(engine)
     info = c.metadata["agentic"]
     context = TOK.decode(c.prompt_ids + c.token_ids)

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("skyrl_gym")
 
 from scalerl.agentic.chat import ChatFormat
-from scalerl.agentic.rollout import AgenticSettings, TrajectoryEngine
+from scalerl.agentic.rollout import TrajectoryEngine
 from scalerl.agentic.scoring import TrajectoryScorer
 from scalerl.agentic.setup import environment_factory
 from scalerl.config import AgenticConfig
@@ -20,7 +20,7 @@ def make(policy, max_turns: int = 3):
     cfg = AgenticConfig(environment="skyrl:tests.agentic.skyrl_env:GuessEnv", max_turns=max_turns)
     make_env, _ = environment_factory(cfg, None)
     engine = TrajectoryEngine(ScriptedEngine(TOK, policy), make_env, ChatFormat(TOK), decode,
-                              AgenticSettings(max_turns=max_turns, thinking_retention="keep_all"))
+                              AgenticConfig(max_turns=max_turns, thinking_retention="keep_all"))
     return engine
 
 

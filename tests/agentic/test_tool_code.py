@@ -8,12 +8,12 @@ import pytest
 
 from scalerl.agentic.chat import ChatFormat
 from scalerl.agentic.environment import ToolEnvironment
-from scalerl.agentic.rollout import AgenticSettings, TrajectoryEngine
+from scalerl.agentic.rollout import TrajectoryEngine
 from scalerl.agentic.scoring import TrajectoryScorer
 from scalerl.agentic.sft import agentic_examples
 from scalerl.agentic.toolcalls import ToolCall, format_tool_call
 from scalerl.agentic.tools import PythonInterpreter, ToolBox
-from scalerl.config import RunConfig
+from scalerl.config import AgenticConfig, RunConfig
 from scalerl.data.synthetic import make_synthetic
 from scalerl.rewards import RewardConfig, RewardRouter
 from tests.agentic.fakes import ScriptedEngine
@@ -60,7 +60,7 @@ def test_an_episode_that_runs_its_candidate_then_answers_is_scored_on_the_answer
     scorer = TrajectoryScorer(router)
     for answer, correct in ((str(record.metadata["solution"]), True), (wrong, False)):
         engine = TrajectoryEngine(ScriptedEngine(TOK, policy(answer)), lambda: ToolEnvironment(box),
-                                  ChatFormat(TOK), decode, AgenticSettings(max_turns=3, max_total_tokens=600))
+                                  ChatFormat(TOK), decode, AgenticConfig(max_turns=3, max_total_tokens=600))
         (c,) = run(engine, record=record)
         info = c.metadata["agentic"]
         assert info["end"] == "answer" and info["tool_calls"] == 1 and info["tool_errors"] == {}

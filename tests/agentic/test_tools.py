@@ -15,7 +15,7 @@ import pytest
 
 from scalerl.agentic.chat import ChatFormat
 from scalerl.agentic.environment import ToolEnvironment
-from scalerl.agentic.rollout import AgenticSettings, TrajectoryEngine
+from scalerl.agentic.rollout import TrajectoryEngine
 from scalerl.agentic.toolcalls import ToolCall, format_tool_call
 from scalerl.agentic.tools import (
     Calculator,
@@ -29,6 +29,7 @@ from scalerl.agentic.tools import (
     load_corpus,
     tool_factories,
 )
+from scalerl.config import AgenticConfig
 from scalerl.rewards.sandbox import Sandbox, SandboxConfig
 from tests.agentic.fakes import ScriptedEngine
 from tests.agentic.test_rollout import TOK, decode, run
@@ -185,7 +186,7 @@ def test_hostile_programs_from_inside_an_episode_are_contained(sandbox: Sandbox,
     box = ToolBox(tool_factories(["python"], ToolSettings(sandbox=sandbox, timeout_s=3.0)))
     engine = TrajectoryEngine(ScriptedEngine(TOK, policy), lambda: ToolEnvironment(box, timeout_s=10.0),
                               ChatFormat(TOK), decode,
-                              AgenticSettings(max_turns=12, max_total_tokens=8000, max_observation_tokens=80))
+                              AgenticConfig(max_turns=12, max_total_tokens=8000, max_observation_tokens=80))
     try:
         (c,) = run(engine, max_new_tokens=600)
     finally:

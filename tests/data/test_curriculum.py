@@ -8,9 +8,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from scalerl.config import CurriculumConfig
 from scalerl.data import PoolExhaustedError, PromptPool, PromptRecord
 from scalerl.data.curriculum import (
-    CurriculumSpec,
     curriculum_frontier,
     difficulty_ranks,
     draw_weighted,
@@ -50,7 +50,7 @@ def test_failure_rate_weights_and_the_uniform_fallback() -> None:
 
 
 def test_easy_to_hard_opens_the_easiest_prompts_first_then_all() -> None:
-    spec = CurriculumSpec(order="easy_to_hard", ramp_prompts=400, start_fraction=0.2)
+    spec = CurriculumConfig(order="easy_to_hard", ramp_prompts=400, start_fraction=0.2)
     pool = PromptPool(_records(100), seed=0, no_positive_resampling=False, curriculum=spec)
     first = pool.next_prompts(20)
     # 20% of 100 prompts open: the 20 of difficulty 1 (the easiest of five equal levels), each once
@@ -66,7 +66,7 @@ def test_easy_to_hard_opens_the_easiest_prompts_first_then_all() -> None:
 
 
 def test_failure_rate_priority_samples_in_proportion_to_one_minus_success() -> None:
-    spec = CurriculumSpec(priority="failure_rate")
+    spec = CurriculumConfig(priority="failure_rate")
     pool = PromptPool(_records(3), seed=0, no_positive_resampling=False, curriculum=spec)
     pool.report("p0", [1.0, 1.0, 1.0, 1.0])  # solved: weight 0
     pool.report("p1", [1.0, 0.0, 1.0, 0.0])  # half: weight 0.5
@@ -77,7 +77,7 @@ def test_failure_rate_priority_samples_in_proportion_to_one_minus_success() -> N
 
 
 def test_retired_prompts_are_never_drawn_and_exhaustion_is_an_error() -> None:
-    spec = CurriculumSpec(priority="failure_rate")
+    spec = CurriculumConfig(priority="failure_rate")
     pool = PromptPool(_records(2), seed=0, retire_threshold=0.9, curriculum=spec)
     pool.report("p0", [1.0, 1.0])
     assert {p.id for p in pool.next_prompts(10)} == {"p1"}
@@ -87,7 +87,8 @@ def test_retired_prompts_are_never_drawn_and_exhaustion_is_an_error() -> None:
 
 
 def test_a_restored_pool_draws_what_the_original_would_have() -> None:
-    spec = CurriculumSpec(order="easy_to_hard", priority="failure_rate", ramp_prompts=60, start_fraction=0.3)
+    spec = CurriculumConfig(order="easy_to_hard", priority="failure_rate", ramp_prompts=60,
+                            start_fraction=0.3)
     a = PromptPool(_records(50), seed=3, no_positive_resampling=False, curriculum=spec)
     for _ in range(4):
         for p in a.next_prompts(8):
@@ -109,7 +110,7 @@ def test_a_record_without_a_difficulty_is_named() -> None:
     records = _records(3)
     records[1].metadata.pop("difficulty")
     with pytest.raises(ValueError, match=r"difficulty_key: prompt 'p1' \(f\.jsonl:2\) has no numeric"):
-        PromptPool(records, seed=0, curriculum=CurriculumSpec(order="easy_to_hard"))
+        PromptPool(records, seed=0, curriculum=CurriculumConfig(order="easy_to_hard"))
 
 
 def test_a_dotted_key_reads_the_pass_rate_scalerl_data_difficulty_writes() -> None:
@@ -127,16 +128,17 @@ def test_a_dotted_key_reads_the_pass_rate_scalerl_data_difficulty_writes() -> No
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"order": "random"}, "order: unknown 'random'"), ({"priority": "x"}, "priority: unknown"),
-     ({"ramp_prompts": 0}, "ramp_prompts: expected a positive"), ({"start_fraction": 0.0}, "start_fraction")],
+    [({"order": "random"}, r"(?s)order.*'shuffle' or 'easy_to_hard'"),
+     ({"priority": "x"}, r"(?s)priority.*'uniform' or 'failure_rate'"),
+     ({"ramp_prompts": 0}, r"(?s)ramp_prompts.*greater than 0"), ({"start_fraction": 0.0}, "start_fraction")],
 )
 def test_bad_specs_are_named(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        CurriculumSpec(**kwargs)
+        CurriculumConfig(**kwargs)
 
 
 def test_the_default_spec_keeps_the_epoch_shuffles() -> None:
     plain = PromptPool(_records(10), seed=0)
-    with_default = PromptPool(_records(10), seed=0, curriculum=CurriculumSpec())
+    with_default = PromptPool(_records(10), seed=0, curriculum=CurriculumConfig())
     assert [p.id for p in plain.next_prompts(15)] == [p.id for p in with_default.next_prompts(15)]
     assert "curriculum_frontier" not in plain.stats()

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from fsdp_cases import scored_groups
 
+from scalerl.assembly.sections import trainer_settings
 from scalerl.config import RunConfig
 from scalerl.distributed import ProcessGroupSpec, ShardedTrainerRank
 from scalerl.distributed.group import barrier
@@ -64,7 +65,7 @@ def cases_job(spec: ProcessGroupSpec, cases: dict[str, tuple[RunConfig, list[Op]
     """Every case on a fresh `ShardedTrainerRank`; results keyed by case name."""
     results: dict[str, Any] = {}
     for name, (cfg, ops) in cases.items():
-        rank = ShardedTrainerRank(cfg, spec)
+        rank = ShardedTrainerRank(cfg.model, trainer_settings(cfg), spec)
         results[name] = run_ops(rank, ops, spec.rank == 0)
     return results
 
@@ -72,7 +73,7 @@ def cases_job(spec: ProcessGroupSpec, cases: dict[str, tuple[RunConfig, list[Op]
 def nonfinite_job(spec: ProcessGroupSpec, cfg: RunConfig) -> dict[str, Any]:
     """Rank 1 alone sees NaN log-probs in its first pass: both ranks must skip (and count) the
     step, report the rank, and then train the next batch in step."""
-    rank = ShardedTrainerRank(cfg, spec)
+    rank = ShardedTrainerRank(cfg.model, trainer_settings(cfg), spec)
     real_forward = rank.collectives.forward
     poisoned = {"left": 1 if spec.rank == 1 else 0}
 
@@ -113,7 +114,7 @@ def checkpoint_job(spec: ProcessGroupSpec, cfg: RunConfig, run_dir: str) -> dict
     """Uninterrupted: steps on batches 0..3. Interrupted: save after 2 steps, a fresh rank loads
     the checkpoint and takes steps 3 and 4. Also: a save that fails on rank 1 only."""
     out: dict[str, Any] = {}
-    a = ShardedTrainerRank(cfg, spec)
+    a = ShardedTrainerRank(cfg.model, trainer_settings(cfg), spec)
     a.step(batch(0))
     a.step(batch(1))
     out["weights_at_2"] = a.full_state_dict()
@@ -123,7 +124,7 @@ def checkpoint_job(spec: ProcessGroupSpec, cfg: RunConfig, run_dir: str) -> dict
     out["continued"] = [a.step(batch(2)), a.step(batch(3))]
     out["weights_at_4"] = a.full_state_dict()
 
-    b = ShardedTrainerRank(cfg, spec)
+    b = ShardedTrainerRank(cfg.model, trainer_settings(cfg), spec)
     latest = latest_checkpoint(run_dir)
     t0 = time.perf_counter()
     state = b.load(latest)
@@ -168,7 +169,7 @@ def checkpoint_job(spec: ProcessGroupSpec, cfg: RunConfig, run_dir: str) -> dict
 
 def resume_job(spec: ProcessGroupSpec, cfg: RunConfig, checkpoint: str) -> dict[str, Any]:
     """Load a checkpoint (written by another world size) and take steps 3 and 4."""
-    rank = ShardedTrainerRank(cfg, spec)
+    rank = ShardedTrainerRank(cfg.model, trainer_settings(cfg), spec)
     state = rank.load(checkpoint)
     metrics = [rank.step(batch(2)), rank.step(batch(3))]
     weights = rank.full_state_dict()
@@ -185,7 +186,7 @@ def meter_job(spec: ProcessGroupSpec, cfg: RunConfig) -> dict[str, int]:
     """A compute meter on a rank counts the whole step (every rank's rows)."""
     from scalerl.telemetry.compute import ComputeMeter
 
-    rank = ShardedTrainerRank(cfg, spec, meter=ComputeMeter(1000))
+    rank = ShardedTrainerRank(cfg.model, trainer_settings(cfg), spec, meter=ComputeMeter(1000))
     rank.step(batch(0))
     rank.step(batch(1))
     return meter_counts(rank)

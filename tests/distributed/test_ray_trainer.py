@@ -33,12 +33,12 @@ TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "
         "max_position_embeddings": 256}
 
 
-@pytest.fixture(scope="module")
-
 def ray_trainer(cfg: RunConfig, **kwargs: Any) -> RayTrainer:
     """The run's trainer ranks, built from its sections as the composition root builds them."""
     return RayTrainer(cfg.model, trainer_settings(cfg), cfg.distributed, **kwargs)
 
+
+@pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     base = RunConfig.model_validate({"model": {"tiny": TINY}, "data": {"synthetic": {"num_prompts": 40}}})
     cache = tmp_path_factory.mktemp("sft")

@@ -19,7 +19,8 @@ from vllm_helpers import vllm_device
 
 from scalerl.agentic.chat import ChatFormat
 from scalerl.agentic.environment import StepResult
-from scalerl.agentic.rollout import AgenticSettings, TrajectoryEngine
+from scalerl.agentic.rollout import TrajectoryEngine
+from scalerl.config import AgenticConfig
 from scalerl.data.records import PromptRecord
 from scalerl.models.tiny import build_tiny_tokenizer
 from scalerl.rollout import GenerationRequest, SamplingParams
@@ -75,7 +76,7 @@ class Observer:
 def trajectories(inner: Any) -> list[Any]:
     engine = TrajectoryEngine(inner, Observer, ChatFormat(TOK),
                               lambda ids: str(TOK.decode(ids, skip_special_tokens=True)),
-                              AgenticSettings(max_turns=4, max_total_tokens=200, max_observation_tokens=16))
+                              AgenticConfig(max_turns=4, max_total_tokens=200, max_observation_tokens=16))
     # Turns end on any of a third of the vocabulary, so most episodes have several turns.
     params = SamplingParams(temperature=0.0, max_new_tokens=10, stop_token_ids=tuple(range(40, len(TOK), 3)))
     records = [PromptRecord(id=f"p{i}", task="math", prompt=f"Compute {i}{i}+{7 * i}", answer="0")
