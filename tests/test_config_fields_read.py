@@ -5,7 +5,8 @@ use them). The tree is walked from `RunConfig`, so sections added later are cove
 this test. A read is an attribute access `x.field` (or `getattr(x, "field")`) where `x` is known to
 hold that field's section: a parameter or return annotated with the section's class, a name or
 `self.` attribute assigned from such an expression, `RunConfig()` / `.model_copy()` of one, or a
-sub-section reached from one (`cfg.generation.length_control`). A property of a section that is read
+sub-section reached from one (`cfg.generation.length_control`), or a field of a settings class
+annotated with a section (`DriverSettings.pipeline: PipelineConfig`, `settings.pipeline.k`). A property of a section that is read
 counts as reading the fields its body reads. A section handed over whole as a dict (`.model_dump()`,
 except the root, which is only saved) counts for the fields whose names its consumer mentions.
 
@@ -65,6 +66,40 @@ SUBSECTION = {(cls, name): sub.__name__ for cls, model in SECTIONS.items()
 FIELDS = {cls: set(model.model_fields) for cls, model in SECTIONS.items()}
 
 
+def holder_fields(package: Path) -> dict[tuple[str, str], str]:
+    """(class, field) -> section, for classes of the package whose annotated fields hold sections.
+
+    Components take their own sections bundled in settings classes (`DriverSettings.pipeline:
+    PipelineConfig`); a field read through such a class is a read of the section's field."""
+    out: dict[tuple[str, str], str] = {}
+    for path in sorted(package.rglob("*.py")):
+        for cls in (n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef)):
+            if cls.name in SECTIONS:
+                continue
+            for stmt in cls.body:
+                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                    found = _section_name(stmt.annotation)
+                    if found is not None:
+                        out[(cls.name, stmt.target.id)] = found
+    return out
+
+
+def _section_name(node: ast.expr | None) -> str | None:
+    """The section class an annotation names, sections only (see `annotation_section`)."""
+    if isinstance(node, ast.Name):
+        return node.id if node.id in SECTIONS else None
+    if isinstance(node, ast.Attribute):
+        return node.attr if node.attr in SECTIONS else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return _section_name(node.left) or _section_name(node.right)
+    return None
+
+
+HOLDER_FIELDS = holder_fields(PACKAGE)
+HOLDERS = {cls for cls, _ in HOLDER_FIELDS}
+KNOWN = set(SECTIONS) | HOLDERS
+
+
 def annotation_section(node: ast.expr | None) -> str | None:
     """The section class an annotation names (`RunConfig`, `cfg.RunConfig`, `"RunConfig"`, `X | None`)."""
     if node is None:
@@ -75,9 +110,9 @@ def annotation_section(node: ast.expr | None) -> str | None:
         except SyntaxError:
             return None
     if isinstance(node, ast.Name):
-        return node.id if node.id in SECTIONS else None
+        return node.id if node.id in KNOWN else None
     if isinstance(node, ast.Attribute):
-        return node.attr if node.attr in SECTIONS else None
+        return node.attr if node.attr in KNOWN else None
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
         return annotation_section(node.left) or annotation_section(node.right)
     if isinstance(node, ast.Subscript):  # Optional[X]
@@ -105,7 +140,9 @@ class Reads:
                 if found is not None:
                     return found
             owner = self.type_of(node.value, env, cls)
-            return SUBSECTION.get((owner, node.attr)) if owner is not None else None
+            if owner is None:
+                return None
+            return SUBSECTION.get((owner, node.attr)) or HOLDER_FIELDS.get((owner, node.attr))
         if isinstance(node, ast.Call):
             func = node.func
             if isinstance(func, ast.Attribute) and func.attr == "model_copy":
@@ -113,11 +150,13 @@ class Reads:
             if isinstance(func, ast.Attribute) and func.attr in ("model_validate", "model_construct"):
                 return annotation_section(func.value)
             name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
-            if name in SECTIONS:
+            if name in KNOWN:
                 return name
             return self.returns.get(name) if name is not None else None
         if isinstance(node, ast.IfExp):
             return self.type_of(node.body, env, cls) or self.type_of(node.orelse, env, cls)
+        if isinstance(node, ast.BoolOp):  # `settings or AgenticConfig()`
+            return next((t for v in node.values if (t := self.type_of(v, env, cls)) is not None), None)
         return None
 
     def visit_module(self, tree: ast.Module) -> None:
@@ -201,7 +240,7 @@ class Reads:
             yield from Reads._nested_scopes(child)
 
     def _mark(self, owner: str, attr: str) -> None:
-        if attr in FIELDS[owner]:
+        if attr in FIELDS.get(owner, ()):
             self.read.add((owner, attr))
         for name in self.property_reads.get((owner, attr), ()):
             self.read.add((owner, name))
