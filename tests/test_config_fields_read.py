@@ -6,8 +6,8 @@ this test. A read is an attribute access `x.field` (or `getattr(x, "field")`) wh
 hold that field's section: a parameter or return annotated with the section's class, a name or
 `self.` attribute assigned from such an expression, `RunConfig()` / `.model_copy()` of one, or a
 sub-section reached from one (`cfg.generation.length_control`), or a field of a settings class
-annotated with a section (`DriverSettings.pipeline: PipelineConfig`, `settings.pipeline.k`). A property of a section that is read
-counts as reading the fields its body reads. A section handed over whole as a dict (`.model_dump()`,
+annotated with a section (`DriverSettings.pipeline: PipelineConfig`, `settings.pipeline.k`). A
+property of a section that is read counts as reading the fields its body reads. A section handed over whole as a dict (`.model_dump()`,
 except the root, which is only saved) counts for the fields whose names its consumer mentions.
 
 This is deliberately conservative: a field read only through an untyped variable is reported, and
