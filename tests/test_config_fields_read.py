@@ -7,8 +7,9 @@ hold that field's section: a parameter or return annotated with the section's cl
 `self.` attribute assigned from such an expression, `RunConfig()` / `.model_copy()` of one, or a
 sub-section reached from one (`cfg.generation.length_control`), or a field of a settings class
 annotated with a section (`DriverSettings.pipeline: PipelineConfig`, `settings.pipeline.k`). A
-property of a section that is read counts as reading the fields its body reads. A section handed over whole as a dict (`.model_dump()`,
-except the root, which is only saved) counts for the fields whose names its consumer mentions.
+property of a section that is read counts as reading the fields its body reads. A section handed
+over whole as a dict (`.model_dump()`, except the root, which is only saved) counts for the fields
+whose names its consumer mentions.
 
 This is deliberately conservative: a field read only through an untyped variable is reported, and
 the fix is to type the variable (or to delete the field).
