@@ -22,6 +22,17 @@ class ConfigError(ValueError):
     """A configuration problem; the message names the key path (and file:line when known)."""
 
 
+class CrossKeyError(ValueError):
+    """A rule between keys is broken. `keys` are paths relative to the section whose validator
+    checks the rule, the key to change first; the loader reports each with its value and where it
+    was set (file:line, override, or default), never the whole section."""
+
+    def __init__(self, keys: Sequence[str], message: str) -> None:
+        super().__init__(f"{keys[0]}: {message}")
+        self.keys = tuple(keys)
+        self.message = message
+
+
 def level_shares(levels: Sequence[int], weights: Sequence[float] | None, what: str) -> list[float]:
     """Each level's share of a synthetic task's draws: `weights / sum(weights)`, uniform when none.
 
@@ -89,13 +100,17 @@ class SyntheticDataConfig(Section):
         for key in ("difficulty", "warm_start_difficulty"):
             lo_hi = getattr(self, key)
             if lo_hi is not None and not 1 <= lo_hi[0] <= lo_hi[1]:
-                raise ValueError(f"{key}: need 1 <= lo <= hi, got {list(lo_hi)}")
+                raise CrossKeyError((key,), f"need 1 <= lo <= hi, got {list(lo_hi)}")
         if self.weights is not None:
             if self.task == "math+code":
-                raise ValueError("weights: per-level weights apply to one task, not 'math+code'")
+                raise CrossKeyError(("weights", "task"),
+                                    "per-level weights apply to one task, not 'math+code'")
             # The rule the task builders draw by, here at load time so the error names the key.
             lo, hi = self.difficulty
-            level_shares(range(lo, hi + 1), self.weights, self.task)
+            try:
+                level_shares(range(lo, hi + 1), self.weights, self.task)
+            except ValueError as err:
+                raise CrossKeyError(("weights", "difficulty"), str(err)) from None
         return self
 
 
@@ -122,8 +137,9 @@ class DataConfig(Section):
         # r1 / qwen_math carry their own instruction; a system prompt on top is not that template.
         has_system = self.system_prompt is not None or self.think_system_prompt
         if self.template in ("r1", "qwen_math") and has_system:
-            raise ValueError(f"template {self.template} carries its own instruction: unset system_prompt "
-                             "and think_system_prompt (or use template chat or raw)")
+            raise CrossKeyError(("template", "system_prompt", "think_system_prompt"),
+                                f"{self.template} carries its own instruction: unset system_prompt "
+                                "and think_system_prompt (or use template chat or raw)")
         return self
 
 
@@ -146,7 +162,7 @@ class LengthControlConfig(Section):
     def _budget_order(self) -> LengthControlConfig:
         lo, hi = self.think_budget
         if not 0 < lo <= hi:
-            raise ValueError(f"think_budget must satisfy 0 < lo <= hi, got [{lo}, {hi}]")
+            raise CrossKeyError(("think_budget",), f"must satisfy 0 < lo <= hi, got [{lo}, {hi}]")
         return self
 
 
@@ -261,17 +277,19 @@ class AlgorithmConfig(Section):
     def _advantage_combinations(self) -> AlgorithmConfig:
         per_token = self.baseline == "critic" or (self.kl_in_reward and self.kl_reward_level == "token")
         if self.loss_type == "kimi" and per_token:
-            raise ValueError(
-                "loss_type: 'kimi' needs one advantage per sample; baseline 'critic' and "
-                "kl_reward_level 'token' give one per token"
+            raise CrossKeyError(
+                ("loss_type", "baseline", "kl_in_reward", "kl_reward_level"),
+                "'kimi' needs one advantage per sample; baseline 'critic' and kl_reward_level 'token' "
+                "give one per token",
             )
         if self.adv_norm == "group" and self.baseline in ("none", "critic"):
-            raise ValueError(
-                f"adv_norm: 'group' divides group-centred advantages by the group std; baseline "
-                f"{self.baseline!r} has no group centring (use adv_norm 'batch' or 'none')"
+            raise CrossKeyError(
+                ("adv_norm", "baseline"),
+                f"'group' divides group-centred advantages by the group std; baseline "
+                f"{self.baseline!r} has no group centring (use adv_norm 'batch' or 'none')",
             )
         if self.kl_reward_level == "token" and not self.kl_in_reward:
-            raise ValueError("kl_reward_level: 'token' needs kl_in_reward: true")
+            raise CrossKeyError(("kl_reward_level", "kl_in_reward"), "'token' needs kl_in_reward: true")
         return self
 
 
@@ -320,7 +338,8 @@ class PipelineConfig(Section):
     def _simulated_time_needs_interleaving(self) -> PipelineConfig:
         # A threaded run measures the trainer's real time; a simulated one would be silently ignored.
         if self.decode_steps_per_train_step and self.schedule != "interleaved":
-            raise ValueError("decode_steps_per_train_step needs schedule: interleaved")
+            raise CrossKeyError(("decode_steps_per_train_step", "schedule"),
+                                "needs schedule: interleaved")
         return self
 
 
@@ -370,9 +389,9 @@ class RewardConfig(Section):
     @model_validator(mode="after")
     def _scale_order(self) -> RewardConfig:
         if self.correct_reward <= self.incorrect_reward:
-            raise ValueError(
-                f"correct_reward ({self.correct_reward}) must exceed "
-                f"incorrect_reward ({self.incorrect_reward})"
+            raise CrossKeyError(
+                ("correct_reward", "incorrect_reward"),
+                f"must exceed incorrect_reward ({self.correct_reward} <= {self.incorrect_reward})",
             )
         return self
 
@@ -431,7 +450,8 @@ class AgenticConfig(Section):
     @model_validator(mode="after")
     def _context_budget(self) -> AgenticConfig:
         if self.context_strategy != "none" and self.context_budget is None:
-            raise ValueError("context_strategy: needs context_budget (tokens of one context window)")
+            raise CrossKeyError(("context_strategy", "context_budget"), f"{self.context_strategy!r} "
+                                "needs context_budget (tokens of one context window)")
         return self
 
 
@@ -461,25 +481,32 @@ class RunConfig(Section):
         if d.backend == "local":
             return self
         if self.algorithm.baseline == "critic":
-            raise ValueError(
-                "algorithm.baseline: 'critic' (a value model beside the policy) runs in the local "
-                "trainer only; distributed.backend=ray shards the policy over FSDP2 ranks and has no "
-                "sharded critic (use distributed.backend=local, or another baseline)"
+            raise CrossKeyError(
+                ("algorithm.baseline", "distributed.backend"),
+                "'critic' (a value model beside the policy) runs in the local trainer only; "
+                "distributed.backend=ray shards the policy over FSDP2 ranks and has no sharded critic "
+                "(use distributed.backend=local, or another baseline)",
             )
         if self.pipeline.off_policy == "pipeline" and self.pipeline.schedule == "interleaved":
-            raise ValueError(
-                "pipeline.schedule: 'interleaved' (a reproducible single-thread schedule) is local-only; "
-                "use 'threaded' with distributed.backend=ray"
+            raise CrossKeyError(
+                ("pipeline.schedule", "pipeline.off_policy", "distributed.backend"),
+                "'interleaved' (a reproducible single-thread schedule) is local-only; use 'threaded' "
+                "with distributed.backend=ray",
             )
         if d.weight_sync == "collective" and d.collective_backend == "nccl" and (
             d.engine_num_gpus <= 0 or d.trainer_num_gpus <= 0
         ):
-            raise ValueError(
-                "distributed.collective_backend: 'nccl' moves GPU tensors; it needs "
-                "distributed.engine_num_gpus > 0 and distributed.trainer_num_gpus > 0 (else use 'gloo')"
+            raise CrossKeyError(
+                ("distributed.collective_backend", "distributed.weight_sync", "distributed.engine_num_gpus",
+                 "distributed.trainer_num_gpus"),
+                "'nccl' moves GPU tensors; it needs distributed.engine_num_gpus > 0 and "
+                "distributed.trainer_num_gpus > 0 (else use 'gloo')",
             )
         if self.generation.engine == "vllm" and d.engine_num_gpus <= 0:
-            raise ValueError("distributed.engine_num_gpus: vLLM engine actors need a GPU each (> 0)")
+            raise CrossKeyError(
+                ("distributed.engine_num_gpus", "generation.engine", "distributed.backend"),
+                "vLLM engine actors need a GPU each (> 0)",
+            )
         return self
 
 
@@ -610,18 +637,64 @@ def _origin_of(loc: tuple[str, ...], origins: Mapping[tuple[str, ...], str]) -> 
     return origins[below[0]] + ": " if below else ""
 
 
+_MISSING = object()
+
+
+def _value_at(tree: Any, path: Sequence[str]) -> Any:
+    """The value at `path` in a raw (merged, not yet validated) tree, or `_MISSING`."""
+    node = tree
+    for key in path:
+        if not isinstance(node, Mapping) or key not in node:
+            return _MISSING
+        node = node[key]
+    return node
+
+
+def _default_at(path: Sequence[str]) -> Any:
+    section = _section_at(path[:-1])
+    field = section.model_fields.get(path[-1]) if section is not None else None
+    return field.get_default(call_default_factory=True) if field is not None else None
+
+
+def _cross_key_lines(
+    cross: CrossKeyError, loc: tuple[str, ...], tree: Any, origins: Mapping[tuple[str, ...], str]
+) -> list[str]:
+    """`where: key: message` for the first key, then each key with its value and where it was set."""
+    paths = [(*loc, *k.split(".")) for k in cross.keys]
+    set_at = {p: origins[p] for p in paths if p in origins}
+    where = next((set_at[p] + ": " for p in paths if p in set_at), _origin_of(loc, origins))
+    head = f"{where}{'.'.join(paths[0])}: {cross.message}"
+    if len(paths) == 1:
+        return [head]
+    parts = []
+    for p in paths:
+        value = _value_at(tree, p[len(loc):])
+        shown = _default_at(p) if value is _MISSING else value
+        parts.append(f"{'.'.join(p)}={shown!r} ({set_at.get(p, 'default')})")
+    return [head, "  keys: " + ", ".join(parts)]
+
+
 def format_validation_error(
     err: ValidationError,
     origins: Mapping[tuple[str, ...], str] | None = None,
 ) -> str:
-    """One line per problem: `file:line: key.path: message`."""
+    """One line per problem: `file:line: key.path: message`; a rule between keys names each key,
+    its value and where it was set (a second line), never the whole section it was checked on."""
     lines = []
+    origins = origins or {}
     for e in err.errors():
         loc = tuple(str(p) for p in e["loc"] if not isinstance(p, int))
         key = ".".join(loc) or "<root>"
-        where = _origin_of(loc, origins or {})
+        where = _origin_of(loc, origins)
+        cross = (e.get("ctx") or {}).get("error")
+        if isinstance(cross, CrossKeyError):
+            lines.extend(_cross_key_lines(cross, loc, e.get("input"), origins))
+            continue
         if e["type"] == "extra_forbidden":
             msg = f"unknown key{_suggest(_section_at(loc[:-1]), loc[-1])}"
+        elif isinstance(e.get("input"), Mapping):
+            # A section's own validator: its input is the whole section, which says nothing more.
+            msg = str(e["msg"]).removeprefix("Value error, ")
         else:
             msg = f"{e['msg']} (got {e.get('input')!r})"
         lines.append(f"{where}{key}: {msg}")
