@@ -111,7 +111,8 @@ def test_a_rule_between_keys_names_each_key_and_where_it_was_set(tmp_path) -> No
     text = str(info.value)
     lines = text.splitlines()
     assert len(lines) == 3, text  # the header, the rule, the keys
-    assert lines[1].strip() == f"{run}:2: distributed.engine_num_gpus: vLLM engine actors need a GPU each (> 0)"
+    rule = "distributed.engine_num_gpus: vLLM engine actors need a GPU each (> 0)"
+    assert lines[1].strip() == f"{run}:2: {rule}"
     assert "distributed.engine_num_gpus=0.0 (default)" in lines[2]
     assert f"generation.engine='vllm' ({run}:2)" in lines[2]
     assert "distributed.backend='ray' (override 'distributed.backend=ray')" in lines[2]
