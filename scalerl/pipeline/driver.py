@@ -40,14 +40,14 @@ from scalerl.data.records import PromptRecord
 from scalerl.pipeline.dynamic_sampling import DynamicSampling
 from scalerl.pipeline.faults import RunLength
 from scalerl.pipeline.generator import Generator
-from scalerl.pipeline.interfaces import GroupQueue, PromptSource, Scorer, Trainer, WeightChannel
+from scalerl.pipeline.interfaces import GroupQueue, PromptSource, Trainer, WeightChannel
 from scalerl.pipeline.local import EngineWeightChannel, LocalGroupQueue
 from scalerl.pipeline.modes import BatchSource, InterleavedBatches, PipelineBatches, RoundBatches
 from scalerl.pipeline.preemption import Interrupted, StopRequest
 from scalerl.pipeline.shaping import LengthShaping
 from scalerl.pipeline.staleness import StalenessController
 from scalerl.pipeline.stats import IntervalMeter, batch_metrics
-from scalerl.rewards.groups import GroupScorer
+from scalerl.rewards.groups import GroupScorer, Scorer
 from scalerl.rollout.protocol import Completion, Engine, GenerationRequest, SamplingParams
 from scalerl.telemetry.compute import ComputeMeter
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from scalerl.assembly.run import train_run
+from scalerl.cli import eval as eval_cli
 from scalerl.config import load_config
-from scalerl.evaluation import cli as eval_cli
-from scalerl.pipeline.cli import train_run
 from scalerl.training.sft import SFTConfig, warm_start_default
 
 AGENTIC = [

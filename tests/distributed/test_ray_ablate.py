@@ -12,9 +12,9 @@ import pytest
 from studies.study_helpers import TINY_OVERRIDES
 
 from scalerl.config import load_config
-from scalerl.distributed.studies import RayRuns
 from scalerl.studies.ablate import plan_ablation, run_ablation
 from scalerl.studies.fitting import FitSettings
+from scalerl.studies.ray_runs import RayRuns
 from scalerl.training.sft import SFTConfig, warm_start_default
 
 pytestmark = pytest.mark.distributed

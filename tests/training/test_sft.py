@@ -13,12 +13,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from scalerl.assembly.build import load_records
+from scalerl.cli.sft import _sft_config, register
 from scalerl.config import DataConfig, RunConfig, SyntheticDataConfig
 from scalerl.data.split import split_heldout
 from scalerl.data.synthetic import make_synthetic, write_synthetic_jsonl
 from scalerl.data.tokenize import encode_prompt
 from scalerl.training import sft as sft_mod
-from scalerl.training.cli import _sft_config, register
 from scalerl.training.sft import (
     SFTConfig,
     examples_from_records,
@@ -171,7 +171,7 @@ def test_cli_trains_on_a_file_and_saves(tmp_path, tiny):
 def test_one_warm_start_for_every_recipe(tmp_path, monkeypatch, small_run):
     """RL-only settings (fp32_lm_head, dtype, activation checkpointing) do not make a new warm start:
     every recipe starts from the same cached model."""
-    from scalerl.pipeline.cli import resolve_run_config
+    from scalerl.assembly.run import resolve_run_config
     from scalerl.recipes import recipe_names
 
     sft = SFTConfig(steps=2, batch_size=4)
@@ -197,7 +197,7 @@ def test_one_warm_start_for_every_recipe(tmp_path, monkeypatch, small_run):
 def test_the_run_seed_does_not_change_the_base_model(monkeypatch, small_run):
     """`scalerl train` / `demo` with seeds 0 and 3 start from one warm start (the RL seeds of one
     base model); `model.init_seed` picks another base model."""
-    from scalerl.pipeline.cli import prepare_model
+    from scalerl.assembly.run import prepare_model
 
     seen = []
     monkeypatch.setattr(sft_mod, "warm_start_default",
