@@ -99,13 +99,13 @@ from typing import Any
 import torch
 
 from scalerl.assembly.build import build_training, load_records, sampling_params
+from scalerl.assembly.run import resolve_run_config
 from scalerl.assembly.warm_start import warm_start_default
 from scalerl.config import ModelConfig, RunConfig
 from scalerl.data import PromptPool, PromptRecord, encode_prompts, split_heldout
 from scalerl.data.tokenize import encode_prompt, resolve_system_prompt
 from scalerl.evaluation.evaluator import Evaluator
 from scalerl.models.loading import load_pretrained_tokenizer
-from scalerl.pipeline.cli import resolve_run_config
 from scalerl.pipeline.driver import success_threshold
 from scalerl.rewards import RewardConfig, RewardRouter, math_reward
 from scalerl.rewards.groups import GroupScorer

@@ -1,9 +1,9 @@
-"""Check a run's inputs before any work: data files, model folders or Hub ids, evaluation sets.
+"""Checks of a run's inputs before any work: data files, model folders or Hub ids, output folders.
 
-A training command calls `check_run_inputs(cfg)` before the warm start, before the run directory
-is created: a missing file or a bad row then costs a second, not a warm start, and leaves nothing
-behind. Every error is an `InputError` (a `ValueError`: the command line prints it and exits 2)
-whose message starts with the config key and names the path.
+Each check takes the value and the config key (or flag) it came from; every error is an
+`InputError` (a `ValueError`: the command line prints it and exits 2) whose message starts with
+that key and names the path. A whole run's inputs are checked by
+`scalerl.assembly.inputs.check_run_inputs(cfg)`, built on these; this module reads no config.
 
 Model names: a name is a local folder when it exists, or when it cannot be a Hugging Face Hub id
 (an absolute or `./` path, more than one `/`, a trailing `/`, characters a repo id cannot hold),
@@ -19,9 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 HUB_TIMEOUT_S = 10.0
 # Hugging Face repo ids: `name` or `namespace/name`, letters, digits, `-`, `_`, `.` (not leading).
@@ -108,17 +106,6 @@ def check_model_source(name: str | None, key: str, *, need_config: bool = True) 
     _check_hub_model(name, key)
 
 
-def check_prompt_file(path: str, key: str, **load_kwargs: Any) -> int:
-    """The file or folder loads as prompts (every row checked); returns the number of records."""
-    from scalerl.data.loaders import load_prompts
-
-    check_path(path, key)
-    try:
-        return len(load_prompts(path, **load_kwargs).records)
-    except (ValueError, OSError) as err:
-        raise InputError(f"{key}: {err}") from None
-
-
 def check_output_dir(
     path: str | os.PathLike[str], key: str = "output_dir", what: str = "a run directory"
 ) -> None:
@@ -162,22 +149,5 @@ def check_device(device: str | None, key: str = "--device") -> None:
         raise InputError(f"{key}: {device}: unsupported device type {dev.type!r} (cpu, cuda, mps)")
 
 
-def check_run_inputs(cfg: Any) -> None:
-    """Every input of a `RunConfig`: run directory, model and tokenizer (or the warm start's cache),
-    training prompts, extra evaluation sets."""
-    check_output_dir(cfg.output_dir)
-    if cfg.model.name_or_path is None:
-        check_cache_dir()
-    check_model_source(cfg.model.name_or_path, "model.name_or_path")
-    check_model_source(cfg.model.tokenizer, "model.tokenizer", need_config=False)
-    d = cfg.data
-    if d.train_path is not None:
-        check_prompt_file(d.train_path, "data.train_path", field_map=d.field_map, default_task=d.default_task,
-                          format=d.format, on_error=d.on_bad_row)
-    extra: Mapping[str, str] = cfg.eval.extra_sets
-    for name, path in extra.items():
-        check_prompt_file(path, f"eval.extra_sets.{name}", default_task=d.default_task, on_error=d.on_bad_row)
-
-
 __all__ = ["CACHE_DIR_VAR", "InputError", "check_cache_dir", "check_device", "check_model_source",
-           "check_output_dir", "check_path", "check_prompt_file", "check_run_inputs", "could_be_hub_id"]
+           "check_output_dir", "check_path", "could_be_hub_id"]

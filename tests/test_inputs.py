@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 import scalerl.assembly.warm_start as ws_mod
+from scalerl.assembly.inputs import check_run_inputs
 from scalerl.cli import main
-from scalerl.inputs import InputError, check_model_source, check_run_inputs, could_be_hub_id
+from scalerl.inputs import InputError, check_model_source, could_be_hub_id
 
 
 @pytest.fixture

@@ -8,5 +8,12 @@ checkpoints, and the local or the Ray backend (`local`, `ray`: two implementatio
 neither imports this package's `build` back). Commands (`scalerl.cli`) and studies
 (`scalerl.studies`) build runs through it.
 
+Modules: `sections` (each component's settings from the run's config), `backend` (the seam between
+the root and its two backends), `local` and `ray` (the backends), `build` (a run around a backend:
+`build_training`, `train`), `run` (`train_run`: what `scalerl train` and the studies run, with
+resume and session records), `warm_start` (the embedded default's SFT warm start), `sft`,
+`evaluate`, `curation` (what `scalerl sft`, `eval` and `data difficulty` build), `inputs` (every
+input of a run checked before any work).
+
 Nothing is imported eagerly: `scalerl --help` must not pay for torch.
 """

@@ -2,9 +2,11 @@
 
 Kimi k1.5 (Kimi Team 2025, arXiv 2501.12599, Sec. 2.3 "Prompt Set Curation") rates difficulty with
 the model itself: generate answers k = 10 times at a relatively high temperature and take the pass
-rate; lower means harder. `estimate_pass_rates` does exactly that through any
-`generate(requests) -> completions` function (an engine built by `scalerl.rollout.factory`) and the
-verifiers, and `scalerl data difficulty` wraps it in a command that can be killed and rerun.
+rate; lower means harder. This module holds the bookkeeping, with no engine in sight: the settings
+a rate depends on, the per-prompt seeds, the resumable work file and the annotated output.
+`estimate_pass_rates` runs any `run_chunk(records) -> [PassRate]` over the prompts not rated yet;
+`scalerl.evaluation.difficulty.score_chunk` is that function for an engine and the verifiers, and
+`scalerl data difficulty` wraps it all in a command that can be killed and rerun.
 
 Resume, without duplicates, and reproducibly: results are appended to a work file beside the output
 (`OUT.partial`) one chunk of prompts at a time, each chunk flushed and fsynced. Its first line holds
@@ -200,59 +202,6 @@ def _append_lines(path: Path, lines: Sequence[str], create: bool = False) -> Non
         os.fsync(f.fileno())
 
 
-Generate = Callable[[Sequence[Any]], list[Any]]
-Encode = Callable[[PromptRecord], list[int]]
-
-
-def score_chunk(
-    records: Sequence[PromptRecord],
-    encode: Encode,
-    generate: Generate,
-    scorer: Any,
-    params: Any,
-    settings: DifficultySettings,
-) -> list[PassRate]:
-    """k samples of every record in one engine call, verified; one `PassRate` per record, in order.
-
-    `scorer` is a `scalerl.rewards.groups.GroupScorer` (a failed verification counts as incorrect
-    and is counted); `params` the `SamplingParams` (`n`, temperature and seed are set here).
-    """
-    from dataclasses import replace
-
-    from scalerl.rollout.protocol import GenerationRequest
-
-    requests = [
-        GenerationRequest(
-            request_id=f"difficulty/{i}",
-            prompt_ids=encode(r),
-            params=replace(params, n=settings.k, temperature=settings.temperature,
-                           seed=prompt_seed(settings.seed, r.id)),
-            metadata={"prompt_id": r.id},
-        )
-        for i, r in enumerate(records)
-    ]
-    by_request: dict[str, list[Any]] = {q.request_id: [] for q in requests}
-    for c in generate(requests):
-        if c.request_id not in by_request:
-            raise RuntimeError(f"difficulty: a completion for unknown request {c.request_id!r}")
-        by_request[c.request_id].append(c)
-    groups = []
-    for q, r in zip(requests, records, strict=True):
-        samples = sorted(by_request[q.request_id], key=lambda c: c.sample_index)
-        if [c.sample_index for c in samples] != list(range(settings.k)):
-            raise RuntimeError(f"difficulty: prompt {r.id!r} got samples "
-                               f"{[c.sample_index for c in samples]}, expected 0..{settings.k - 1}")
-        groups.append((q.request_id, r, samples))
-    scored = scorer.score_all(groups)
-    return [
-        PassRate(id=r.id, correct=int(sum(s.correct)), k=settings.k,
-                 mean_length=sum(c.num_tokens for c in s.completions) / settings.k,
-                 truncated=sum(c.finish_reason == "length" for c in s.completions),
-                 verifier_failures=int(s.failures))
-        for r, s in zip(records, scored, strict=True)
-    ]
-
-
 def estimate_pass_rates(
     records: Sequence[PromptRecord],
     partial: PartialFile,
@@ -263,7 +212,8 @@ def estimate_pass_rates(
 ) -> dict[str, PassRate]:
     """Pass rates of every record: those already in `partial`, then the rest chunk by chunk.
 
-    `run_chunk` rates a list of records (`score_chunk` bound to an engine); each chunk's results are
+    `run_chunk` rates a list of records (`scalerl.evaluation.difficulty.score_chunk` bound to an
+    engine); each chunk's results are
     appended to `partial` before the next starts. `on_chunk(done, total)` reports progress.
     A record id in `partial` but not in `records` means the input changed: an error.
     """
@@ -325,5 +275,4 @@ __all__ = [
     "histogram",
     "partial_path",
     "prompt_seed",
-    "score_chunk",
 ]

@@ -299,3 +299,14 @@ def write_jsonl(records: Iterable[PromptRecord], path: str | os.PathLike[str]) -
                 row.pop("metadata", None)
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     return out
+
+
+def write_jsonl_atomic(records: Iterable[PromptRecord], path: str | os.PathLike[str]) -> Path:
+    """`write_jsonl`, whole or not at all: written beside `path`, then renamed over it."""
+    from scalerl.atomic import atomic_path
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out, suffix=".jsonl") as tmp:
+        write_jsonl(records, tmp)
+    return out

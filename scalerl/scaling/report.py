@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
+from scalerl.model_identity import identity_key
 from scalerl.scaling.analysis import RunAnalysis
 from scalerl.scaling.compare import Comparison, PairVerdict
+from scalerl.scaling.io import DEFAULT_X, Curve
 
 MODEL = "R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)"
 
@@ -340,3 +343,24 @@ def render_comparison(cmp: Comparison, level: float) -> str:
         ]
         parts.append(table(["run", "B", "C_mid", "RMSE"], rows))
     return "\n".join(parts)
+
+
+def is_run_dir(curve: Curve) -> bool:
+    """The curve was read from a scalerl run directory (its `metrics.jsonl`)."""
+    return Path(curve.source).name == "metrics.jsonl"
+
+
+def axis_notes(analyses: list[RunAnalysis]) -> list[str]:
+    """A note when the x axis is wall-clock based (it moves with the machine and its load)."""
+    timed = [a.curve.label for a in analyses if a.curve.x_name == DEFAULT_X and is_run_dir(a.curve)]
+    if not timed:
+        return []
+    return [f"note: x = {DEFAULT_X} ({', '.join(timed)}) is wall-clock time x devices: it changes with the "
+            "machine and its load, so reruns and other machines do not line up; --x flops counts the work "
+            "done and is reproducible"]
+
+
+def start_models(analyses: list[RunAnalysis]) -> dict[str, str | None]:
+    """Label -> starting-model key of every scalerl run directory (None: not recorded)."""
+    return {a.curve.label: identity_key(a.curve.start_model) if a.curve.start_model else None
+            for a in analyses if is_run_dir(a.curve)}

@@ -5,7 +5,9 @@
 * `fitting`, `report`: each run fitted on the first half of its compute; seeds combined; the
   paper's Fig. 7 table (A, B, B at a shared A, C_mid, with intervals) and plots.
 * `ablate` (`scalerl ablate`), `demo` (`scalerl demo`, settings in `demo.yaml`), `accuracy` (the
-  predictive-accuracy study behind `benchmarks/predictive_accuracy.py`).
+  predictive-accuracy study behind `benchmarks/predictive_accuracy.py`); their command lines are
+  `scalerl.cli.ablate` and `scalerl.cli.demo`. Runs are built by `scalerl.assembly.run`.
+* `ray_runs`: study runs as Ray tasks (`scalerl ablate --ray`).
 
     from scalerl.recipes import load_recipe_config
     from scalerl.studies import grid_variants, loo_variants, parse_grid_arg

@@ -2,8 +2,8 @@
 
 A study (`scalerl ablate`, the predictive-accuracy study) is a list of `RunSpec`s, each a fully
 resolved `RunConfig` whose `output_dir` is the run's directory inside the study directory.
-`execute_runs` trains them in order with `scalerl train`'s `train_run` and records the outcome of
-each in `<run_dir>/study_status.json`:
+`execute_runs` trains them in order with `scalerl.assembly.run.train_run` (what `scalerl train`
+runs) and records the outcome of each in `<run_dir>/study_status.json`:
 
 * a run whose status file says `completed` is skipped (a rerun of the study resumes it);
 * a run directory that holds a `metrics.jsonl` but did not complete (killed, or failed) is resumed
@@ -174,7 +174,7 @@ def _finished_before(run_dir: Path, checkpoint: Path, max_steps: int) -> bool:
 
 def _default_train(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None,
                    device: str | None = None) -> int:
-    from scalerl.pipeline.cli import train_run
+    from scalerl.assembly.run import train_run
     from scalerl.pipeline.preemption import STOP_SIGNALS, exit_status
 
     code = train_run(cfg, run_dir, resume=resume, device=device)
@@ -202,7 +202,7 @@ def execute_runs(
     `train_run`; a non-zero return counts as a failure. `KeyboardInterrupt` stops the study (the
     interrupted run is resumed or rerun next time). `parallel` > 1 calls `train_fn` for that many
     runs at once, from threads: for a `train_fn` that runs each on a cluster
-    (`scalerl.distributed.studies`), whose scheduler queues what does not fit.
+    (`scalerl.studies.ray_runs`), whose scheduler queues what does not fit.
     """
     train = train_fn or _default_train
     check_reusable(specs)

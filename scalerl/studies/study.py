@@ -70,7 +70,7 @@ def shared_model(base: RunConfig) -> str | None:
     """The starting model for every run: the user's, or the embedded default warm-started once."""
     if base.model.name_or_path is not None:
         return base.model.name_or_path
-    from scalerl.pipeline.cli import prepare_model
+    from scalerl.assembly.run import prepare_model
 
     return prepare_model(base).model.name_or_path
 

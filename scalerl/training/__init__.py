@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from scalerl._lazy import lazy_exports
 
-# Imported on first use (scalerl/_lazy.py): the command line imports this package's `cli` module
+# Imported on first use (scalerl/_lazy.py): the command line (`scalerl.cli`) imports this package
 # without paying for torch.
 _EXPORTS = {
     "CheckpointState": "scalerl.training.checkpoint",

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from scalerl.assembly.run import train_run
 from scalerl.assembly.warm_start import warm_start_default
+from scalerl.cli import eval as eval_cli
 from scalerl.config import load_config
-from scalerl.evaluation import cli as eval_cli
-from scalerl.pipeline.cli import train_run
 from scalerl.training.sft import SFTConfig
 
 AGENTIC = [

@@ -240,8 +240,8 @@ def test_bench_vs_trl_smoke(cache_dir: Path, tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def warm_start(cache_dir: Path) -> Path:
     """A 2-step SFT warm start of the tiny default (the script's own default is the 400-step one)."""
+    from scalerl.assembly.run import resolve_run_config
     from scalerl.assembly.warm_start import warm_start_default
-    from scalerl.pipeline.cli import resolve_run_config
     from scalerl.training.sft import SFTConfig
 
     cfg = resolve_run_config("scalerl", [], ["seed=0"])

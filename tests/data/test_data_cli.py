@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from scalerl.cli.data import register
 from scalerl.data import DataError, load_prompts
-from scalerl.data.cli import register
 
 
 def _run(argv: list[str]) -> int:

@@ -25,9 +25,9 @@ from scalerl.data.difficulty import (
     histogram,
     partial_path,
     prompt_seed,
-    score_chunk,
 )
 from scalerl.data.synthetic import make_math_task
+from scalerl.evaluation.difficulty import score_chunk
 from scalerl.models.tiny import TinyModelSpec, build_tiny_model, build_tiny_tokenizer
 from scalerl.rewards import RewardConfig, RewardRouter
 from scalerl.rewards.groups import GroupScorer

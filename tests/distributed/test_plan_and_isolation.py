@@ -44,8 +44,8 @@ def test_single_process_plan_is_plain_micro_batches():
 
 def test_single_process_code_does_not_import_scalerl_distributed():
     code = (
-        "import sys, scalerl.cli, scalerl.assembly.build, scalerl.pipeline.cli, scalerl.training, "
-        "scalerl.training.trainer, scalerl.rollout.factory\n"
+        "import sys, scalerl.cli, scalerl.assembly.build, scalerl.assembly.run, scalerl.cli.train, "
+        "scalerl.training, scalerl.training.trainer, scalerl.rollout.factory\n"
         "bad = sorted(m for m in sys.modules if m.startswith('scalerl.distributed'))\n"
         "print(bad)\nsys.exit(1 if bad else 0)\n"
     )

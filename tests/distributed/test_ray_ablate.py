@@ -13,9 +13,9 @@ from studies.study_helpers import TINY_OVERRIDES
 
 from scalerl.assembly.warm_start import warm_start_default
 from scalerl.config import load_config
-from scalerl.distributed.studies import RayRuns
 from scalerl.studies.ablate import plan_ablation, run_ablation
 from scalerl.studies.fitting import FitSettings
+from scalerl.studies.ray_runs import RayRuns
 from scalerl.training.sft import SFTConfig
 
 pytestmark = pytest.mark.distributed

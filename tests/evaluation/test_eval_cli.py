@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 import scalerl.cli
+from scalerl.assembly.run import train_run
 from scalerl.assembly.warm_start import warm_start_default
+from scalerl.cli import eval as eval_cli
 from scalerl.config import load_config
 from scalerl.data import write_jsonl
 from scalerl.data.records import PromptRecord
-from scalerl.evaluation import cli as eval_cli
-from scalerl.pipeline.cli import train_run
 from scalerl.training.sft import SFTConfig
 
 TINY = [
@@ -97,7 +97,7 @@ def test_data_and_a_bare_model_dir(run_dir: Path, model_dir: Path, tmp_path: Pat
 
 def test_paths_that_are_not_models_are_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    assert "scalerl.evaluation.cli" in scalerl.cli.COMMAND_MODULES
+    assert "scalerl.cli.eval" in scalerl.cli.COMMAND_MODULES
     assert scalerl.cli.main(["eval", str(tmp_path / "missing")]) == 2
     assert "missing: no such directory" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()

@@ -96,7 +96,7 @@ def test_math_code_run_logs_per_task_curves(tmp_path: Path) -> None:
 
 
 def test_eval_render_lists_each_task() -> None:
-    from scalerl.evaluation.cli import render
+    from scalerl.cli.eval import render
 
     metrics = {"k": 4.0, "pass_rate": 0.5, "pass_at_k": 0.7, "reward_mean": 0.5, "response_length": 20.0,
                "truncation_rate": 0.0, "interruption_rate": 0.0, "verifier_failures": 0.0, "time_s": 1.0,

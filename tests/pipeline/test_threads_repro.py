@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import scalerl.assembly.build as assemble
+from scalerl.assembly.run import train_run
 from scalerl.assembly.warm_start import warm_start_default
 from scalerl.config import RunConfig
-from scalerl.pipeline.cli import train_run
 from scalerl.pipeline.driver import RunResult
 from scalerl.training.sft import SFTConfig
 

@@ -59,7 +59,7 @@ def test_a_failure_before_the_first_row_leaves_no_run_directory(
     tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import scalerl.assembly.build as assemble
-    from scalerl.pipeline.cli import train_run
+    from scalerl.assembly.run import train_run
 
     def broken(*args: object, **kwargs: object) -> None:
         raise ValueError("rewards.verifiers.x: cannot import")

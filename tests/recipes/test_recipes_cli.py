@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scalerl.cli import recipes as cli
 from scalerl.config import load_config
-from scalerl.recipes import cli, list_recipes, load_recipe_config, recipe_path
+from scalerl.recipes import list_recipes, load_recipe_config, recipe_path
 
 
 def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

@@ -8,7 +8,7 @@ import sys
 # One fresh interpreter: list sys.modules after the imports, then again after drawing a plot.
 PROBE = """
 import sys
-import scalerl.scaling, scalerl.scaling.cli, scalerl.scaling.analysis
+import scalerl.scaling, scalerl.cli.fit, scalerl.cli.fit_cross, scalerl.scaling.analysis
 print(" ".join(sorted(sys.modules)))
 import os, tempfile
 import numpy as np

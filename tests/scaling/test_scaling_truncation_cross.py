@@ -11,7 +11,7 @@ import pytest
 
 from scalerl.cli import main
 from scalerl.scaling import efficiency_k
-from scalerl.scaling.cross_cli import parse_size
+from scalerl.scaling.cross_runs import parse_size
 from scalerl.scaling.diagnostics import truncation_flag
 from scalerl.scaling.forms import sigmoid_reward
 

@@ -12,9 +12,9 @@ import pytest
 from study_helpers import TINY_OVERRIDES, FakeTrain
 
 import scalerl.cli
+from scalerl.cli import ablate as ablate_cli
 from scalerl.config import RunConfig, build_config, yaml_layer
 from scalerl.recipes import load_recipe_config
-from scalerl.studies import ablate
 from scalerl.studies.ablate import plan_ablation, run_ablation
 from scalerl.studies.fitting import FitSettings
 from scalerl.studies.variants import apply_variant, loo_axis_names
@@ -136,7 +136,7 @@ def test_failed_runs_are_counted_named_and_retried_on_rerun(tmp_path: Path) -> N
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scalerl")
-    ablate.register(parser.add_subparsers(dest="command"))
+    ablate_cli.register(parser.add_subparsers(dest="command"))
     return parser
 
 
@@ -151,7 +151,7 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path: Path, capsys: pytest
 
 def test_the_command_reports_bad_input_and_exits_2(monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    assert "scalerl.studies.ablate" in scalerl.cli.COMMAND_MODULES
+    assert "scalerl.cli.ablate" in scalerl.cli.COMMAND_MODULES
     assert scalerl.cli.main(["ablate", "--grid", "pipeline.kk=1,2"]) == 2
     assert "scalerl ablate: error: pipeline.kk: unknown key 'pipeline.kk'" in capsys.readouterr().err
     assert scalerl.cli.main(["ablate", "--loo", "--fit-fraction", "2", "--dry-run"]) == 2

@@ -3,6 +3,7 @@ errors (checked against curves whose end is known), reuse of existing runs, argu
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 from pathlib import Path
@@ -80,12 +81,23 @@ def test_existing_runs_are_refitted_without_training(tmp_path: Path) -> None:
         run_accuracy(["gspo"], output_dir=tmp_path / "o2", runs_dir=runs, settings=SETTINGS, train=False)
 
 
+def _script() -> Any:
+    """`benchmarks/predictive_accuracy.py`, the study's command line, imported from its file."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "predictive_accuracy.py"
+    spec = importlib.util.spec_from_file_location("predictive_accuracy", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_the_script_reports_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
-    assert accuracy.main(["--max-steps", "0"]) == 2
+    script = _script()
+    assert script.main(["--max-steps", "0"]) == 2
     assert "--max-steps: must be >= 1" in capsys.readouterr().err
-    assert accuracy.main(["--recipes", "scalerl,bogus", "--no-train"]) == 2
+    assert script.main(["--recipes", "scalerl,bogus", "--no-train"]) == 2
     assert "unknown recipe 'bogus'" in capsys.readouterr().err
-    assert accuracy.main(["--fit-fraction", "0"]) == 2
+    assert script.main(["--fit-fraction", "0"]) == 2
     assert "fit fraction" in capsys.readouterr().err
 
 

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from study_helpers import TINY_OVERRIDES, write_curve
 
+from scalerl.cli import demo as demo_cli
 from scalerl.config import ConfigError, RunConfig
 from scalerl.studies import demo
 from scalerl.studies.demo import MARKER_FILE, demo_config, fit_demo, load_settings, prepare_output_dir
@@ -128,9 +129,9 @@ def test_a_short_real_demo(tmp_path: Path, tiny_model: str) -> None:
 
 def test_the_command_line_passes_its_options(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, object] = {}
-    monkeypatch.setattr(demo, "run_demo", lambda **kw: seen.update(kw) or 0)
+    monkeypatch.setattr(demo_cli, "run_demo", lambda **kw: seen.update(kw) or 0)
     parser = argparse.ArgumentParser(prog="scalerl")
-    demo.register(parser.add_subparsers(dest="command"))
+    demo_cli.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["demo", "--quick", "--seed", "4", "--max-time", "30", "max_steps=5"])
     assert args.func(args) == 0
     assert seen["quick"] is True and seen["seed"] == 4 and seen["max_time_s"] == 30.0
@@ -188,8 +189,8 @@ def test_seeds_runs_each_seed_in_its_own_directory(tmp_path: Path, monkeypatch: 
 
 def test_the_command_line_passes_seeds(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, object] = {}
-    monkeypatch.setattr(demo, "run_seeds", lambda **kw: seen.update(kw) or 0)
+    monkeypatch.setattr(demo_cli, "run_seeds", lambda **kw: seen.update(kw) or 0)
     parser = argparse.ArgumentParser(prog="scalerl")
-    demo.register(parser.add_subparsers(dest="command"))
+    demo_cli.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["demo", "--seeds", "5", "--seed", "1"])
     assert args.func(args) == 0 and seen["n_seeds"] == 5 and seen["seed"] == 1

@@ -15,12 +15,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import scalerl.assembly.warm_start as ws_mod
 from scalerl.assembly.build import load_records
 from scalerl.assembly.warm_start import warm_start_default
+from scalerl.cli.sft import _sft_config, register
 from scalerl.config import DataConfig, RunConfig, SyntheticDataConfig
 from scalerl.data.split import split_heldout
 from scalerl.data.synthetic import make_synthetic, write_synthetic_jsonl
 from scalerl.data.tokenize import encode_prompt
 from scalerl.training import sft as sft_mod
-from scalerl.training.cli import _sft_config, register
 from scalerl.training.sft import SFTConfig, examples_from_records, sft_loss, solution_pairs, train_sft
 from scalerl.training.sft_data import read_sft_pairs
 
@@ -166,7 +166,7 @@ def test_cli_trains_on_a_file_and_saves(tmp_path, tiny):
 def test_one_warm_start_for_every_recipe(tmp_path, monkeypatch, small_run):
     """RL-only settings (fp32_lm_head, dtype, activation checkpointing) do not make a new warm start:
     every recipe starts from the same cached model."""
-    from scalerl.pipeline.cli import resolve_run_config
+    from scalerl.assembly.run import resolve_run_config
     from scalerl.recipes import recipe_names
 
     sft = SFTConfig(steps=2, batch_size=4)
@@ -192,7 +192,7 @@ def test_one_warm_start_for_every_recipe(tmp_path, monkeypatch, small_run):
 def test_the_run_seed_does_not_change_the_base_model(monkeypatch, small_run):
     """`scalerl train` / `demo` with seeds 0 and 3 start from one warm start (the RL seeds of one
     base model); `model.init_seed` picks another base model."""
-    from scalerl.pipeline.cli import prepare_model
+    from scalerl.assembly.run import prepare_model
 
     seen = []
     monkeypatch.setattr(ws_mod, "warm_start_default",

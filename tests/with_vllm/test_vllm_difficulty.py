@@ -11,10 +11,10 @@ import pytest
 pytest.importorskip("vllm")
 
 from scalerl.cli import main
-from scalerl.data import difficulty as difficulty_module
 from scalerl.data import write_jsonl
 from scalerl.data.difficulty import partial_path
 from scalerl.data.synthetic import make_math_task
+from scalerl.evaluation import difficulty as difficulty_module
 
 
 def test_difficulty_on_vllm_resumes_without_duplicates(tiny_dirs: tuple[Path, Path], tmp_path: Path,

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,107 +49,38 @@ def _check_out(path: str, overwrite: bool, what: str = "--out") -> Path:
     return out
 
 
-def _write_records(records: Sequence[Any], path: Path) -> None:
-    from scalerl.atomic import atomic_path
-    from scalerl.data.loaders import write_jsonl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path, suffix=".jsonl") as tmp:
-        write_jsonl(records, tmp)
-
-
 # ---------------------------------------------------------------------------------------------
 # difficulty
 
 
 def run_difficulty(args: argparse.Namespace) -> int:
-    from scalerl.data.difficulty import (
-        DifficultySettings,
-        PartialFile,
-        annotate,
-        estimate_pass_rates,
-        histogram,
-        partial_path,
-        score_chunk,
-    )
-    from scalerl.data.loaders import load_prompts
-    from scalerl.data.tokenize import check_template, encode_prompts, resolve_system_prompt
-    from scalerl.evaluation.cli import resolve_source
-    from scalerl.model_identity import model_identity
+    # The run itself (model, engine, work file, output) is built by the composition root.
+    from scalerl.assembly.curation import rate_difficulty
+    from scalerl.data.difficulty import histogram
 
     out = _check_out(args.out, args.overwrite)
-    source = resolve_source(args.model)
-    cfg = source.config.model_copy(deep=True)
-    cfg.model.name_or_path = source.model
-    cfg.model.tokenizer = None  # a checkpoint holds its own tokenizer files
-    if args.engine is not None:
-        cfg.generation.engine = args.engine
-    if args.max_new_tokens is not None:
-        cfg.generation.max_new_tokens = args.max_new_tokens
-    d = cfg.data
-    template = args.template or d.template
-    if args.system_prompt is not None or args.think:
-        system = resolve_system_prompt(args.think, args.system_prompt)
-    else:
-        system = resolve_system_prompt(d.think_system_prompt, d.system_prompt)
-    check_template(template, system)
-    max_prompt_tokens = args.max_prompt_tokens or d.max_prompt_tokens
-    on_error = "skip" if args.skip else d.on_bad_row
-
-    from scalerl.rollout.factory import check_engine_available
-
-    check_engine_available(cfg.generation.engine)
-    loaded = load_prompts(args.prompts, field_map=dict(args.field_map), default_task=args.default_task or
-                          d.default_task, split=args.split, format=args.format, on_error=on_error)
-    from scalerl.training.policy import load_tokenizer
-
-    tokenizer = load_tokenizer(cfg.model)
-    enc = encode_prompts(loaded.records, tokenizer, max_prompt_tokens=max_prompt_tokens, system_prompt=system,
-                         on_error=on_error, template=template)
-    records = enc.records
-    for rejects in (loaded.rejects, enc.rejects):
-        if rejects:
-            print(f"difficulty: skipped {rejects.summary()}", file=sys.stderr)
-
-    settings = DifficultySettings(
-        model=model_identity(source.model), engine=cfg.generation.engine, k=args.k,
-        temperature=args.temperature, seed=args.seed, max_new_tokens=cfg.generation.max_new_tokens,
-        template=template, system_prompt=system, length_control=cfg.generation.length_control.kind,
-        top_p=cfg.generation.top_p, top_k=cfg.generation.top_k,
-    )
-    work = partial_path(out)
-    if args.restart:
-        work.unlink(missing_ok=True)
-    partial = PartialFile.open(work, settings)
-    resumed = len(partial.done)
-    if resumed:
-        torn = " (a line cut by the interruption: dropped, redone)" if partial.torn_lines else ""
-        print(f"difficulty: resuming {work}: {resumed} of {len(records)} prompts done{torn}", file=sys.stderr)
-
-    started = time.perf_counter()
-    with _Progress(len(records), args.no_progress) as progress:
-        if len(partial.done) < len(records):
-            with _open_engine(cfg, source.model, tokenizer, args.device) as (generate, scorer, params):
-                def run_chunk(chunk: Sequence[Any]) -> list[Any]:
-                    return score_chunk(chunk, lambda r: enc.token_ids[r.id], generate, scorer, params,
-                                       settings)
-
-                results = estimate_pass_rates(records, partial, run_chunk, chunk_size=args.chunk,
-                                              on_chunk=progress.update)
-        else:
-            results = estimate_pass_rates(records, partial, lambda chunk: [], on_chunk=progress.update)
-    _write_records(annotate(records, results, settings, source.model), out)
-    partial.remove()
+    with _Progress(args.no_progress) as progress:
+        outcome = rate_difficulty(
+            args.prompts, model=args.model, out=out, k=args.k, temperature=args.temperature, seed=args.seed,
+            engine=args.engine, max_new_tokens=args.max_new_tokens, template=args.template, think=args.think,
+            system_prompt=args.system_prompt, max_prompt_tokens=args.max_prompt_tokens,
+            field_map=dict(args.field_map), default_task=args.default_task, split=args.split,
+            format=args.format, skip=args.skip, chunk=args.chunk, device=args.device, restart=args.restart,
+            on_chunk=progress.update, say=lambda m: print(m, file=sys.stderr),
+            warn=lambda m: print(f"eval: warning: {m}", file=sys.stderr),
+        )
+    results = outcome.results
     hist = histogram(results.values(), args.k)
     mean = sum(r.pass_rate for r in results.values()) / len(results)
     failures = sum(r.verifier_failures for r in results.values())
     truncated = sum(r.truncated for r in results.values())
     print(f"difficulty: {len(results)} prompts x {args.k} samples (temperature {args.temperature:g}, "
-          f"{cfg.generation.engine} engine) -> {out}")
+          f"{outcome.engine} engine) -> {out}")
     print(f"  mean pass rate {mean:.3f}; solved c of {args.k} times: "
           + ", ".join(f"{c}: {n}" for c, n in enumerate(hist)))
+    resumed = outcome.resumed
     print(f"  {resumed} prompts from an earlier session, {len(results) - resumed} rated now in "
-          f"{time.perf_counter() - started:.0f} s; truncated samples {truncated}, "
+          f"{outcome.seconds:.0f} s; truncated samples {truncated}, "
           f"verifier failures {failures}")
     return 0
 
@@ -159,8 +88,7 @@ def run_difficulty(args: argparse.Namespace) -> int:
 class _Progress:
     """A prompt counter on stderr (tqdm), resumed runs starting at what was done before."""
 
-    def __init__(self, total: int, disabled: bool) -> None:
-        self.total = total
+    def __init__(self, disabled: bool) -> None:
         self.disabled = disabled
         self._bar: Any = None
 
@@ -183,57 +111,6 @@ class _Progress:
             self._bar.close()
 
 
-class _open_engine:  # noqa: N801 (a context manager used like a function)
-    """The model in the engine `generation.engine` names, a verifier-backed scorer, the sampling
-    parameters (length control included), exactly as `scalerl eval` builds them."""
-
-    def __init__(self, cfg: Any, model: str, tokenizer: Any, device: str | None) -> None:
-        self.cfg, self.model, self.tokenizer, self.device = cfg, model, tokenizer, device
-        self._closers: list[Any] = []
-
-    def __enter__(self) -> tuple[Any, Any, Any]:
-        from scalerl.assembly.build import sampling_params
-        from scalerl.assembly.sections import engine_spec
-        from scalerl.pipeline.driver import success_threshold
-        from scalerl.rewards import RewardConfig, RewardRouter
-        from scalerl.rewards.groups import GroupScorer
-        from scalerl.rollout.factory import build_engine, close_engine
-
-        cfg, tok = self.cfg, self.tokenizer
-        try:
-            router = RewardRouter(RewardConfig.from_run_config(cfg.rewards))
-            self._closers.append(router.close)
-            scorer = GroupScorer(router, lambda ids: str(tok.decode(ids, skip_special_tokens=True)),
-                                 max_workers=cfg.rewards.max_workers,
-                                 success_threshold=success_threshold(cfg.rewards))
-            self._closers.append(scorer.close)
-            pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-            spec = engine_spec(cfg, model_path=self.model, eos_token_ids=(int(tok.eos_token_id),),
-                                    pad_token_id=int(pad))
-            model = None
-            if spec.kind == "embedded":
-                from scalerl.training.policy import load_policy
-
-                try:
-                    model = load_policy(cfg.model, self.device).model
-                except OSError as err:
-                    raise FileNotFoundError(f"{self.model}: cannot load a model from it ({err})") from None
-            engine = build_engine(spec, model=model)
-            self._closers.append(lambda: close_engine(engine))
-            params = sampling_params(cfg, tok)
-            check = getattr(engine, "check_params", None)
-            if callable(check):
-                check(params)
-            return engine.generate, scorer, params
-        except BaseException:
-            self.__exit__()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        while self._closers:
-            self._closers.pop()()
-
-
 # ---------------------------------------------------------------------------------------------
 # curate
 
@@ -241,7 +118,7 @@ class _open_engine:  # noqa: N801 (a context manager used like a function)
 def run_curate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from scalerl.data.loaders import load_prompts
+    from scalerl.data.loaders import load_prompts, write_jsonl_atomic
 
     outs = {"--out": args.out, "--easy": args.easy, "--hard": args.hard, "--dropped": args.dropped}
     paths = {flag: _check_out(p, args.overwrite, flag) for flag, p in outs.items() if p is not None}
@@ -264,7 +141,7 @@ def run_curate(args: argparse.Namespace) -> int:
     sets = {"--out": result.kept, "--easy": result.easy, "--hard": result.hard, "--dropped": dropped}
     # Everything is decided before anything is written; each file is written whole, by a rename.
     for flag, path in paths.items():
-        _write_records(sets[flag], path)
+        write_jsonl_atomic(sets[flag], path)
     n = len(loaded.records)
     print(f"curate: {n} prompts from {args.prompts}: kept {len(result.kept)}, dropped {len(result.dropped)}")
     for reason, count in sorted(result.counts().items()):

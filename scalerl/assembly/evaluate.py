@@ -1,30 +1,17 @@
-"""`scalerl eval`: mean@k (pass@k, reward, lengths) of a checkpoint or model on held-out prompts.
+"""What `scalerl eval` (and `scalerl data difficulty`) evaluates, and the run that evaluates it.
 
-    scalerl eval runs/demo                                   # the run's latest checkpoint, its held-out split
-    scalerl eval runs/demo/checkpoints/step_000200 --k 8
-    scalerl eval Qwen/Qwen3-0.6B --data problems.jsonl --max-prompts 200 --json
-    scalerl eval ~/.cache/scalerl/sft/tiny-...     # a model dir: the synthetic task's held-out split
-
-What is evaluated on, unless `--data PATH` names a prompt file or folder:
-
-* a run directory, or a checkpoint inside one (`RUN/checkpoints/step_N/`): the run's own held-out
-  split (`RUN/heldout_ids.json` over the prompts its `config.yaml` names), with its generation,
-  length-control, system-prompt and reward settings, and its evaluation seed, so evaluating the
-  checkpoint of an evaluated step reproduces that step's `val_*` numbers;
-* any other model (a saved directory or a Hugging Face name): the held-out split a default run
-  would use on the built-in synthetic task, with the default settings.
-
-Generation uses the engine `generation.engine` names (the run's, `--engine`, or the embedded
-default) and scoring the rewards router, exactly as evaluations during training
-(`scalerl.evaluation.evaluate`).
+`resolve_source(spec)` reads a run directory, a checkpoint inside one, a saved model or a hub name
+into an `EvalSource`: the model to load and the `RunConfig` whose settings apply (the run's own, or
+the defaults). `eval_records` picks the prompts (the run's held-out split unless a file is given),
+and `evaluate_source` loads the model into the configured engine and evaluates them with the rewards
+router, exactly as the evaluations during training (`scalerl.evaluation.evaluate`): the same
+sampling, length control, system prompt and request seeds, so evaluating the checkpoint of an
+evaluated step reproduces that step's `val_*` numbers. An agentic run is evaluated on trajectories.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import math
-import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -48,16 +35,17 @@ def _run_config(run_dir: Path) -> RunConfig:
     return build_config([yaml_layer(run_dir / RUN_CONFIG)])
 
 
-def resolve_source(spec: str) -> EvalSource:
-    """A run dir (its latest checkpoint), a checkpoint in a run, a model dir, or a hub name."""
+def resolve_source(spec: str, warn: Callable[[str], None] | None = None) -> EvalSource:
+    """A run dir (its latest checkpoint), a checkpoint in a run, a model dir, or a hub name.
+
+    `warn` hears of a corrupt newer checkpoint that was passed over."""
     from scalerl.training.checkpoint import latest_valid_checkpoint
 
     path = Path(spec).expanduser()
     if path.is_dir():
         if (path / RUN_CONFIG).is_file() and not (path / "config.json").is_file():
             # The newest checkpoint that verifies; a corrupt newer one is named and left in place.
-            ckpt = latest_valid_checkpoint(path, quarantine=False,
-                                           warn=lambda m: print(f"eval: warning: {m}", file=sys.stderr))
+            ckpt = latest_valid_checkpoint(path, quarantine=False, warn=warn)
             if ckpt is None:
                 raise FileNotFoundError(
                     f"{path}: a run directory without a checkpoint under {path / 'checkpoints'} "
@@ -139,7 +127,7 @@ def evaluate_source(
 
 def _evaluate_with(engine: Any, cfg: RunConfig, tokenizer: Any, records: list[Any], *, k: int,
                    temperature: float, seed: int) -> dict[str, float]:
-    from scalerl.assembly.build import sampling_params
+    from scalerl.assembly.sections import sampling_params
     from scalerl.data import encode_prompts, resolve_system_prompt
     from scalerl.evaluation.evaluator import evaluate
     from scalerl.pipeline.driver import success_threshold
@@ -182,85 +170,4 @@ def _evaluate_with(engine: Any, cfg: RunConfig, tokenizer: Any, records: list[An
             close()
 
 
-def render(metrics: dict[str, float], header: str) -> str:
-    k = int(metrics["k"])
-    rows = [
-        (f"mean@{k} (pass rate)", f"{metrics['pass_rate']:.4f}"),
-        (f"pass@{k}", f"{metrics['pass_at_k']:.4f}"),
-        ("reward mean", f"{metrics['reward_mean']:.4f}"),
-        ("response length", f"{metrics['response_length']:.1f} tokens"),
-        ("truncated", f"{metrics['truncation_rate']:.1%}"),
-        ("interrupted", f"{metrics['interruption_rate']:.1%}"),
-        ("verifier failures", f"{int(metrics['verifier_failures'])}"),
-        ("time", f"{metrics['time_s']:.1f} s"),
-    ]
-    tasks = sorted(key.split("/", 1)[1] for key in metrics if key.startswith("pass_rate/"))
-    if len(tasks) > 1:  # a multi-task set: each task's mean@k too
-        rows += [(f"mean@{k} {task}", f"{metrics[f'pass_rate/{task}']:.4f} "
-                  f"({int(metrics[f'num_prompts/{task}'])} prompts)") for task in tasks]
-    width = max(len(name) for name, _ in rows)
-    return "\n".join([header, *(f"  {name:<{width}}  {value}" for name, value in rows)])
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
-    return value
-
-
-def _temperature(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"expected a temperature >= 0, got {text}")
-    return value
-
-
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "eval",
-        help="mean@k / pass@k of a checkpoint or model on held-out prompts",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("model", metavar="CHECKPOINT_OR_MODEL",
-                   help="run directory, checkpoint directory, saved model directory or hub name")
-    p.add_argument("--data", metavar="PATH", help="prompt file or folder (default: see above)")
-    p.add_argument("--k", type=_positive_int, metavar="K",
-                   help="samples per prompt (default: the run's eval.k)")
-    p.add_argument("--temperature", type=_temperature, metavar="T",
-                   help="sampling temperature (default: the run's eval.temperature)")
-    p.add_argument("--max-prompts", type=_positive_int, metavar="N", help="evaluate the first N prompts only")
-    p.add_argument("--seed", type=int, help="evaluation seed (default: the run's seed)")
-    p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda if available)")
-    p.add_argument("--engine", choices=("embedded", "vllm"),
-                   help="generation engine (config key generation.engine; default: the run's, or embedded)")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=run_eval)
-
-
-def run_eval(args: argparse.Namespace) -> int:
-    source = resolve_source(args.model)
-    if args.engine is not None:
-        source.config.generation.engine = args.engine
-    cfg = source.config
-    from scalerl.rollout.factory import check_engine_available  # torch: imported only when running
-
-    check_engine_available(cfg.generation.engine)
-    k = args.k if args.k is not None else cfg.eval.k
-    temperature = args.temperature if args.temperature is not None else cfg.eval.temperature
-    seed = args.seed if args.seed is not None else cfg.seed
-    records, what = eval_records(source, args.data, args.max_prompts)
-    metrics = evaluate_source(source, records, k=k, temperature=temperature, seed=seed, device=args.device)
-    if args.json:
-        out = {"model": source.model, "run_dir": None if source.run_dir is None else str(source.run_dir),
-               "data": args.data, "prompts": what, "k": k, "temperature": temperature, "seed": seed,
-               "metrics": metrics}
-        sys.stdout.write(json.dumps(out, indent=2, allow_nan=False) + "\n")
-    else:
-        header = f"eval: {source.model} on {what} (k={k}, temperature {temperature:g}, seed {seed})"
-        sys.stdout.write(render(metrics, header) + "\n")
-    return 0
-
-
-__all__ = ["EvalSource", "eval_records", "evaluate_source", "register", "resolve_source", "run_eval"]
+__all__ = ["HELDOUT_IDS", "RUN_CONFIG", "EvalSource", "eval_records", "evaluate_source", "resolve_source"]

@@ -1,27 +1,16 @@
-"""``scalerl fit-cross``: the cross-model-size law of Tan et al. 2025 fitted to runs of several sizes.
+"""The cross-model-size law on learning curves: sizes attached, points the law can hold, validation.
 
-    scalerl fit-cross runs/qwen-0.5b runs/qwen-1.5b runs/qwen-3b --size qwen-0.5b=0.5B \\
-        --size qwen-1.5b=1.5B --size qwen-3b=3B --predict 7B 1e20 --validate
-
-Each run is a learning curve (a run directory, CSV or JSONL, read as ``scalerl fit`` reads them;
-x defaults to ``flops``, which compares across model sizes, unlike device-hours) and a model size N
-in parameters: ``--size LABEL=N`` (``0.5B``, ``135M``, ``7e9``), else a ``model_size`` column. The law
-(``scalerl.scaling.cross_model``) ``L = 1 - pass = 10^E0(N) X^-k(N)``, ``k(N) = k_max N / (N + N0)``,
-``E0(N) = k(N) (c0 + r log10 N)`` is fitted jointly to every point. Points the log scale cannot
-hold are left out and counted: ``X <= 0`` (the evaluation at the start of a run) and pass rate 1
-(zero loss). ``--predict N X`` predicts a size and compute, an unseen larger N included;
-``--validate`` refits without the largest size and reports the error on it (how far the law
-extrapolates on your runs). A subcommand of ``scalerl`` rather than a ``fit`` mode: its input
-(runs with sizes) and its output (one law, not one sigmoid per run) differ from ``fit``'s.
+`sized_runs` attaches a model size N (given by label, else a `model_size` column) to every curve
+and keeps the points the law's log scale can hold (X > 0, pass rate < 1), counting the others;
+`validate_largest` refits the law (`scalerl.scaling.cross_model`) without the largest size and
+scores it there; `render` writes the fit as `scalerl fit-cross` prints it. `parse_size` reads a
+parameter count (`7B`, `135M`, `7e9`).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,8 +18,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from scalerl.scaling.cross_model import CrossModelFit, fit_cross_model
-from scalerl.scaling.io import Curve, read_many
-from scalerl.scaling.report import jsonable, num, table
+from scalerl.scaling.io import Curve
+from scalerl.scaling.report import num, table
 
 SIZE_COLUMN = "model_size"
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBtT]?)\s*$")
@@ -46,16 +35,6 @@ def parse_size(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"model size {text!r}: must be > 0")
     return value
-
-
-def _size_arg(text: str) -> tuple[str, float]:
-    label, sep, size = text.rpartition("=")
-    if not sep or not label:
-        raise argparse.ArgumentTypeError(f"expected LABEL=N (e.g. qwen-7b=7B), got {text!r}")
-    try:
-        return label, parse_size(size)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 @dataclass(frozen=True)
@@ -103,7 +82,7 @@ def sized_runs(
     return out
 
 
-def _law_input(runs: Sequence[SizedRun]) -> list[tuple[float, NDArray[np.float64], NDArray[np.float64]]]:
+def law_input(runs: Sequence[SizedRun]) -> list[tuple[float, NDArray[np.float64], NDArray[np.float64]]]:
     return [(r.N, r.X, r.pass_rate) for r in runs]
 
 
@@ -124,7 +103,7 @@ def validate_largest(runs: Sequence[SizedRun]) -> Validation:
     if len(sizes) < 3:
         raise ValueError("--validate: needs runs of at least three model sizes (two to fit, one held out)")
     top = sizes[-1]
-    law = fit_cross_model(_law_input([r for r in runs if top != r.N]))
+    law = fit_cross_model(law_input([r for r in runs if top != r.N]))
     held = [r for r in runs if top == r.N]
     X = np.concatenate([r.X for r in held])
     p = np.concatenate([r.pass_rate for r in held])
@@ -167,60 +146,5 @@ def render(law: CrossModelFit, runs: Sequence[SizedRun], x_name: str, y_name: st
     return "\n".join(lines)
 
 
-def run_fit_cross(args: argparse.Namespace) -> int:
-    sizes: dict[str, float] = {}
-    for label, N in args.size:
-        if label in sizes:
-            raise ValueError(f"--size {label}: given twice")
-        sizes[label] = N
-    curves = read_many(args.paths, x=args.x, y=args.y)
-    runs = sized_runs(curves, sizes, args.min_x)
-    law = fit_cross_model(_law_input(runs))
-    predictions = []
-    for n_text, x_text in args.predict or ():
-        N, X = parse_size(n_text), float(x_text)
-        if not (math.isfinite(X) and X > 0):
-            raise ValueError(f"--predict {n_text} {x_text}: X must be > 0")
-        predictions.append((N, X, float(law.predict(N, X))))
-    validation = validate_largest(runs) if args.validate else None
-    x_name, y_name = curves[0].x_name, curves[0].y_name
-    if args.json:
-        out = {
-            "model": "L = 1 - pass = 10^E0(N) X^-k(N); k(N) = k_max N/(N+N0); E0(N) = k(N)(c0 + r log10 N)",
-            "x": x_name, "y": y_name, "law": law.to_dict(),
-            "runs": [{"label": r.label, "source": r.source, "N": r.N, "points": int(r.X.size),
-                      "k": float(law.k(r.N)), "dropped_nonpositive_x": r.dropped_x,
-                      "dropped_solved": r.dropped_solved} for r in runs],
-            "predictions": [{"N": N, "X": X, "pass_rate": p} for N, X, p in predictions],
-            "validation": None if validation is None else validation.__dict__,
-        }
-        sys.stdout.write(json.dumps(jsonable(out), indent=2, allow_nan=False) + "\n")
-    else:
-        sys.stdout.write(render(law, runs, x_name, y_name, predictions, validation) + "\n")
-    return 0
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = subparsers.add_parser(
-        "fit-cross",
-        help="fit the cross-model-size law (Tan et al.) to runs of many sizes",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("paths", nargs="+", metavar="PATH",
-                   help="run directory (metrics.jsonl), .csv or .jsonl, one or more runs per model size")
-    p.add_argument("--size", type=_size_arg, action="append", default=[], metavar="LABEL=N",
-                   help="model size of the run LABEL in parameters (7B, 135M, 7e9); repeatable")
-    p.add_argument("--x", default="flops", metavar="COL", help="training resource column (default flops)")
-    p.add_argument("--y", metavar="COL", help="pass-rate column (default val_pass_rate)")
-    p.add_argument("--min-x", type=float, metavar="X", help="fit only points with x >= X")
-    p.add_argument("--predict", nargs=2, action="append", metavar=("N", "X"),
-                   help="predict the pass rate of size N after resource X (repeatable)")
-    p.add_argument("--validate", action="store_true",
-                   help="refit without the largest size and report the error on it")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=run_fit_cross)
-
-
-__all__ = ["SizedRun", "Validation", "parse_size", "register", "run_fit_cross", "sized_runs",
+__all__ = ["SIZE_COLUMN", "SizedRun", "Validation", "law_input", "parse_size", "render", "sized_runs",
            "validate_largest"]

@@ -1,8 +1,11 @@
-"""The `scalerl` command line.
+"""The `scalerl` command line: every subcommand's arguments, messages and exit statuses.
 
-Each subcommand lives beside the code it drives: the module named for it in `COMMANDS` exposes
-`register(subparsers)`, which adds its parsers and sets `func(args) -> int` as their default.
-A subcommand is listed here only once it works end to end.
+Each subcommand is a module of this package (`scalerl.cli.train`, `scalerl.cli.eval`, ...) that
+exposes `register(subparsers)`, which adds its parsers and sets `func(args) -> int` as their
+default. Commands parse and report; what they run is built by the composition root
+(`scalerl.assembly`) or a study (`scalerl.studies`), which never print for a command's sake nor
+exit. Nothing below this package imports it. A subcommand is listed here only once it works end
+to end.
 
 Registration is lazy: only the module of the command being run is imported (the others appear in
 `scalerl --help` by their one-line help from `COMMANDS`), so `scalerl fit`, `scalerl compare` and
@@ -20,17 +23,17 @@ from scalerl import __version__
 
 #: subcommand -> (the module that registers it, the one-line help of `scalerl --help`).
 COMMANDS: dict[str, tuple[str, str]] = {
-    "fit": ("scalerl.scaling.cli", "fit the ScaleRL sigmoid to runs and predict where they end"),
-    "compare": ("scalerl.scaling.cli", "compare recipes: asymptote, efficiency, crossover, fixed-A refit"),
-    "fit-cross": ("scalerl.scaling.cli", "fit the cross-model-size law (Tan et al.) to runs of many sizes"),
-    "recipes": ("scalerl.recipes.cli", "list the named recipes, or print one"),
-    "data": ("scalerl.data.cli", "write a synthetic prompt set, check, rate or curate a prompt file"),
-    "sft": ("scalerl.training.cli", "supervised fine-tuning (warm start before RL)"),
-    "train": ("scalerl.pipeline.cli", "run RL training (recipe + config + overrides)"),
-    "eval": ("scalerl.evaluation.cli", "mean@k / pass@k of a checkpoint or model on held-out prompts"),
-    "ablate": ("scalerl.studies.ablate",
+    "fit": ("scalerl.cli.fit", "fit the ScaleRL sigmoid to runs and predict where they end"),
+    "compare": ("scalerl.cli.fit", "compare recipes: asymptote, efficiency, crossover, fixed-A refit"),
+    "fit-cross": ("scalerl.cli.fit_cross", "fit the cross-model-size law (Tan et al.) to runs of many sizes"),
+    "recipes": ("scalerl.cli.recipes", "list the named recipes, or print one"),
+    "data": ("scalerl.cli.data", "write a synthetic prompt set, check, rate or curate a prompt file"),
+    "sft": ("scalerl.cli.sft", "supervised fine-tuning (warm start before RL)"),
+    "train": ("scalerl.cli.train", "run RL training (recipe + config + overrides)"),
+    "eval": ("scalerl.cli.eval", "mean@k / pass@k of a checkpoint or model on held-out prompts"),
+    "ablate": ("scalerl.cli.ablate",
                "leave-one-out, grid or coupled-axis study: run, fit, tabulate (paper Fig. 7)"),
-    "demo": ("scalerl.studies.demo",
+    "demo": ("scalerl.cli.demo",
              "train the tiny default, fit the first half, check the predicted final pass rate"),
 }
 COMMAND_MODULES: tuple[str, ...] = tuple(dict.fromkeys(module for module, _ in COMMANDS.values()))
@@ -84,6 +87,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"scalerl {args.command}: interrupted", file=sys.stderr)
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())

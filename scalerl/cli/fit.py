@@ -1,5 +1,5 @@
 """``scalerl fit`` and ``scalerl compare``: predict where runs end and compare recipes (and
-``scalerl fit-cross``, the cross-model-size law, in ``scalerl.scaling.cross_cli``).
+``scalerl fit-cross``, the cross-model-size law, in ``scalerl.cli.fit_cross``).
 
 Registered by ``scalerl.cli`` through ``register(subparsers)``. Each command reads every input,
 computes everything, and only then prints (and writes the plot atomically), so an error never
@@ -11,15 +11,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-from scalerl.model_identity import identity_key
 from scalerl.scaling.analysis import FitOptions, RunAnalysis, analyze_curve
 from scalerl.scaling.compare import PAPER_SEED_MARGIN_A, compare
 from scalerl.scaling.compute_needed import DEFAULT_HALF_WIDTH
 from scalerl.scaling.diagnostics import TRUNCATION_THRESHOLD
-from scalerl.scaling.io import DEFAULT_X, DEFAULT_Y, Curve, read_many
-from scalerl.scaling.report import comparison_to_dict, jsonable, render_comparison, render_fit, run_to_dict
+from scalerl.scaling.io import DEFAULT_X, DEFAULT_Y, read_many
+from scalerl.scaling.report import (
+    axis_notes,
+    comparison_to_dict,
+    jsonable,
+    render_comparison,
+    render_fit,
+    run_to_dict,
+    start_models,
+)
 
 
 def _positive_int(text: str) -> int:
@@ -164,26 +170,6 @@ def _analyze(args: argparse.Namespace, opts: FitOptions) -> list[RunAnalysis]:
         raise ValueError(f"--block must be >= 1, got {args.block}")
     curves = read_many(args.paths, x=args.x, y=args.y)
     return [analyze_curve(c, opts) for c in curves]
-
-
-def _is_run_dir(curve: Curve) -> bool:
-    return Path(curve.source).name == "metrics.jsonl"
-
-
-def axis_notes(analyses: list[RunAnalysis]) -> list[str]:
-    """A note when the x axis is wall-clock based (it moves with the machine and its load)."""
-    timed = [a.curve.label for a in analyses if a.curve.x_name == DEFAULT_X and _is_run_dir(a.curve)]
-    if not timed:
-        return []
-    return [f"note: x = {DEFAULT_X} ({', '.join(timed)}) is wall-clock time x devices: it changes with the "
-            "machine and its load, so reruns and other machines do not line up; --x flops counts the work "
-            "done and is reproducible"]
-
-
-def start_models(analyses: list[RunAnalysis]) -> dict[str, str | None]:
-    """Label -> starting-model key of every scalerl run directory (None: not recorded)."""
-    return {a.curve.label: identity_key(a.curve.start_model) if a.curve.start_model else None
-            for a in analyses if _is_run_dir(a.curve)}
 
 
 def _axis_labels(analyses: list[RunAnalysis]) -> tuple[str, str]:
@@ -333,7 +319,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     cmp.add_argument("--fixed-a", type=float, metavar="A", help="A for the fixed-A refit (default: mean A)")
     cmp.add_argument("--no-seed-groups", action="store_true", help="treat every run as its own recipe")
     cmp.set_defaults(func=run_compare)
-
-    from scalerl.scaling import cross_cli
-
-    cross_cli.register(subparsers)

@@ -11,10 +11,8 @@ Config files and `key.sub=value` overrides set the model (`model.*`) and prompt 
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-from dataclasses import asdict, fields, replace
-from pathlib import Path
+from dataclasses import fields, replace
 from typing import Any
 
 from scalerl.config import ConfigError, RunConfig, load_config
@@ -64,17 +62,9 @@ def _sft_config(args: argparse.Namespace, cfg: RunConfig) -> SFTConfig:
 
 
 def run_sft(args: argparse.Namespace) -> int:
-    from scalerl.assembly.warm_start import default_sft_records, system_prompt_of, warm_start_default
+    from scalerl.assembly.sft import sft_run
     from scalerl.inputs import check_model_source, check_path
-    from scalerl.training.sft import (
-        INFO_FILE,
-        examples_from_records,
-        progress_printer,
-        save_sft_model,
-        solution_pairs,
-        train_sft,
-    )
-    from scalerl.training.threads import run_threads
+    from scalerl.training.sft import progress_printer
 
     try:
         cfg = load_config(*args.config, overrides=list(args.overrides))
@@ -88,35 +78,10 @@ def run_sft(args: argparse.Namespace) -> int:
     check_model_source(cfg.model.tokenizer, "model.tokenizer")
     if args.data is not None:
         check_path(args.data, "--data")
-    report = progress_printer(sft.steps)
-
-    if cfg.model.name_or_path is None and args.data is None and args.device in (None, "cpu"):
-        path = warm_start_default(cfg, sft, on_step=report)
-        if args.output:
-            out = Path(args.output)
-            if out.exists():
-                shutil.rmtree(out)
-            shutil.copytree(path, out)
-            path = out
-        print(path)
-        return 0
-
-    from scalerl.training.policy import load_policy
-    from scalerl.training.sft_data import read_sft_pairs
-
-    pairs = read_sft_pairs(args.data, args.field_map) if args.data else None
-    with run_threads(cfg.model, args.device):
-        policy = load_policy(cfg.model, device=args.device)
-        if pairs is None:
-            pairs = solution_pairs(default_sft_records(cfg))
-        examples = examples_from_records(pairs, policy.tokenizer, system_prompt_of(cfg.data), sft.max_length,
-                                         cfg.data.template)
-        print(f"sft: {len(examples)} examples, {sft.steps} steps of {sft.batch_size}", file=sys.stderr)
-        result = train_sft(policy, examples, sft, on_step=report)
-    out = Path(args.output) if args.output else Path(cfg.output_dir) / "sft"
-    save_sft_model(policy, out, {"sft": asdict(sft), "data": args.data, "model": cfg.model.name_or_path,
-                                 "final_loss": result.final_loss, "seconds": result.seconds})
-    print(f"sft: final loss {result.final_loss:.4f} in {result.seconds:.0f}s; saved to {out}/ "
-          f"({INFO_FILE} has the details)", file=sys.stderr)
-    print(out)
+    path = sft_run(cfg, sft, data=args.data, field_map=args.field_map, output=args.output, device=args.device,
+                   on_step=progress_printer(sft.steps), say=lambda m: print(m, file=sys.stderr))
+    print(path)
     return 0
+
+
+__all__ = ["register", "run_sft"]

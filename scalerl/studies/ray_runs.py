@@ -1,11 +1,12 @@
 """Study runs (`scalerl ablate --ray`) as Ray tasks: variants train concurrently on a cluster.
 
 `RayRuns.train` has the signature of `scalerl.studies.runs.execute_runs`'s `train_fn`: it runs
-`scalerl train`'s `train_run` for one run inside a Ray task holding `num_cpus` / `num_gpus`, and
-blocks until it ends, so `execute_runs(parallel=N)` keeps N of them in flight while Ray's
-scheduler queues what does not fit. Each run writes to its own run directory, which must be on a
-filesystem the cluster's nodes share (on one machine, any directory). A run whose config says
-`distributed.backend: ray` starts its own actors from inside its task, on the same cluster.
+`scalerl.assembly.run.train_run` (what `scalerl train` runs) for one run inside a Ray task
+holding `num_cpus` / `num_gpus`, and blocks until it ends, so `execute_runs(parallel=N)` keeps N
+of them in flight while Ray's scheduler queues what does not fit. Each run writes to its own run
+directory, which must be on a filesystem the cluster's nodes share (on one machine, any
+directory). A run whose config says `distributed.backend: ray` starts its own actors from inside
+its task, on the same cluster.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from scalerl.distributed.cluster import connect
 
 
 def _train_task(config: dict[str, Any], run_dir: str, resume: str | None, device: str | None) -> int:
-    from scalerl.pipeline.cli import train_run
+    from scalerl.assembly.run import train_run
 
     # A run with `distributed.backend: ray` finds this worker connected already, so its actors
     # join the same cluster.

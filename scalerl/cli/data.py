@@ -3,7 +3,7 @@ rate it with a model, curate it.
 
 `check` runs exactly the loading and prompt-length checks a training run does, so a bad row is
 found (with its file:line) before any compute is spent. `difficulty` and `curate` live in
-`scalerl.data.curation_cli`. Registered by ``scalerl.cli`` through ``register(subparsers)``.
+`scalerl.cli.curation`. Registered by ``scalerl.cli`` through ``register(subparsers)``.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import argparse
 from collections import Counter
 from typing import Any
 
+from scalerl.cli.curation import register_curation
 from scalerl.config import DataConfig
-from scalerl.data.curation_cli import register_curation
 from scalerl.data.loaders import FORMATS, load_prompts
 from scalerl.data.synthetic import SYNTHETIC_TASKS, write_synthetic_jsonl
 from scalerl.data.tokenize import TEMPLATES, check_template, encode_prompts, resolve_system_prompt

@@ -1,0 +1,168 @@
+"""One RL run from a resolved `RunConfig`: the run directory's files, the warm start, the session log.
+
+`train_run(cfg, run_dir)` is what `scalerl train`, `scalerl demo` and every study run (in process or
+as a Ray task) execute: it writes `config.yaml` and `start_model.json` (a new run), appends to
+`sessions.jsonl` when a session starts and why it stopped, trains through `build.train` under the
+signal handlers and the torch thread budget, and returns the exit status (0, 1 for a run that
+failed on its own, 128 + the signal for a stopped one). `prepare_model` replaces "no model" by the
+cached SFT warm start of the tiny model; `resolve_run_config` layers recipe, config files and
+overrides (or a resumed run's saved config).
+
+Its lines (what runs, why it stopped, where to continue) go to the `say` sink the caller gives;
+the default, `stderr_say`, writes them to stderr as `scalerl train` and the studies show them.
+Nothing here exits: a failed run is a status, bad input an exception for the command to report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from scalerl.atomic import write_atomic
+from scalerl.config import RunConfig, build_config, config_to_yaml, override_layer, yaml_layer
+from scalerl.recipes import recipe_path
+
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.jsonl"
+SESSIONS_FILE = "sessions.jsonl"
+
+Say = Callable[[str], None]
+
+
+def stderr_say(message: str) -> None:
+    """The default sink: one line on stderr, flushed (interleaves with the progress bar)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def resolve_run_config(
+    recipe: str | None,
+    config_files: list[str],
+    overrides: list[str],
+    resume_dir: Path | None = None,
+) -> RunConfig:
+    """Recipe, then config files, then overrides; a resumed run starts from its saved config."""
+    layers = []
+    if resume_dir is not None and (resume_dir / CONFIG_FILE).is_file():
+        layers.append(yaml_layer(resume_dir / CONFIG_FILE))
+    else:
+        layers.append(yaml_layer(recipe_path(recipe or "scalerl")))
+    layers.extend(yaml_layer(f) for f in config_files)
+    layers.append(override_layer(overrides))
+    cfg = build_config(layers)
+    if recipe and cfg.recipe is None:
+        cfg.recipe = recipe
+    elif cfg.recipe is None and resume_dir is None:
+        cfg.recipe = "scalerl"
+    return cfg
+
+
+def prepare_model(cfg: RunConfig, say: Say = stderr_say) -> RunConfig:
+    """The embedded default: replace 'no model' by the cached SFT warm start of the tiny model."""
+    if cfg.model.name_or_path is not None:
+        return cfg
+    from scalerl.assembly.warm_start import warm_start_default
+    from scalerl.training.sft import SFTConfig, progress_printer
+
+    sft = SFTConfig(seed=cfg.model.init_seed)  # one base model for every RL seed
+    say(f"warm start: SFT of the tiny model on synthetic reasoning traces ({sft.steps} steps the first "
+        "time, then cached)")
+    path = warm_start_default(cfg, sft, on_step=progress_printer(sft.steps, prefix="warm start"))
+    say(f"warm start: {path}")
+    out = cfg.model_copy(deep=True)
+    out.model.name_or_path = str(path)
+    return out
+
+
+def default_name(cfg: RunConfig) -> RunConfig:
+    """A run not named by the user is named after its output directory (plot and table labels)."""
+    if "name" in cfg.model_fields_set:
+        return cfg
+    out = cfg.model_copy(deep=True)
+    out.name = Path(cfg.output_dir).name or cfg.name
+    return out
+
+
+def finished_step(checkpoint: Path, cfg: RunConfig) -> int | None:
+    """The checkpoint's step if it already reached `max_steps` (a finished run), else None."""
+    from scalerl.training.checkpoint import checkpoint_step
+
+    step = checkpoint_step(checkpoint)
+    return step if step is not None and step >= cfg.max_steps else None
+
+
+def record_session(run_dir: Path, event: dict[str, Any]) -> None:
+    """Append one line to `sessions.jsonl` (a session's start, and its stop unless it was killed)."""
+    with (run_dir / SESSIONS_FILE).open("a", encoding="utf-8") as f:
+        line = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(), **event}
+        f.write(json.dumps(line) + "\n")
+        f.flush()
+
+
+def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, device: str | None = None,
+              say: Say = stderr_say) -> int:
+    """Train `cfg` in `run_dir` (resuming from the checkpoint `resume`); the exit status."""
+    from scalerl.assembly.build import train
+    from scalerl.model_identity import START_MODEL_FILE, model_identity
+    from scalerl.pipeline.faults import FaultLimitError
+    from scalerl.pipeline.preemption import StopRequest, exit_status, stop_on_signals
+    from scalerl.training.checkpoint import CheckpointWriteError, latest_checkpoint
+    from scalerl.training.threads import run_threads
+    from scalerl.training.trainer import TrainingDivergedError
+
+    fresh = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if resume is None:
+        write_atomic(run_dir / CONFIG_FILE, config_to_yaml(cfg))
+        identity = model_identity(cfg.model.name_or_path, cfg.model.tiny.model_dump())
+        write_atomic(run_dir / START_MODEL_FILE, json.dumps(identity, indent=2) + "\n")
+    say(f"train: {cfg.name} (recipe {cfg.recipe}, {cfg.pipeline.off_policy} k={cfg.pipeline.k}, "
+        f"{cfg.algorithm.loss_type}/{cfg.algorithm.aggregation}/{cfg.algorithm.adv_norm}) -> {run_dir}"
+        + (f", resuming from {resume}" if resume else ""))
+    started = time.monotonic()
+    record_session(run_dir, {"event": "start", "resumed_from": str(resume) if resume else None})
+    stop = StopRequest()
+    try:
+        with stop_on_signals(stop), run_threads(cfg.model, device) as threads:
+            if threads is not None:
+                say(f"train: {threads} CPU thread(s) for torch (scalerl/training/threads.py)")
+            result = train(cfg, run_dir, resume=resume, device=device, stop=stop)
+    except (CheckpointWriteError, FaultLimitError, TrainingDivergedError) as err:
+        # Not bad input: the run itself failed. One clear line, and where to continue from.
+        last = latest_checkpoint(run_dir)
+        say(f"train: error: {err}" + (f"; --resume continues from {last}" if last else ""))
+        record_session(run_dir, {"event": "stop", "stop_reason": type(err).__name__, "exit_status": 1,
+                                 "error": str(err), "wall_s": time.monotonic() - started})
+        return 1
+    except BaseException:
+        # A run that failed before its first logged row leaves no directory behind.
+        if fresh and not (run_dir / METRICS_FILE).exists():
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    status = exit_status(result.signal) if result.stop_reason == "signal" and result.signal else 0
+    record_session(run_dir, {"event": "stop", "step": result.steps, "stop_reason": result.stop_reason,
+                             "signal": result.signal, "exit_status": status,
+                             "wall_s": time.monotonic() - started})
+    summary = ", ".join(
+        f"{k} {result.last_eval[k]:.3f}" for k in ("val_pass_rate", "val_pass_at_k") if k in result.last_eval
+    )
+    reason = result.stop_reason if result.signal is None else f"{result.signal}, checkpointed"
+    say(f"train: stopped after step {result.steps} ({reason}); max version lag "
+        f"{result.max_version_lag}" + (f"; last eval: {summary}" if summary else ""))
+    if status:
+        say(f"train: continue with `scalerl train --output-dir {run_dir} --resume`")
+        return status
+    if result.stop_reason == "max_steps" and cfg.max_time_s is not None:
+        say(f"train: max_steps={cfg.max_steps} was reached before max_time_s={cfg.max_time_s:g}; raise "
+            "--max-steps to train for the whole time")
+    say(f"train: fit its curve with `scalerl fit {run_dir} --x flops`")
+    return 0
+
+
+__all__ = ["CONFIG_FILE", "METRICS_FILE", "SESSIONS_FILE", "default_name", "finished_step", "prepare_model",
+           "record_session", "resolve_run_config", "stderr_say", "train_run"]
