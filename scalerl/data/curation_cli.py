@@ -194,13 +194,13 @@ class _open_engine:  # noqa: N801 (a context manager used like a function)
     def __enter__(self) -> tuple[Any, Any, Any]:
         from scalerl.assembly.build import sampling_params
         from scalerl.pipeline.driver import success_threshold
-        from scalerl.rewards import RewardConfig, RewardRouter
+        from scalerl.rewards import RewardRouter
         from scalerl.rewards.groups import GroupScorer
         from scalerl.rollout.factory import build_engine, close_engine, spec_from_config
 
         cfg, tok = self.cfg, self.tokenizer
         try:
-            router = RewardRouter(RewardConfig.from_run_config(cfg.rewards))
+            router = RewardRouter(cfg.rewards)
             self._closers.append(router.close)
             scorer = GroupScorer(router, lambda ids: str(tok.decode(ids, skip_special_tokens=True)),
                                  max_workers=cfg.rewards.max_workers,

@@ -46,10 +46,11 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from scalerl.config import SandboxConfig
 from scalerl.rewards.cgroup import CgroupError, CgroupSupport, CgroupUsage, RunCgroup, locate, sweep_stale
 
 logger = logging.getLogger(__name__)
@@ -59,61 +60,6 @@ _MODES: tuple[Mode, ...] = ("namespaces", "userns", "none")
 _INIT_SCRIPT = Path(__file__).with_name("sandbox_init.py")
 _SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 _MiB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class SandboxConfig:
-    """Limits and isolation for every run (per-run `wall_s` may override the default).
-
-    `isolation`: "auto" picks the strongest mode that works here; naming a mode forces it (a
-    forced mode that does not work raises). `uid_base`: first of `max_parallel` uids used for
-    programs when running as root; keep that range free of real users. `memory_mb` bounds each
-    process's address space, `nproc` the processes of the run's uid; with a per-run cgroup
-    (`cgroup`: "auto" uses one where it can, "v1"/"v2" require that version, "off" never),
-    `tree_memory_mb` bounds the memory of the whole tree and `tree_nproc` its tasks (threads
-    count; None: `nproc` + 2, for the init and its kill helper).
-    """
-
-    max_parallel: int = 2
-    wall_s: float = 10.0
-    cpu_s: float | None = None  # None: the run's wall limit, rounded up
-    memory_mb: int = 512
-    nproc: int = 16
-    file_size_mb: int = 16
-    open_files: int = 64
-    scratch_mb: int = 64
-    scratch_inodes: int = 1024
-    max_output_bytes: int = 2 * _MiB
-    startup_grace_s: float = 20.0
-    isolation: Literal["auto", "namespaces", "userns", "none"] = "auto"
-    tree_memory_mb: int = 1024
-    tree_nproc: int | None = None
-    cgroup: Literal["auto", "v1", "v2", "off"] = "auto"
-    uid_base: int = 1_500_000_000
-    python: str = sys.executable
-    unshare: str | None = field(default_factory=lambda: shutil.which("unshare"))
-
-    def __post_init__(self) -> None:
-        positive = ("max_parallel", "wall_s", "memory_mb", "nproc", "file_size_mb", "open_files",
-                    "scratch_mb", "scratch_inodes", "max_output_bytes", "tree_memory_mb")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ValueError(f"sandbox.{name}: must be > 0, got {getattr(self, name)}")
-        if self.cpu_s is not None and self.cpu_s <= 0:
-            raise ValueError(f"sandbox.cpu_s: must be > 0 or None, got {self.cpu_s}")
-        if self.tree_nproc is not None and self.tree_nproc < 2:
-            raise ValueError(f"sandbox.tree_nproc: must be >= 2 (the init and the program) or None, "
-                             f"got {self.tree_nproc}")
-        if self.cgroup not in ("auto", "v1", "v2", "off"):
-            raise ValueError(f"sandbox.cgroup: one of auto/v1/v2/off, got {self.cgroup!r}")
-        if self.isolation not in ("auto", *_MODES):
-            raise ValueError(f"sandbox.isolation: one of auto/{'/'.join(_MODES)}, got {self.isolation!r}")
-        if not 0 < self.uid_base < 2**31 - self.max_parallel:
-            raise ValueError(f"sandbox.uid_base: out of range: {self.uid_base}")
-
-    @property
-    def tree_tasks(self) -> int:
-        return self.tree_nproc if self.tree_nproc is not None else self.nproc + 2
 
 
 @dataclass(frozen=True)
@@ -278,7 +224,10 @@ class Sandbox:
     """Runs Python programs under the strongest isolation available (see module doc)."""
 
     def __init__(self, config: SandboxConfig | None = None) -> None:
-        self.config = config or SandboxConfig()
+        self.config: SandboxConfig = config or SandboxConfig()
+        # Resolved here, not in the config, so a saved config names no machine's paths.
+        self.python = self.config.python or sys.executable
+        self.unshare = self.config.unshare or shutil.which("unshare")
         self._free_slots: queue.Queue[int] = queue.Queue()
         for slot in range(self.config.max_parallel):
             self._free_slots.put(slot)
@@ -433,7 +382,7 @@ class Sandbox:
 
     def _run(self, prot: Protections, files: dict[str, bytes], main: str, stdin: bytes,
              wall_s: float) -> SandboxResult:
-        prefix = _launch_prefix(prot.mode, self.config.unshare)
+        prefix = _launch_prefix(prot.mode, self.unshare)
         slot = self._free_slots.get()
         spec_dir = tempfile.mkdtemp(prefix=f"scalerl-sbx-{os.getpid()}-")  # pid: whose leftovers
         fds: list[int] = []
@@ -450,7 +399,7 @@ class Sandbox:
             uid = self.config.uid_base + slot if prot.dedicated_uid else None
             spec = {
                 "files": sorted(files),
-                "argv": [self.config.python, "-I", "-B", main],
+                "argv": [self.python, "-I", "-B", main],
                 "env": _program_env(),
                 "rlimits": _rlimits(self.config, wall_s),
                 "wall_s": wall_s,
@@ -459,7 +408,7 @@ class Sandbox:
                 "uid_dedicated": prot.dedicated_uid,
                 "mount_namespace": prot.mode != "none",
                 "pid_namespace": prot.pid_namespace,
-                "expose": _interpreter_trees(self.config.python),
+                "expose": _interpreter_trees(self.python),
                 "scratch_bytes": self.config.scratch_mb * _MiB,
                 "scratch_inodes": self.config.scratch_inodes,
                 "status_fd": status_w,
@@ -467,7 +416,7 @@ class Sandbox:
                 "cgroup": {"join": cgroup.join_files, "oom": cgroup.oom_watch()} if cgroup else None,
             }
             Path(spec_dir, "spec.json").write_text(json.dumps(spec))
-            cmd = [*prefix, self.config.python, "-I", "-S", "-B", str(_INIT_SCRIPT), spec_dir]
+            cmd = [*prefix, self.python, "-I", "-S", "-B", str(_INIT_SCRIPT), spec_dir]
             try:
                 proc = subprocess.Popen(
                     cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -597,7 +546,8 @@ def default_sandbox() -> Sandbox:
 def configure_sandbox(config: SandboxConfig | None = None, **overrides: Any) -> Sandbox:
     """Replace the process-wide sandbox: a full `SandboxConfig` and/or field overrides."""
     global _default
-    new = Sandbox(replace(config or SandboxConfig(), **overrides))
+    base = config or SandboxConfig()
+    new = Sandbox(SandboxConfig.model_validate({**base.model_dump(), **overrides}))
     with _default_lock:
         _default = new
     return new

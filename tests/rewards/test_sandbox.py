@@ -389,7 +389,8 @@ def test_missing_unshare_falls_back_and_says_so(caplog: pytest.LogCaptureFixture
     if os.geteuid() == 0 and not os.path.exists(SYSTEM_PYTHON):
         pytest.skip("as root the fallback needs an interpreter outside /root")
     python = SYSTEM_PYTHON if os.geteuid() == 0 else sys.executable
-    sb = Sandbox(SandboxConfig(unshare=None, python=python, max_parallel=1, nproc=8, memory_mb=256))
+    sb = Sandbox(SandboxConfig(unshare="/nonexistent/unshare", python=python, max_parallel=1, nproc=8,
+                               memory_mb=256))
     with caplog.at_level(logging.WARNING, logger="scalerl.rewards.sandbox"):
         prot = sb.protections
     assert prot.mode == "none"
@@ -427,10 +428,12 @@ def test_forced_mode_that_cannot_work_raises() -> None:
 
 
 def test_bad_config_and_arguments_are_named() -> None:
-    with pytest.raises(ValueError, match=r"sandbox\.max_parallel"):
+    with pytest.raises(ValueError, match=r"max_parallel\n.*greater than or equal to 1"):
         SandboxConfig(max_parallel=0)
-    with pytest.raises(ValueError, match=r"sandbox\.isolation"):
+    with pytest.raises(ValueError, match=r"isolation\n.*'auto', 'namespaces', 'userns' or 'none'"):
         SandboxConfig(isolation="docker")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"uid_base"):
+        SandboxConfig(uid_base=2**31 - 2)
     sb = Sandbox()
     with pytest.raises(ValueError, match="main"):
         sb.run_python({"a.py": "print(1)"}, "b.py")
@@ -451,14 +454,26 @@ def test_unprivileged_user_gets_the_user_namespace_mode() -> None:
         pytest.skip("needs root (to switch user), setpriv and a system python")
     if not _readable_by_others(REPO / "scalerl" / "rewards" / "sandbox.py"):
         pytest.skip("the checkout is not readable by an unprivileged user")
+    # The sandbox's config is pydantic: the system python borrows this interpreter's site-packages,
+    # which its compiled parts (pydantic-core) fit only at the same minor version.
+    import pydantic
+    import yaml
+
+    system_version = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print(sys.version_info[:2])"],
+                                    capture_output=True, text=True, check=True).stdout.strip()
+    site = sorted({str(Path(m.__file__).resolve().parents[1]) for m in (pydantic, yaml)})
+    if system_version != str(sys.version_info[:2]) or not all(_readable_by_others(Path(d)) for d in site):
+        pytest.skip("the system python cannot use this interpreter's pydantic (version, permissions)")
     script = textwrap.dedent(f"""
         import importlib.util, sys
-        # sandbox.py and cgroup.py are stdlib-only; load them alone, not the package.
+        sys.path[:0] = {site!r}
+        # config.py (pydantic), cgroup.py and sandbox.py load alone, not the package.
         def load(name, path):
             spec = importlib.util.spec_from_file_location(name, path)
             module = sys.modules[name] = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             return module
+        load("scalerl.config", {str(REPO / "scalerl/config.py")!r})
         load("scalerl.rewards.cgroup", {str(REPO / "scalerl/rewards/cgroup.py")!r})
         sbx = load("sbx", {str(REPO / "scalerl/rewards/sandbox.py")!r})
         Sandbox, SandboxConfig = sbx.Sandbox, sbx.SandboxConfig
