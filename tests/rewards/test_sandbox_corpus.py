@@ -1,4 +1,4 @@
-"""The hostile corpus (`scalerl.rewards.hostile`): nothing escapes the full sandbox, and the same
+"""The hostile corpus (`tests/rewards/hostile.py`): nothing escapes the full sandbox, and the same
 checks do catch a weak one (so a 0 means something). Each program bounds itself; two run at a
 time; the whole corpus takes about 11 s of wall time here."""
 
@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from scalerl.rewards import cgroup as cg
-from scalerl.rewards.hostile import (
+from scalerl.rewards.sandbox import Sandbox, SandboxConfig, SandboxUnavailableError
+from tests.rewards.hostile import (
     CORPUS,
     Report,
     calibration_problems,
@@ -21,7 +22,6 @@ from scalerl.rewards.hostile import (
     program_identity,
     run_corpus,
 )
-from scalerl.rewards.sandbox import Sandbox, SandboxConfig, SandboxUnavailableError
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -163,7 +163,7 @@ def test_unknown_program_names_are_refused() -> None:
 
 def test_a_failed_canary_setup_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Setup failing half-way (here: at the first canary process) undoes what it made."""
-    from scalerl.rewards import hostile
+    from tests.rewards import hostile
 
     def refuse(self: hostile.Canaries, uid: int | None) -> None:
         raise OSError("no canary")
