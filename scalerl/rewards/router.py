@@ -95,14 +95,15 @@ class RewardRouter:
 
     def check_tasks(self, tasks: Iterable[str]) -> None:
         """Fail fast before training: ValueError if any task has no verifier; with "code" among
-        them, detect (and log) the sandbox's protections now, raising SandboxUnavailableError if
-        no isolation mode works."""
+        them (and the built-in code verifier), detect (and log) the sandbox's protections now: a
+        `ConfigError` naming `rewards.sandbox.isolation` if the configured isolation cannot be had
+        (the sandbox fails closed, `Sandbox.require_isolation`)."""
         wanted = set(tasks)
         missing = sorted(wanted - set(self._verifiers))
         if missing:
             raise ValueError(f"no verifier for task(s) {missing} (known: {self.tasks})")
         if "code" in wanted and self._verifiers["code"] == self._verify_code:
-            _ = self.sandbox.protections
+            self.sandbox.require_isolation("the code task")
 
     # -- built-in verifiers ----------------------------------------------------------------
     def _verify_math(self, completion: str, record: PromptRecord) -> VerifierResult:

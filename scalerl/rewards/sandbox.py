@@ -3,7 +3,7 @@
 Model-written code is hostile. `Sandbox.run_python` runs one program per call, with at most
 `max_parallel` running at once (callers in other threads wait for a slot), and returns its
 captured, size-capped output. The jail itself is built by `sandbox_init.py`, started through
-`unshare`; this module picks the strongest isolation the machine allows, once, and logs it:
+`unshare`; this module detects, once, whether the configured isolation works here, and logs it:
 
 * ``namespaces`` (running as root): new network (no interfaces up: no network), PID (fresh
   `/proc`, the program sees only its own processes), mount (whole filesystem read-only, `/tmp`
@@ -13,9 +13,15 @@ captured, size-capped output. The jail itself is built by `sandbox_init.py`, sta
 * ``userns`` (not root, unprivileged user namespaces allowed): the same namespaces inside a new
   user namespace; the program is namespace-root mapped to the invoking user, with every
   capability dropped, so the host sees it as that user;
-* ``none`` (no namespaces): scratch dir on the host, rlimits, clean environment, process group
-  kill and, as root, the dedicated uid (whose processes are all killed afterwards). No network
-  or filesystem isolation beyond file permissions: logged as a warning.
+* ``none`` (no namespaces), only when `isolation: none` names it: scratch dir on the host,
+  rlimits, clean environment, process group kill and, as root, the dedicated uid (whose processes
+  are all killed afterwards). No network or filesystem isolation beyond file permissions: logged
+  as a warning.
+
+`isolation: auto` means the namespace mode for this user ("namespaces" as root, else "userns")
+and fails closed: where it does not work, nothing runs (`SandboxUnavailableError`;
+`require_isolation()` turns it into a `ConfigError` naming `rewards.sandbox.isolation` and what
+is missing, which runs that need the sandbox call before any work).
 
 Always: clean environment (PATH, LANG, HOME=TMPDIR=scratch, single-thread BLAS), rlimits for CPU
 time, address space, processes, file size, open files and core dumps, a wall-clock limit that
@@ -50,7 +56,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from scalerl.config import SandboxConfig
+from scalerl.config import ConfigError, SandboxConfig
 from scalerl.rewards.cgroup import CgroupError, CgroupSupport, CgroupUsage, RunCgroup, locate, sweep_stale
 
 logger = logging.getLogger(__name__)
@@ -164,7 +170,12 @@ class SandboxResult:
 
 
 class SandboxUnavailableError(RuntimeError):
-    """No isolation mode works on this machine (or the forced one does not)."""
+    """The configured isolation cannot be had here: no namespace mode works (`isolation: auto`),
+    the named mode does not, or a required cgroup version does not. `key` names the setting."""
+
+    def __init__(self, message: str, key: str = "isolation") -> None:
+        super().__init__(message)
+        self.key = key
 
 
 def _rlimits(config: SandboxConfig, wall_s: float) -> dict[str, tuple[int, int]]:
@@ -262,18 +273,33 @@ class Sandbox:
                 logger.log(level, "%s", self._protections.describe())
             return self._protections
 
+    def require_isolation(self, need: str = "this run") -> Protections:
+        """The active protections; a `ConfigError` (bad input: exit 2) naming the setting and what
+        is missing when the configured isolation cannot be had. `need`: why the caller needs it.
+
+        Fail closed: a run that would execute model-written code calls this before any work, and
+        no mode weaker than the configured one is ever chosen in its place."""
+        try:
+            return self.protections
+        except SandboxUnavailableError as exc:
+            key = f"rewards.sandbox.{exc.key}"
+            value = getattr(self.config, exc.key)
+            hint = ("set rewards.sandbox.isolation=none to run model-written code without network, "
+                    "filesystem or PID isolation" if exc.key == "isolation"
+                    else "set rewards.sandbox.cgroup=auto (rlimits where no cgroup can be made) or off")
+            raise ConfigError(f"{key}: {value!r} cannot be had here ({exc}); the sandbox is needed for "
+                              f"{need}; fix what is missing, or {hint}") from None
+
     def _candidate_modes(self) -> list[Mode]:
+        """The mode to try. `auto` is the strongest namespace mode for this user (as root, a user
+        namespace would add nothing over `namespaces`); `none` is never a fallback, only a choice."""
         if self.config.isolation != "auto":
             return [self.config.isolation]
-        if os.geteuid() == 0:
-            return ["namespaces", "userns", "none"]
-        return ["userns", "none"]
+        return ["namespaces"] if os.geteuid() == 0 else ["userns"]
 
     def _detect(self) -> Protections:
         rejected: list[str] = []
         for mode in self._candidate_modes():
-            if mode == "userns" and os.geteuid() == 0 and self.config.isolation == "auto":
-                continue  # as root, userns adds nothing over "namespaces" (which already failed)
             dedicated = os.geteuid() == 0 and mode != "userns"
             probe = Protections(
                 mode=mode, network_isolated=mode != "none", pid_namespace=mode != "none",
@@ -292,7 +318,8 @@ class Sandbox:
                 return self._detect_cgroup(replace(probe, setup_warnings=result.setup_warnings))
             why = result.error or result.stderr.decode(errors="replace").strip()[-300:] or result.reason
             rejected.append(f"{mode}: probe failed ({why})")
-        raise SandboxUnavailableError("no sandbox mode works here: " + " | ".join(rejected))
+        what = "no namespace mode works here" if self.config.isolation == "auto" else "it does not work here"
+        raise SandboxUnavailableError(f"{what}: " + " | ".join(rejected))
 
     def _detect_cgroup(self, prot: Protections) -> Protections:
         """Add per-run cgroups to `prot` if a probe run inside one works; else say why not."""
@@ -316,7 +343,7 @@ class Sandbox:
             support = None
         if wanted != "auto":
             raise SandboxUnavailableError(f"sandbox.cgroup={wanted!r} does not work here: "
-                                          + " | ".join(reasons))
+                                          + " | ".join(reasons), key="cgroup")
         return replace(prot, cgroup_rejected=tuple(reasons or ["no cgroup hierarchy found"]))
 
     # -- running ---------------------------------------------------------------------------

@@ -142,6 +142,12 @@ CASES: list[Case] = [
     Case("output-dir-holds-a-run", "run", ("train", "--output-dir", "run", "--model", "model"),
          r"output_dir: run already holds a run \(metrics\.jsonl\); pass --resume",
          {"run/metrics.jsonl": "", **MODEL}),
+    Case("sandbox-isolation-unavailable", "run",
+         (*TRAIN, "--data", "d.jsonl", "rewards.sandbox.unshare=/nonexistent/unshare"),
+         r"rewards\.sandbox\.isolation: 'auto' cannot be had here \(no namespace mode works here: "
+         r"(?:namespaces|userns): cannot start /nonexistent/unshare.*needed for the code task in "
+         r"data\.train_path; .*rewards\.sandbox\.isolation=none",
+         {"d.jsonl": '{"prompt": "Double n.", "task": "code", "tests": [{"stdin": "2", "stdout": "4"}]}\n'}),
     Case("resume-without-a-run", "run", (*TRAIN, "--resume"),
          r"--resume: out holds no run to resume \(no config\.yaml\)"),
     Case("resume-checkpoint-missing", "checkpoint", (*TRAIN, "--resume", "run/checkpoints/step_000009"),

@@ -90,6 +90,21 @@ def test_unknown_task_is_an_error_not_a_crash(router: RewardRouter) -> None:
     router.check_tasks(["math", "code"])
 
 
+def test_code_tasks_fail_closed_where_the_sandbox_cannot_isolate() -> None:
+    """The check before training names the key; a custom code verifier needs no sandbox."""
+    r = RewardRouter({"sandbox": {"unshare": "/nonexistent/unshare"}})
+    try:
+        r.check_tasks(["math"])  # no code: the sandbox is not needed, nothing is probed
+        assert r.stats()["_sandbox"]["runs"] == 0
+        with pytest.raises(ValueError, match=r"rewards\.sandbox\.isolation: 'auto' cannot be had here .*"
+                                             r"needed for the code task"):
+            r.check_tasks(["math", "code"])
+        r.register("code", lambda completion, record: 1.0)
+        r.check_tasks(["code"])
+    finally:
+        r.close()
+
+
 def test_registered_verifier_by_decorator() -> None:
     @register_verifier("shout")
     def shout(completion: str, record: PromptRecord) -> bool:
