@@ -97,7 +97,10 @@ class Protections:
             active.append("private size-limited /tmp (and /dev/shm) as the only writable dirs; "
                           "host /run and network interfaces hidden")
         if not any(w.startswith("no seccomp filter") for w in self.setup_warnings):
-            active.append("seccomp: no Unix-domain sockets, no io_uring")
+            allow_list = os.uname().machine == "x86_64"  # sandbox_init.seccomp_program
+            active.append("seccomp: an allow-list of the syscalls a Python interpreter needs (sockets "
+                          "AF_INET/AF_INET6 only, no namespaces, ptrace, mount, bpf, io_uring, keyrings)"
+                          if allow_list else "seccomp: no Unix-domain sockets, no io_uring")
         if self.dedicated_uid:
             active.append("dedicated unprivileged uid per slot")
         if self.cgroup is not None:

@@ -39,7 +39,8 @@ def test_the_corpus_covers_the_required_kinds() -> None:
     required = {"cpu_spin", "sleep_forever", "fork_bomb", "setsid_daemon", "memory_bomb", "huge_output",
                 "write_outside", "disk_fill", "network", "env_secret", "proc_probe", "signal_canary",
                 "setuid_attempts", "tree_memory", "sys_probe", "ptrace_canary", "symlink_escape",
-                "long_argv_env", "binary_output", "unclosed_pipes", "zombie_horde", "thread_spin"}
+                "long_argv_env", "binary_output", "unclosed_pipes", "zombie_horde", "thread_spin",
+                "outside_allow_list", "unix_sockets", "userns_remount"}
     assert required <= names, required - names
 
 
@@ -150,9 +151,12 @@ def test_a_weak_sandbox_fails_the_checks_not_the_host() -> None:
     assert "host network interface" in _row(out, "sys_probe"), out
     # damage found on the host may land in the row of the program run beside it (two at a time)
     assert "host file created: /tmp/sbx-" in out and "SysV shm with the program's key" in out, out
-    # what the weak mode still has: a clean environment and the seccomp filter on Unix sockets
+    # what the weak mode still has: a clean environment and the seccomp filter (Unix sockets, and on
+    # x86_64 everything outside the allow-list, the user namespace userns_remount needs included)
     assert "secret environment variable was read" not in out, out
     assert "connected to '" not in out and not re.search(r"listener (?:'|b')", out), out
+    if os.uname().machine == "x86_64":
+        assert _row(out, "outside_allow_list") == "yes" and _row(out, "userns_remount") == "yes", out
     escapes = re.search(rf"^programs tried: {len(CORPUS)}; escapes: (\d+);", out, flags=re.MULTILINE)
     assert escapes and int(escapes[1]) >= 8, out
 
