@@ -107,7 +107,7 @@ from scalerl.data.tokenize import encode_prompt, resolve_system_prompt
 from scalerl.evaluation.evaluator import Evaluator
 from scalerl.models.loading import load_pretrained_tokenizer
 from scalerl.pipeline.driver import success_threshold
-from scalerl.rewards import RewardConfig, RewardRouter, math_reward
+from scalerl.rewards import RewardRouter, math_reward
 from scalerl.rewards.groups import GroupScorer
 from scalerl.rollout import EmbeddedEngine
 from scalerl.training.policy import load_model
@@ -285,7 +285,7 @@ class HeldoutEval:
             model, max_batch_size=len(setup.heldout) * k, fp32_lm_head=True, seed=cfg.generation.seed,
             eos_token_ids=(int(tok.eos_token_id),), pad_token_id=int(tok.pad_token_id),
         )
-        self.router = RewardRouter(RewardConfig.from_run_config(cfg.rewards))
+        self.router = RewardRouter(cfg.rewards)
 
         def decode(ids: list[int]) -> str:
             return str(tok.decode(ids, skip_special_tokens=True))

@@ -37,10 +37,12 @@ import time
 from pathlib import Path
 
 from scalerl.rewards import cgroup as cg
-from scalerl.rewards.hostile import CORPUS, format_table, run_corpus
 from scalerl.rewards.sandbox import Sandbox, SandboxConfig
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the corpus is test support (tests/rewards/hostile.py), not in the package
+from tests.rewards.hostile import CORPUS, format_table, run_corpus  # noqa: E402
+
 SAFETY_MB, SAFETY_TASKS = 3072, 1000
 WEAK_PYTHON = "/usr/bin/python3"  # the slot's uid cannot read a venv under /root
 _NAMESPACES = ("pid", "net", "mnt", "ipc", "uts")

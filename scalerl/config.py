@@ -363,25 +363,72 @@ class LoggingConfig(Section):
     progress: bool = True
 
 
-class RewardConfig(Section):
-    """Verifiers: reward scale, time bounds, parallelism, sandbox limits, custom verifiers.
+class SandboxConfig(Section):
+    """The code sandbox (`scalerl.rewards.sandbox`): isolation and limits of every program run.
 
-    Mirrors `scalerl.rewards.RewardConfig`, which validates the same keys again (and the `sandbox`
-    mapping, see `scalerl.rewards.SandboxConfig`).
+    `isolation`: "auto" picks the strongest namespace mode that works here (root: "namespaces",
+    else "userns") and refuses to run anything when none does; naming a mode forces it; "none"
+    (no network, filesystem or PID isolation) is only ever used when named. `memory_mb` bounds each
+    process's address space, `nproc` the processes of the run's uid; with a per-run cgroup
+    (`cgroup`: "auto" uses one where it can, "v1"/"v2" require that version, "off" never),
+    `tree_memory_mb` bounds the memory of the whole tree and `tree_nproc` its tasks (threads count;
+    None: `nproc` + 2, for the init and its kill helper). `uid_base`: first of `max_parallel` uids
+    used for programs when running as root; keep that range free of real users. `python` (None:
+    this interpreter) runs the programs; `unshare` (None: the one on PATH) makes the namespaces.
     """
 
-    correct_reward: float = 1.0
-    incorrect_reward: float = 0.0
-    failure_reward: float = 0.0
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_parallel: int = Field(2, ge=1, description="programs running at once")
+    wall_s: float = Field(10.0, gt=0.0, description="default wall-clock limit of a run")
+    cpu_s: float | None = Field(None, gt=0.0, description="CPU limit; None: the run's wall limit")
+    memory_mb: int = Field(512, gt=0, description="address space of each process")
+    nproc: int = Field(16, gt=0, description="processes of the run's uid")
+    file_size_mb: int = Field(16, gt=0)
+    open_files: int = Field(64, gt=0)
+    scratch_mb: int = Field(64, gt=0, description="size of the private /tmp")
+    scratch_inodes: int = Field(1024, gt=0)
+    max_output_bytes: int = Field(2 * 1024 * 1024, gt=0, description="stdout + stderr kept; more: killed")
+    startup_grace_s: float = Field(20.0, ge=0.0, description="jail set-up time allowed beyond wall_s")
+    isolation: Literal["auto", "namespaces", "userns", "none"] = "auto"
+    tree_memory_mb: int = Field(1024, gt=0)
+    tree_nproc: int | None = Field(None, ge=2, description="the init and the program at least")
+    cgroup: Literal["auto", "v1", "v2", "off"] = "auto"
+    uid_base: int = Field(1_500_000_000, gt=0)
+    python: str | None = None
+    unshare: str | None = None
+
+    @model_validator(mode="after")
+    def _uid_range(self) -> SandboxConfig:
+        if self.uid_base + self.max_parallel > 2**31 - 1:
+            raise ValueError(f"uid_base: uid_base + max_parallel must stay below 2**31 - 1, got "
+                             f"{self.uid_base} + {self.max_parallel}")
+        return self
+
+    @property
+    def tree_tasks(self) -> int:
+        return self.tree_nproc if self.tree_nproc is not None else self.nproc + 2
+
+
+class RewardConfig(Section):
+    """Verifiers (`scalerl.rewards.RewardRouter`): reward scale, time bounds, parallelism, the code
+    sandbox, custom verifiers (`verifiers`: task -> dotted path)."""
+
+    correct_reward: float = Field(1.0, allow_inf_nan=False)
+    incorrect_reward: float = Field(0.0, allow_inf_nan=False)
+    failure_reward: float = Field(0.0, allow_inf_nan=False)
     partial_credit: bool = False
     verifier_timeout_s: float = Field(300.0, gt=0.0)
+    # Verifier calls in flight per batch. 4 is what `scalerl train` has always used (this section's
+    # default); the router's former own default (8) only applied to a router built without a config.
     max_workers: int = Field(4, ge=1)
     math_timeout_s: float = Field(5.0, gt=0.0)
     math_workers: int = Field(2, ge=1)
     code_timeout_s: float = Field(10.0, gt=0.0)
-    # Stop after this many scored samples in a row whose verifier failed (error, timeout, NaN).
+    # Stop after this many scored samples in a row whose verifier failed (error, timeout, NaN); read
+    # by the generator, which sees the samples in order (scalerl/pipeline/faults.py), not the router.
     max_consecutive_failures: int | None = Field(256, ge=1)
-    sandbox: dict[str, Any] = Field(default_factory=dict)
+    sandbox: SandboxConfig = SandboxConfig()
     verifiers: dict[str, str] = Field(
         default_factory=dict, description="task name -> 'package.module:function' verifier"
     )

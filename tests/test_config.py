@@ -129,3 +129,24 @@ def test_a_section_rule_names_its_keys_with_their_section(tmp_path) -> None:
                             "'summary' needs context_budget (tokens of one context window)")
     assert keys.strip() == ("keys: agentic.context_strategy='summary' (override 'agentic.context_strategy="
                             "summary'), agentic.context_budget=None (default)")
+
+
+def test_sandbox_keys_are_checked_at_load(tmp_path: Path) -> None:
+    """`rewards.sandbox` is a typed section: a misspelt key or a bad bound is named with where it
+    was set, at load time, and the saved config round-trips without machine paths in it."""
+    f = tmp_path / "c.yaml"
+    f.write_text("rewards:\n  sandbox:\n    max_parallel: 1\n    memroy_mb: 256\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(f)
+    assert f"{f}:4: rewards.sandbox.memroy_mb: unknown key (did you mean 'memory_mb'?)" in str(info.value)
+    with pytest.raises(ConfigError, match=r"override 'rewards\.sandbox\.nproc=0': rewards\.sandbox\.nproc: "
+                                          r"Input should be greater than 0"):
+        load_config(overrides=["rewards.sandbox.nproc=0"])
+    with pytest.raises(ConfigError, match=r"rewards\.sandbox\.isolation: Input should be 'auto'"):
+        load_config(overrides=["rewards.sandbox.isolation=docker"])
+    cfg = load_config(overrides=["rewards.sandbox.memory_mb=300", "rewards.sandbox.isolation=none"])
+    assert cfg.rewards.sandbox.memory_mb == 300 and cfg.rewards.sandbox.tree_tasks == 18
+    dumped = config_to_yaml(cfg)
+    assert "python: null" in dumped and "unshare: null" in dumped  # resolved by the sandbox, not saved
+    (tmp_path / "dump.yaml").write_text(dumped)
+    assert load_config(tmp_path / "dump.yaml") == cfg

@@ -141,3 +141,29 @@ def test_check_run_inputs_accepts_good_inputs(tmp_path: Path) -> None:
     cfg = RunConfig.model_validate({"model": {"name_or_path": str(model)}, "data": {"train_path": str(data)},
                                     "eval": {"extra_sets": {"x": str(data)}}})
     check_run_inputs(cfg)
+
+
+def test_runs_that_execute_model_code_need_the_sandbox_isolation_first(tmp_path: Path) -> None:
+    """The code sandbox fails closed before any work: code prompts (synthetic or in a file, training
+    or evaluation) and the agentic python tool need the configured isolation; other runs probe nothing."""
+    from scalerl.config import ConfigError, load_config
+    from scalerl.data.synthetic import write_synthetic_jsonl
+
+    broken = [f"output_dir={tmp_path / 'run'}", "rewards.sandbox.unshare=/nonexistent/unshare"]
+    check_run_inputs(load_config(overrides=broken))  # math: the sandbox is not needed
+    with pytest.raises(ConfigError, match=r"^rewards\.sandbox\.isolation: 'auto' cannot be had here .*needed "
+                                          r"for the code task in data\.synthetic\.task=math\+code;"):
+        check_run_inputs(load_config(overrides=[*broken, "data.synthetic.task=math+code"]))
+    code = write_synthetic_jsonl(tmp_path / "code.jsonl", "code", 3, 0)
+    with pytest.raises(ConfigError, match=r"needed for the code task in eval\.extra_sets\.c;"):
+        check_run_inputs(load_config(overrides=[*broken, f"eval.extra_sets.c={code}"]))
+    with pytest.raises(ConfigError, match=r"needed for the python tool \(agentic\.tools\[1\]\);"):
+        check_run_inputs(load_config(overrides=[*broken, "agentic.environment=tools",
+                                                "agentic.tools=[calculator, python]"]))
+    # a custom code verifier runs no model code in our sandbox; `isolation: none` is a choice
+    check_run_inputs(load_config(overrides=[*broken, f"data.train_path={code}",
+                                            "rewards.verifiers.code=m:f"]))
+    if Path("/usr/bin/python3").exists():  # as root, the unisolated uid cannot read a venv under /root
+        check_run_inputs(load_config(overrides=[*broken, "data.synthetic.task=code",
+                                                "rewards.sandbox.isolation=none",
+                                                "rewards.sandbox.python=/usr/bin/python3"]))

@@ -373,6 +373,7 @@ def tool_factories(names: Sequence[str], settings: ToolSettings) -> dict[str, To
             if settings.sandbox is None:
                 raise ValueError(f"{where}: the python tool needs a sandbox")
             sandbox = settings.sandbox
+            sandbox.require_isolation(f"the python tool ({where})")  # fail closed, before any episode
 
             def factory(sandbox: Sandbox = sandbox) -> Tool:
                 return PythonInterpreter(sandbox, wall_s=settings.timeout_s,

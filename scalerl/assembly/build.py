@@ -37,7 +37,7 @@ from scalerl.evaluation.evaluator import Evaluator
 from scalerl.pipeline.driver import Components, Driver, success_threshold
 from scalerl.pipeline.preemption import StopRequest
 from scalerl.pipeline.snapshot import SNAPSHOT_FILE
-from scalerl.rewards import RewardConfig, RewardRouter
+from scalerl.rewards import RewardRouter
 from scalerl.rewards.groups import GroupScorer
 from scalerl.rollout import Engine
 from scalerl.telemetry import RunTelemetry
@@ -149,7 +149,7 @@ def _build_training(
         heldout_ids=split.heldout_ids,
         curriculum=config.algorithm.curriculum,
     )
-    router = RewardRouter(RewardConfig.from_run_config(config.rewards))
+    router = RewardRouter(config.rewards)
     closers: list[Any] = [router.close]
     extra_sets = {
         name: load_prompts(path, default_task=d.default_task, on_error=on_error).records

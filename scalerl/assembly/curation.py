@@ -129,7 +129,8 @@ def rate_difficulty(
 
     started = time.perf_counter()
     if len(partial.done) < len(records):
-        with open_engine(cfg, source.model, tokenizer, device) as (generate, scorer, params):
+        tasks = {r.task for r in records}
+        with open_engine(cfg, source.model, tokenizer, device, tasks) as (generate, scorer, params):
             def run_chunk(part: Sequence[Any]) -> list[Any]:
                 # Looked up at each call: a test may stand in for it.
                 from scalerl.evaluation.difficulty import score_chunk
@@ -149,21 +150,24 @@ class open_engine:  # noqa: N801 (a context manager used like a function)
     """The model in the engine `generation.engine` names, a verifier-backed scorer, the sampling
     parameters (length control included), exactly as `scalerl eval` builds them."""
 
-    def __init__(self, cfg: RunConfig, model: str, tokenizer: Any, device: str | None) -> None:
+    def __init__(self, cfg: RunConfig, model: str, tokenizer: Any, device: str | None,
+                 tasks: set[str] | frozenset[str] = frozenset()) -> None:
         self.cfg, self.model, self.tokenizer, self.device = cfg, model, tokenizer, device
+        self.tasks = tasks  # checked against the verifiers (and the sandbox's isolation) first
         self._closers: list[Any] = []
 
     def __enter__(self) -> tuple[Any, Any, Any]:
         from scalerl.assembly.sections import engine_spec, sampling_params
         from scalerl.pipeline.driver import success_threshold
-        from scalerl.rewards import RewardConfig, RewardRouter
+        from scalerl.rewards import RewardRouter
         from scalerl.rewards.groups import GroupScorer
         from scalerl.rollout.factory import build_engine, close_engine
 
         cfg, tok = self.cfg, self.tokenizer
         try:
-            router = RewardRouter(RewardConfig.from_run_config(cfg.rewards))
+            router = RewardRouter(cfg.rewards)
             self._closers.append(router.close)
+            router.check_tasks(set(self.tasks))  # an unverifiable task or an unisolated sandbox: exit 2
             scorer = GroupScorer(router, lambda ids: str(tok.decode(ids, skip_special_tokens=True)),
                                  max_workers=cfg.rewards.max_workers,
                                  success_threshold=success_threshold(cfg.rewards))

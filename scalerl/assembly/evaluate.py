@@ -131,14 +131,14 @@ def _evaluate_with(engine: Any, cfg: RunConfig, tokenizer: Any, records: list[An
     from scalerl.data import encode_prompts, resolve_system_prompt
     from scalerl.evaluation.evaluator import evaluate
     from scalerl.pipeline.driver import success_threshold
-    from scalerl.rewards import RewardConfig, RewardRouter
+    from scalerl.rewards import RewardRouter
     from scalerl.rewards.groups import GroupScorer
 
     d = cfg.data
     encoded = encode_prompts(records, tokenizer, max_prompt_tokens=d.max_prompt_tokens,
                              system_prompt=resolve_system_prompt(d.think_system_prompt, d.system_prompt),
                              on_error="error", template=d.template)
-    router = RewardRouter(RewardConfig.from_run_config(cfg.rewards))
+    router = RewardRouter(cfg.rewards)
     closers: list[Any] = [router.close]
     try:
         router.check_tasks({r.task for r in records})

@@ -8,18 +8,20 @@ Contract functions (0/1 scale, fraction of tests for code):
 
 Training uses `RewardRouter(config)`, which picks each prompt's verifier from its `task`, maps
 scores to the configured reward scale and counts every failure (see `router`). The sandbox's
-active protections are detected once and logged (see `sandbox`).
+active protections are detected once and logged (see `sandbox`). `RewardConfig` and its
+`SandboxConfig` are the run config's `rewards` and `rewards.sandbox` sections (`scalerl.config`),
+re-exported here.
 """
 
+from scalerl.config import RewardConfig, SandboxConfig
 from scalerl.rewards.answer import extract_boxed, extract_code, extract_final_answer, strip_thinking
 from scalerl.rewards.code_verifier import CodeResult, CodeVerifier, code_reward, validate_tests
 from scalerl.rewards.math_verifier import MathResult, MathVerifier, configure_math, math_reward
 from scalerl.rewards.registry import VERIFIERS, VerifierResult, load_callable, register_verifier
-from scalerl.rewards.router import RewardConfig, RewardOutcome, RewardRouter
+from scalerl.rewards.router import RewardOutcome, RewardRouter
 from scalerl.rewards.sandbox import (
     Protections,
     Sandbox,
-    SandboxConfig,
     SandboxResult,
     SandboxUnavailableError,
     configure_sandbox,

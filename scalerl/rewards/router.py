@@ -11,6 +11,7 @@
 
 The paper's multi-task run scores math and code prompts in one batch with ±1 rewards
 (ScaleRL, arXiv 2510.13786): `RewardConfig(correct_reward=1.0, incorrect_reward=-1.0)`.
+`RewardConfig` is the run config's `rewards` section (`scalerl.config`), the only schema of these keys.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import math
 import threading
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from typing import Any
 
+from scalerl.config import RewardConfig, build_config
 from scalerl.data.records import PromptRecord
 from scalerl.rewards.code_verifier import CodeVerifier
 from scalerl.rewards.math_verifier import MathVerifier
@@ -35,67 +37,14 @@ from scalerl.rewards.registry import (
     check_verifier,
     load_callable,
 )
-from scalerl.rewards.sandbox import Sandbox, SandboxConfig
+from scalerl.rewards.sandbox import Sandbox
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class RewardConfig:
-    """Reward scale, time bounds, parallelism and custom verifiers (`verifiers`: task -> dotted path)."""
-
-    correct_reward: float = 1.0
-    incorrect_reward: float = 0.0
-    failure_reward: float = 0.0
-    partial_credit: bool = False
-    verifier_timeout_s: float = 300.0
-    max_workers: int = 8
-    math_timeout_s: float = 5.0
-    math_workers: int = 2
-    code_timeout_s: float = 10.0
-    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
-    verifiers: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.sandbox, Mapping):
-            self.sandbox = _from_mapping(SandboxConfig, self.sandbox, "rewards.sandbox")
-        for name in ("verifier_timeout_s", "max_workers", "math_timeout_s", "math_workers", "code_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"rewards.{name}: must be > 0, got {getattr(self, name)}")
-        for name in ("correct_reward", "incorrect_reward", "failure_reward"):
-            if not math.isfinite(getattr(self, name)):
-                raise ValueError(f"rewards.{name}: must be finite, got {getattr(self, name)}")
-        if self.correct_reward <= self.incorrect_reward:
-            raise ValueError(f"rewards.correct_reward ({self.correct_reward}) must exceed "
-                             f"rewards.incorrect_reward ({self.incorrect_reward})")
-        if not isinstance(self.verifiers, Mapping):
-            raise ValueError(f"rewards.verifiers: expected a mapping task -> 'module:function', "
-                             f"got {type(self.verifiers).__name__}")
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str = "rewards") -> RewardConfig:
-        """Build from a config mapping; unknown keys raise ValueError naming `where.key`."""
-        return _from_mapping(cls, data, where)
-
-    @classmethod
-    def from_run_config(cls, rewards: Any) -> RewardConfig:
-        """The router's part of a run config's `rewards` section (a pydantic section or a mapping):
-        every key but those the pipeline reads itself (`RUN_ONLY_KEYS`)."""
-        data = rewards.model_dump() if hasattr(rewards, "model_dump") else dict(rewards)
-        return cls.from_dict({k: v for k, v in data.items() if k not in RUN_ONLY_KEYS})
-
-
-# Keys of a run config's `rewards` section that are not the router's: the limit of failed verifier
-# calls in a row belongs to the generator, which sees the samples in order (scalerl/pipeline/faults.py).
-RUN_ONLY_KEYS = frozenset({"max_consecutive_failures"})
-
-
-def _from_mapping(cls: Any, data: Mapping[str, Any], where: str) -> Any:
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
-    return cls(**data)
+def _validated(data: Mapping[str, Any]) -> RewardConfig:
+    """A `rewards` mapping checked by the run config's own schema; errors name `rewards.key`."""
+    return build_config([({"rewards": dict(data)}, {})]).rewards
 
 
 @dataclass(frozen=True)
@@ -113,11 +62,14 @@ class RewardRouter:
     """Scores completions with the verifier of each record's task (see module doc). Thread-safe."""
 
     def __init__(self, config: RewardConfig | Mapping[str, Any] | None = None) -> None:
+        """`config`: a run config's `rewards` section (`scalerl.config.RewardConfig`), or a mapping
+        of its keys, checked against it. The router reads every key but `max_consecutive_failures`,
+        which the generator applies (scalerl/pipeline/faults.py)."""
         if config is None:
             config = RewardConfig()
         elif isinstance(config, Mapping):
-            config = RewardConfig.from_dict(config)
-        self.config = config
+            config = _validated(config)
+        self.config: RewardConfig = config
         self.math = MathVerifier(timeout_s=config.math_timeout_s, workers=config.math_workers)
         self.sandbox = Sandbox(config.sandbox)
         self.code = CodeVerifier(self.sandbox, timeout_s=config.code_timeout_s)
@@ -143,14 +95,15 @@ class RewardRouter:
 
     def check_tasks(self, tasks: Iterable[str]) -> None:
         """Fail fast before training: ValueError if any task has no verifier; with "code" among
-        them, detect (and log) the sandbox's protections now, raising SandboxUnavailableError if
-        no isolation mode works."""
+        them (and the built-in code verifier), detect (and log) the sandbox's protections now: a
+        `ConfigError` naming `rewards.sandbox.isolation` if the configured isolation cannot be had
+        (the sandbox fails closed, `Sandbox.require_isolation`)."""
         wanted = set(tasks)
         missing = sorted(wanted - set(self._verifiers))
         if missing:
             raise ValueError(f"no verifier for task(s) {missing} (known: {self.tasks})")
         if "code" in wanted and self._verifiers["code"] == self._verify_code:
-            _ = self.sandbox.protections
+            self.sandbox.require_isolation("the code task")
 
     # -- built-in verifiers ----------------------------------------------------------------
     def _verify_math(self, completion: str, record: PromptRecord) -> VerifierResult:

@@ -3,7 +3,7 @@
 Model-written code is hostile. `Sandbox.run_python` runs one program per call, with at most
 `max_parallel` running at once (callers in other threads wait for a slot), and returns its
 captured, size-capped output. The jail itself is built by `sandbox_init.py`, started through
-`unshare`; this module picks the strongest isolation the machine allows, once, and logs it:
+`unshare`; this module detects, once, whether the configured isolation works here, and logs it:
 
 * ``namespaces`` (running as root): new network (no interfaces up: no network), PID (fresh
   `/proc`, the program sees only its own processes), mount (whole filesystem read-only, `/tmp`
@@ -13,9 +13,15 @@ captured, size-capped output. The jail itself is built by `sandbox_init.py`, sta
 * ``userns`` (not root, unprivileged user namespaces allowed): the same namespaces inside a new
   user namespace; the program is namespace-root mapped to the invoking user, with every
   capability dropped, so the host sees it as that user;
-* ``none`` (no namespaces): scratch dir on the host, rlimits, clean environment, process group
-  kill and, as root, the dedicated uid (whose processes are all killed afterwards). No network
-  or filesystem isolation beyond file permissions: logged as a warning.
+* ``none`` (no namespaces), only when `isolation: none` names it: scratch dir on the host,
+  rlimits, clean environment, process group kill and, as root, the dedicated uid (whose processes
+  are all killed afterwards). No network or filesystem isolation beyond file permissions: logged
+  as a warning.
+
+`isolation: auto` means the namespace mode for this user ("namespaces" as root, else "userns")
+and fails closed: where it does not work, nothing runs (`SandboxUnavailableError`;
+`require_isolation()` turns it into a `ConfigError` naming `rewards.sandbox.isolation` and what
+is missing, which runs that need the sandbox call before any work).
 
 Always: clean environment (PATH, LANG, HOME=TMPDIR=scratch, single-thread BLAS), rlimits for CPU
 time, address space, processes, file size, open files and core dumps, a wall-clock limit that
@@ -46,10 +52,11 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from scalerl.config import ConfigError, SandboxConfig
 from scalerl.rewards.cgroup import CgroupError, CgroupSupport, CgroupUsage, RunCgroup, locate, sweep_stale
 
 logger = logging.getLogger(__name__)
@@ -59,61 +66,6 @@ _MODES: tuple[Mode, ...] = ("namespaces", "userns", "none")
 _INIT_SCRIPT = Path(__file__).with_name("sandbox_init.py")
 _SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 _MiB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class SandboxConfig:
-    """Limits and isolation for every run (per-run `wall_s` may override the default).
-
-    `isolation`: "auto" picks the strongest mode that works here; naming a mode forces it (a
-    forced mode that does not work raises). `uid_base`: first of `max_parallel` uids used for
-    programs when running as root; keep that range free of real users. `memory_mb` bounds each
-    process's address space, `nproc` the processes of the run's uid; with a per-run cgroup
-    (`cgroup`: "auto" uses one where it can, "v1"/"v2" require that version, "off" never),
-    `tree_memory_mb` bounds the memory of the whole tree and `tree_nproc` its tasks (threads
-    count; None: `nproc` + 2, for the init and its kill helper).
-    """
-
-    max_parallel: int = 2
-    wall_s: float = 10.0
-    cpu_s: float | None = None  # None: the run's wall limit, rounded up
-    memory_mb: int = 512
-    nproc: int = 16
-    file_size_mb: int = 16
-    open_files: int = 64
-    scratch_mb: int = 64
-    scratch_inodes: int = 1024
-    max_output_bytes: int = 2 * _MiB
-    startup_grace_s: float = 20.0
-    isolation: Literal["auto", "namespaces", "userns", "none"] = "auto"
-    tree_memory_mb: int = 1024
-    tree_nproc: int | None = None
-    cgroup: Literal["auto", "v1", "v2", "off"] = "auto"
-    uid_base: int = 1_500_000_000
-    python: str = sys.executable
-    unshare: str | None = field(default_factory=lambda: shutil.which("unshare"))
-
-    def __post_init__(self) -> None:
-        positive = ("max_parallel", "wall_s", "memory_mb", "nproc", "file_size_mb", "open_files",
-                    "scratch_mb", "scratch_inodes", "max_output_bytes", "tree_memory_mb")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ValueError(f"sandbox.{name}: must be > 0, got {getattr(self, name)}")
-        if self.cpu_s is not None and self.cpu_s <= 0:
-            raise ValueError(f"sandbox.cpu_s: must be > 0 or None, got {self.cpu_s}")
-        if self.tree_nproc is not None and self.tree_nproc < 2:
-            raise ValueError(f"sandbox.tree_nproc: must be >= 2 (the init and the program) or None, "
-                             f"got {self.tree_nproc}")
-        if self.cgroup not in ("auto", "v1", "v2", "off"):
-            raise ValueError(f"sandbox.cgroup: one of auto/v1/v2/off, got {self.cgroup!r}")
-        if self.isolation not in ("auto", *_MODES):
-            raise ValueError(f"sandbox.isolation: one of auto/{'/'.join(_MODES)}, got {self.isolation!r}")
-        if not 0 < self.uid_base < 2**31 - self.max_parallel:
-            raise ValueError(f"sandbox.uid_base: out of range: {self.uid_base}")
-
-    @property
-    def tree_tasks(self) -> int:
-        return self.tree_nproc if self.tree_nproc is not None else self.nproc + 2
 
 
 @dataclass(frozen=True)
@@ -145,7 +97,10 @@ class Protections:
             active.append("private size-limited /tmp (and /dev/shm) as the only writable dirs; "
                           "host /run and network interfaces hidden")
         if not any(w.startswith("no seccomp filter") for w in self.setup_warnings):
-            active.append("seccomp: no Unix-domain sockets, no io_uring")
+            allow_list = os.uname().machine == "x86_64"  # sandbox_init.seccomp_program
+            active.append("seccomp: an allow-list of the syscalls a Python interpreter needs (sockets "
+                          "AF_INET/AF_INET6 only, no namespaces, ptrace, mount, bpf, io_uring, keyrings)"
+                          if allow_list else "seccomp: no Unix-domain sockets, no io_uring")
         if self.dedicated_uid:
             active.append("dedicated unprivileged uid per slot")
         if self.cgroup is not None:
@@ -218,7 +173,12 @@ class SandboxResult:
 
 
 class SandboxUnavailableError(RuntimeError):
-    """No isolation mode works on this machine (or the forced one does not)."""
+    """The configured isolation cannot be had here: no namespace mode works (`isolation: auto`),
+    the named mode does not, or a required cgroup version does not. `key` names the setting."""
+
+    def __init__(self, message: str, key: str = "isolation") -> None:
+        super().__init__(message)
+        self.key = key
 
 
 def _rlimits(config: SandboxConfig, wall_s: float) -> dict[str, tuple[int, int]]:
@@ -278,7 +238,10 @@ class Sandbox:
     """Runs Python programs under the strongest isolation available (see module doc)."""
 
     def __init__(self, config: SandboxConfig | None = None) -> None:
-        self.config = config or SandboxConfig()
+        self.config: SandboxConfig = config or SandboxConfig()
+        # Resolved here, not in the config, so a saved config names no machine's paths.
+        self.python = self.config.python or sys.executable
+        self.unshare = self.config.unshare or shutil.which("unshare")
         self._free_slots: queue.Queue[int] = queue.Queue()
         for slot in range(self.config.max_parallel):
             self._free_slots.put(slot)
@@ -313,18 +276,33 @@ class Sandbox:
                 logger.log(level, "%s", self._protections.describe())
             return self._protections
 
+    def require_isolation(self, need: str = "this run") -> Protections:
+        """The active protections; a `ConfigError` (bad input: exit 2) naming the setting and what
+        is missing when the configured isolation cannot be had. `need`: why the caller needs it.
+
+        Fail closed: a run that would execute model-written code calls this before any work, and
+        no mode weaker than the configured one is ever chosen in its place."""
+        try:
+            return self.protections
+        except SandboxUnavailableError as exc:
+            key = f"rewards.sandbox.{exc.key}"
+            value = getattr(self.config, exc.key)
+            hint = ("set rewards.sandbox.isolation=none to run model-written code without network, "
+                    "filesystem or PID isolation" if exc.key == "isolation"
+                    else "set rewards.sandbox.cgroup=auto (rlimits where no cgroup can be made) or off")
+            raise ConfigError(f"{key}: {value!r} cannot be had here ({exc}); the sandbox is needed for "
+                              f"{need}; fix what is missing, or {hint}") from None
+
     def _candidate_modes(self) -> list[Mode]:
+        """The mode to try. `auto` is the strongest namespace mode for this user (as root, a user
+        namespace would add nothing over `namespaces`); `none` is never a fallback, only a choice."""
         if self.config.isolation != "auto":
             return [self.config.isolation]
-        if os.geteuid() == 0:
-            return ["namespaces", "userns", "none"]
-        return ["userns", "none"]
+        return ["namespaces"] if os.geteuid() == 0 else ["userns"]
 
     def _detect(self) -> Protections:
         rejected: list[str] = []
         for mode in self._candidate_modes():
-            if mode == "userns" and os.geteuid() == 0 and self.config.isolation == "auto":
-                continue  # as root, userns adds nothing over "namespaces" (which already failed)
             dedicated = os.geteuid() == 0 and mode != "userns"
             probe = Protections(
                 mode=mode, network_isolated=mode != "none", pid_namespace=mode != "none",
@@ -343,7 +321,8 @@ class Sandbox:
                 return self._detect_cgroup(replace(probe, setup_warnings=result.setup_warnings))
             why = result.error or result.stderr.decode(errors="replace").strip()[-300:] or result.reason
             rejected.append(f"{mode}: probe failed ({why})")
-        raise SandboxUnavailableError("no sandbox mode works here: " + " | ".join(rejected))
+        what = "no namespace mode works here" if self.config.isolation == "auto" else "it does not work here"
+        raise SandboxUnavailableError(f"{what}: " + " | ".join(rejected))
 
     def _detect_cgroup(self, prot: Protections) -> Protections:
         """Add per-run cgroups to `prot` if a probe run inside one works; else say why not."""
@@ -367,7 +346,7 @@ class Sandbox:
             support = None
         if wanted != "auto":
             raise SandboxUnavailableError(f"sandbox.cgroup={wanted!r} does not work here: "
-                                          + " | ".join(reasons))
+                                          + " | ".join(reasons), key="cgroup")
         return replace(prot, cgroup_rejected=tuple(reasons or ["no cgroup hierarchy found"]))
 
     # -- running ---------------------------------------------------------------------------
@@ -433,7 +412,7 @@ class Sandbox:
 
     def _run(self, prot: Protections, files: dict[str, bytes], main: str, stdin: bytes,
              wall_s: float) -> SandboxResult:
-        prefix = _launch_prefix(prot.mode, self.config.unshare)
+        prefix = _launch_prefix(prot.mode, self.unshare)
         slot = self._free_slots.get()
         spec_dir = tempfile.mkdtemp(prefix=f"scalerl-sbx-{os.getpid()}-")  # pid: whose leftovers
         fds: list[int] = []
@@ -450,7 +429,7 @@ class Sandbox:
             uid = self.config.uid_base + slot if prot.dedicated_uid else None
             spec = {
                 "files": sorted(files),
-                "argv": [self.config.python, "-I", "-B", main],
+                "argv": [self.python, "-I", "-B", main],
                 "env": _program_env(),
                 "rlimits": _rlimits(self.config, wall_s),
                 "wall_s": wall_s,
@@ -459,7 +438,7 @@ class Sandbox:
                 "uid_dedicated": prot.dedicated_uid,
                 "mount_namespace": prot.mode != "none",
                 "pid_namespace": prot.pid_namespace,
-                "expose": _interpreter_trees(self.config.python),
+                "expose": _interpreter_trees(self.python),
                 "scratch_bytes": self.config.scratch_mb * _MiB,
                 "scratch_inodes": self.config.scratch_inodes,
                 "status_fd": status_w,
@@ -467,7 +446,7 @@ class Sandbox:
                 "cgroup": {"join": cgroup.join_files, "oom": cgroup.oom_watch()} if cgroup else None,
             }
             Path(spec_dir, "spec.json").write_text(json.dumps(spec))
-            cmd = [*prefix, self.config.python, "-I", "-S", "-B", str(_INIT_SCRIPT), spec_dir]
+            cmd = [*prefix, self.python, "-I", "-S", "-B", str(_INIT_SCRIPT), spec_dir]
             try:
                 proc = subprocess.Popen(
                     cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -597,7 +576,8 @@ def default_sandbox() -> Sandbox:
 def configure_sandbox(config: SandboxConfig | None = None, **overrides: Any) -> Sandbox:
     """Replace the process-wide sandbox: a full `SandboxConfig` and/or field overrides."""
     global _default
-    new = Sandbox(replace(config or SandboxConfig(), **overrides))
+    base = config or SandboxConfig()
+    new = Sandbox(SandboxConfig.model_validate({**base.model_dump(), **overrides}))
     with _default_lock:
         _default = new
     return new

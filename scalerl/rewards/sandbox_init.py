@@ -208,13 +208,88 @@ def _write_files(directory: str, files: dict[str, bytes], uid: int | None, gid: 
 
 # Classic BPF for seccomp (linux/filter.h, linux/seccomp.h). seccomp_data: nr at 0, arch at 4,
 # args[i] at 16 + 8 i (low word first on these little-endian arches).
-_BPF_LD_ABS, _BPF_JEQ, _BPF_JGE, _BPF_RET = 0x20, 0x15, 0x35, 0x06
+_BPF_LD_ABS, _BPF_JEQ, _BPF_JGE, _BPF_JSET, _BPF_RET = 0x20, 0x15, 0x35, 0x45, 0x06
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
-_AF_UNIX = 1
+_AF_UNIX, _AF_INET, _AF_INET6 = 1, 2, 10
 # arch: (AUDIT_ARCH_*, __NR_socket, x32 syscall bit or 0); io_uring_{setup,enter,register} are
 # 425-427 on every arch (the unified syscall table).
 _SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 0x40000000), "aarch64": (0xC00000B7, 198, 0)}
 _IO_URING = (425, 426, 427)
+
+# The x86_64 allow-list: what CPython, its stdlib (files, threads, subprocess, multiprocessing's
+# fork start method, asyncio, sockets, signals, timers) and numpy use, found by `strace -f -c` of
+# such programs and completed by family (every variant of a call the interpreter makes). Left out,
+# so refused with EPERM: namespaces (unshare, setns), mounts and pivot_root, ptrace and
+# process_vm_*, kcmp, pidfd_getfd, bpf, perf_event_open, userfaultfd, io_uring, keyrings (add_key,
+# request_key, keyctl), fanotify, name_to_handle_at/open_by_handle_at, module and kexec loading,
+# reboot, swap, quotas, acct, syslog, clock and host-name setting, sync/syncfs, personality,
+# modify_ldt/iopl/ioperm, vmsplice, POSIX message queues, the uid/gid/capability setters, seccomp,
+# and everything newer than this table. Three calls are checked by argument: socket (AF_INET and
+# AF_INET6 only: a Unix socket file stays connectable through a read-only mount, and the network
+# namespace does not cover it), clone (no CLONE_NEW* flag) and ioctl (terminal and fd-flag queries
+# only). clone3 gets ENOSYS, so glibc falls back to clone, whose flags the filter can read.
+_X86_64_ALLOWED: dict[str, int] = {  # name -> number (asm/unistd_64.h), by what the interpreter uses them for
+    # files
+    "read": 0, "write": 1, "readv": 19, "writev": 20, "pread64": 17, "pwrite64": 18, "preadv": 295,
+    "pwritev": 296, "preadv2": 327, "pwritev2": 328, "open": 2, "openat": 257, "openat2": 437, "close": 3,
+    "close_range": 436, "creat": 85, "lseek": 8, "fstat": 5, "stat": 4, "lstat": 6, "newfstatat": 262,
+    "statx": 332, "statfs": 137, "fstatfs": 138, "access": 21, "faccessat": 269, "faccessat2": 439,
+    "readlink": 89, "readlinkat": 267, "getdents": 78, "getdents64": 217, "fcntl": 72, "dup": 32,
+    "dup2": 33, "dup3": 292, "pipe": 22, "pipe2": 293, "fsync": 74, "fdatasync": 75, "ftruncate": 77,
+    "truncate": 76, "fallocate": 285, "rename": 82, "renameat": 264, "renameat2": 316, "unlink": 87,
+    "unlinkat": 263, "mkdir": 83, "mkdirat": 258, "rmdir": 84, "link": 86, "linkat": 265, "symlink": 88,
+    "symlinkat": 266, "chmod": 90, "fchmod": 91, "fchmodat": 268, "fchmodat2": 452, "chown": 92,
+    "fchown": 93, "lchown": 94, "fchownat": 260, "utime": 132, "utimes": 235, "utimensat": 280,
+    "futimesat": 261, "umask": 95, "getcwd": 79, "chdir": 80, "fchdir": 81, "flock": 73,
+    "copy_file_range": 326, "sendfile": 40, "splice": 275, "tee": 276, "fadvise64": 221, "readahead": 187,
+    "memfd_create": 319, "mknod": 133, "mknodat": 259, "getxattr": 191, "lgetxattr": 192, "fgetxattr": 193,
+    "listxattr": 194, "llistxattr": 195, "flistxattr": 196, "setxattr": 188, "lsetxattr": 189,
+    "fsetxattr": 190, "removexattr": 197, "lremovexattr": 198, "fremovexattr": 199,
+    # waiting
+    "select": 23, "pselect6": 270, "poll": 7, "ppoll": 271, "epoll_create": 213, "epoll_create1": 291,
+    "epoll_ctl": 233, "epoll_wait": 232, "epoll_pwait": 281, "epoll_pwait2": 441, "eventfd": 284,
+    "eventfd2": 290, "signalfd": 282, "signalfd4": 289, "timerfd_create": 283, "timerfd_settime": 286,
+    "timerfd_gettime": 287, "inotify_init": 253, "inotify_init1": 294, "inotify_add_watch": 254,
+    "inotify_rm_watch": 255,
+    # memory
+    "mmap": 9, "munmap": 11, "mprotect": 10, "mremap": 25, "madvise": 28, "brk": 12, "msync": 26,
+    "mincore": 27, "mlock": 149, "mlock2": 325, "munlock": 150, "mlockall": 151, "munlockall": 152,
+    "membarrier": 324, "get_mempolicy": 239, "mbind": 237,
+    # processes
+    "fork": 57, "vfork": 58, "execve": 59, "execveat": 322, "exit": 60, "exit_group": 231, "wait4": 61,
+    "waitid": 247, "kill": 62, "tkill": 200, "tgkill": 234, "getpid": 39, "getppid": 110, "gettid": 186,
+    "getuid": 102, "geteuid": 107, "getgid": 104, "getegid": 108, "getresuid": 118, "getresgid": 120,
+    "getgroups": 115, "getpgid": 121, "getpgrp": 111, "getsid": 124, "setpgid": 109, "setsid": 112,
+    "set_tid_address": 218, "set_robust_list": 273, "get_robust_list": 274, "futex": 202,
+    "futex_waitv": 449, "rseq": 334, "arch_prctl": 158, "prctl": 157, "sched_yield": 24,
+    "sched_getaffinity": 204, "sched_setaffinity": 203, "sched_getparam": 143, "sched_getscheduler": 145,
+    "sched_get_priority_max": 146, "sched_get_priority_min": 147, "sched_rr_get_interval": 148,
+    "sched_getattr": 315, "getpriority": 140, "setpriority": 141, "getrlimit": 97, "setrlimit": 160,
+    "prlimit64": 302, "getrusage": 98, "times": 100, "sysinfo": 99, "uname": 63, "capget": 125,
+    "pidfd_open": 434, "pidfd_send_signal": 424,
+    # signals
+    "rt_sigaction": 13, "rt_sigprocmask": 14, "rt_sigreturn": 15, "rt_sigpending": 127,
+    "rt_sigtimedwait": 128, "rt_sigsuspend": 130, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
+    "sigaltstack": 131, "pause": 34, "alarm": 37, "setitimer": 38, "getitimer": 36, "restart_syscall": 219,
+    # time
+    "clock_gettime": 228, "clock_getres": 229, "clock_nanosleep": 230, "nanosleep": 35, "gettimeofday": 96,
+    "time": 201, "timer_create": 222, "timer_settime": 223, "timer_gettime": 224, "timer_getoverrun": 225,
+    "timer_delete": 226, "getrandom": 318, "getcpu": 309,
+    # sockets
+    "socketpair": 53, "connect": 42, "bind": 49, "listen": 50, "accept": 43, "accept4": 288, "sendto": 44,
+    "recvfrom": 45, "sendmsg": 46, "recvmsg": 47, "sendmmsg": 307, "recvmmsg": 299, "shutdown": 48,
+    "getsockname": 51, "getpeername": 52, "setsockopt": 54, "getsockopt": 55,
+    # sysv_ipc
+    "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67, "semget": 64, "semop": 65, "semctl": 66,
+    "semtimedop": 220, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71,
+}
+_X86_64_SOCKET, _X86_64_CLONE, _X86_64_CLONE3, _X86_64_IOCTL = 41, 56, 435, 16
+# CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWTIME (linux/sched.h)
+_CLONE_NEW_ANY = (0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+                  | 0x00000080)
+# TCGETS, TIOCGWINSZ, TIOCGPGRP, FIONREAD, FIONBIO, FIONCLEX, FIOCLEX (asm-generic/ioctls.h): isatty,
+# terminal size, non-blocking and close-on-exec flags, bytes readable.
+_IOCTL_ALLOWED = (0x5401, 0x5413, 0x540F, 0x541B, 0x5421, 0x5450, 0x5451)
 
 
 class _SockFilter(ctypes.Structure):
@@ -226,33 +301,79 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-def seccomp_program(machine: str) -> list[tuple[int, int, int, int]] | None:
-    """The filter, or None for an arch without a table: refuse socket(AF_UNIX, ...) and io_uring.
+Insn = tuple[int, int | str, int | str, int]  # (code, jt, jf, k); a str jump names a label
 
-    A Unix socket file stays connectable through a read-only mount and the network namespace
-    does not cover it, so a world-writable host socket (D-Bus, a service's control socket) would
-    be reachable; io_uring can open and connect sockets without the socket syscall. Pipes and
-    `socketpair` (multiprocessing's fork start method, asyncio) still work. Foreign-arch and
-    x32 syscalls get ENOSYS, so the table cannot be side-stepped.
+
+def assemble(lines: list[Insn | str]) -> list[tuple[int, int, int, int]]:
+    """Resolve label jumps (a str item defines a label; jumps are forward, at most 255 apart)."""
+    labels: dict[str, int] = {}
+    insns: list[Insn] = []
+    for item in lines:
+        if isinstance(item, str):
+            labels[item] = len(insns)
+        else:
+            insns.append(item)
+    out = []
+    for i, (code, jt, jf, k) in enumerate(insns):
+        offsets = [labels[j] - i - 1 if isinstance(j, str) else j for j in (jt, jf)]
+        if not all(0 <= o <= 255 for o in offsets):
+            raise ValueError(f"seccomp program: jump out of range at {i}: {offsets}")
+        out.append((code, offsets[0], offsets[1], k))
+    return out
+
+
+def _allow_list_program(arch: int, x32: int) -> list[tuple[int, int, int, int]]:
+    deny, nosys = _RET_ERRNO | errno.EPERM, _RET_ERRNO | errno.ENOSYS
+    ret = {name: (_BPF_RET, 0, 0, value) for name, value in (("allow", _RET_ALLOW), ("deny", deny),
+                                                               ("nosys", nosys))}
+    lines: list[Insn | str] = [
+        (_BPF_LD_ABS, 0, 0, 4), (_BPF_JEQ, 1, 0, arch), ret["nosys"],  # a foreign arch's table
+        (_BPF_LD_ABS, 0, 0, 0), (_BPF_JGE, 0, 1, x32), ret["nosys"],  # the x32 ABI
+        # socket: internet families only
+        (_BPF_JEQ, 0, "ioctl", _X86_64_SOCKET), (_BPF_LD_ABS, 0, 0, 16),
+        (_BPF_JEQ, "socket_ok", 0, _AF_INET), (_BPF_JEQ, "socket_ok", 0, _AF_INET6), ret["deny"],
+        "socket_ok", ret["allow"],
+        "ioctl", (_BPF_JEQ, 0, "clone", _X86_64_IOCTL), (_BPF_LD_ABS, 0, 0, 24),
+        *[(_BPF_JEQ, "ioctl_ok", 0, cmd) for cmd in _IOCTL_ALLOWED], ret["deny"],
+        "ioctl_ok", ret["allow"],
+        "clone", (_BPF_JEQ, 0, "clone3", _X86_64_CLONE), (_BPF_LD_ABS, 0, 0, 16),
+        (_BPF_JSET, 0, 1, _CLONE_NEW_ANY), ret["deny"], ret["allow"],
+        "clone3", (_BPF_JEQ, 0, 1, _X86_64_CLONE3), ret["nosys"],
+    ]
+    for nr in sorted(_X86_64_ALLOWED.values()):
+        lines += [(_BPF_JEQ, 0, 1, nr), ret["allow"]]
+    lines.append(ret["deny"])
+    return assemble(lines)
+
+
+def _deny_list_program(arch: int, nr_socket: int, x32: int) -> list[tuple[int, int, int, int]]:
+    """Refuse socket(AF_UNIX, ...) and io_uring; allow the rest (architectures without an allow-list)."""
+    deny, nosys = _RET_ERRNO | errno.EPERM, _RET_ERRNO | errno.ENOSYS
+    lines: list[Insn | str] = [(_BPF_LD_ABS, 0, 0, 4), (_BPF_JEQ, 0, "nosys", arch), (_BPF_LD_ABS, 0, 0, 0)]
+    if x32:
+        lines.append((_BPF_JGE, "nosys", 0, x32))
+    lines += [(_BPF_JEQ, "deny", 0, nr) for nr in _IO_URING]
+    lines += [(_BPF_JEQ, 0, "allow", nr_socket), (_BPF_LD_ABS, 0, 0, 16),
+              (_BPF_JEQ, "deny", "allow", _AF_UNIX), "deny", (_BPF_RET, 0, 0, deny),
+              "nosys", (_BPF_RET, 0, 0, nosys), "allow", (_BPF_RET, 0, 0, _RET_ALLOW)]
+    return assemble(lines)
+
+
+def seccomp_program(machine: str) -> list[tuple[int, int, int, int]] | None:
+    """The filter for `machine`, or None for an arch without a table.
+
+    x86_64: an allow-list of what a Python interpreter needs (above); anything else is refused
+    with EPERM. aarch64: a deny-list only (socket(AF_UNIX, ...) and io_uring), as no allow-list
+    has been built and tested there. Either way foreign-arch and x32 syscalls get ENOSYS, so the
+    table cannot be side-stepped, and pipes and `socketpair` (multiprocessing's fork start method,
+    asyncio) work.
     """
     if machine not in _SECCOMP_ARCH:
         return None
     arch, nr_socket, x32 = _SECCOMP_ARCH[machine]
-    deny, nosys = _RET_ERRNO | errno.EPERM, _RET_ERRNO | errno.ENOSYS
-    body: list[tuple[int, int, int, int]] = [(_BPF_LD_ABS, 0, 0, 4), (_BPF_JEQ, 0, -2, arch),
-                                                   (_BPF_LD_ABS, 0, 0, 0)]
-    if x32:
-        body.append((_BPF_JGE, -2, 0, x32))
-    body += [(_BPF_JEQ, -1, 0, nr) for nr in _IO_URING]
-    body += [(_BPF_JEQ, 0, -3, nr_socket), (_BPF_LD_ABS, 0, 0, 16), (_BPF_JEQ, -1, -3, _AF_UNIX)]
-    tail = [(_BPF_RET, 0, 0, deny), (_BPF_RET, 0, 0, nosys), (_BPF_RET, 0, 0, _RET_ALLOW)]
-    # negative jump targets name the tail: -1 deny, -2 ENOSYS, -3 allow
-    out = []
-    for i, (code, jt, jf, k) in enumerate(body):
-        def target(j: int, i: int = i) -> int:
-            return j if j >= 0 else len(body) - i - 1 + (-j - 1)
-        out.append((code, target(jt), target(jf), k))
-    return out + tail
+    if machine == "x86_64":
+        return _allow_list_program(arch, x32)
+    return _deny_list_program(arch, nr_socket, x32)
 
 
 def install_seccomp(program: list[tuple[int, int, int, int]]) -> None:
@@ -496,7 +617,7 @@ def main(spec_dir: str) -> int:
         return 125
     seccomp = seccomp_program(os.uname().machine)
     if seccomp is None:
-        problems.append(f"no seccomp filter for {os.uname().machine}: Unix sockets and io_uring allowed")
+        problems.append(f"no seccomp filter for {os.uname().machine}: every syscall allowed")
     result = supervise(spec, scratch, cgroup, seccomp)
     cgroup.close()
     if problems:

@@ -22,7 +22,7 @@ from tests.agentic.test_rollout import TOK, decode, run
 
 @pytest.fixture(scope="module")
 def router() -> RewardRouter:
-    r = RewardRouter(RewardConfig.from_dict({"max_workers": 1}))
+    r = RewardRouter(RewardConfig(max_workers=1))
     yield r
     r.close()
 

@@ -91,6 +91,14 @@ def test_tool_specs_are_checked_with_their_key_path() -> None:
     assert list(tool_factories(["tests.agentic.test_rollout:BrokenTool"], ToolSettings())) == ["broken"]
 
 
+def test_the_python_tool_fails_closed_where_the_sandbox_cannot_isolate() -> None:
+    unisolatable = Sandbox(SandboxConfig(unshare="/nonexistent/unshare", max_parallel=1))
+    with pytest.raises(ValueError, match=r"rewards\.sandbox\.isolation: 'auto' cannot be had here .*"
+                                         r"needed for the python tool \(agentic\.tools\[1\]\)"):
+        tool_factories(["calculator", "python"], ToolSettings(sandbox=unisolatable))
+    assert unisolatable.stats()["runs"] == 0
+
+
 @pytest.fixture(scope="module")
 def sandbox() -> Sandbox:
     return Sandbox(SandboxConfig(max_parallel=2, nproc=16, memory_mb=256, wall_s=3.0,

@@ -90,6 +90,21 @@ def test_unknown_task_is_an_error_not_a_crash(router: RewardRouter) -> None:
     router.check_tasks(["math", "code"])
 
 
+def test_code_tasks_fail_closed_where_the_sandbox_cannot_isolate() -> None:
+    """The check before training names the key; a custom code verifier needs no sandbox."""
+    r = RewardRouter({"sandbox": {"unshare": "/nonexistent/unshare"}})
+    try:
+        r.check_tasks(["math"])  # no code: the sandbox is not needed, nothing is probed
+        assert r.stats()["_sandbox"]["runs"] == 0
+        with pytest.raises(ValueError, match=r"rewards\.sandbox\.isolation: 'auto' cannot be had here .*"
+                                             r"needed for the code task"):
+            r.check_tasks(["math", "code"])
+        r.register("code", lambda completion, record: 1.0)
+        r.check_tasks(["code"])
+    finally:
+        r.close()
+
+
 def test_registered_verifier_by_decorator() -> None:
     @register_verifier("shout")
     def shout(completion: str, record: PromptRecord) -> bool:
@@ -186,12 +201,15 @@ def test_bad_dotted_path_in_config_names_the_key() -> None:
 
 
 def test_bad_config_is_named() -> None:
-    with pytest.raises(ValueError, match=r"rewards: unknown key\(s\) corect_reward"):
-        RewardConfig.from_dict({"corect_reward": 1.0})
-    with pytest.raises(ValueError, match=r"rewards\.correct_reward"):
+    """A mapping is checked by the run config's own `rewards` schema: the key path is named."""
+    with pytest.raises(ValueError, match=r"rewards\.corect_reward: unknown key \(did you mean 'correct_"):
+        RewardRouter({"corect_reward": 1.0})
+    with pytest.raises(ValueError, match=r"correct_reward \(0\.0\) must exceed incorrect_reward"):
         RewardConfig(correct_reward=0.0, incorrect_reward=0.0)
-    with pytest.raises(ValueError, match=r"rewards\.sandbox: unknown key\(s\) paralel"):
-        RewardConfig(sandbox={"paralel": 2})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"rewards\.sandbox\.paralel: unknown key"):
+        RewardRouter({"sandbox": {"paralel": 2}})
+    with pytest.raises(ValueError, match=r"rewards\.failure_reward: Input should be a finite number"):
+        RewardRouter({"failure_reward": float("nan")})
 
 
 def test_score_batch_is_concurrent_bounded_and_ordered() -> None:
@@ -220,13 +238,20 @@ def test_score_batch_is_concurrent_bounded_and_ordered() -> None:
         r.close()
 
 
-def test_a_run_configs_rewards_section_builds_the_router_config() -> None:
-    from scalerl.config import RunConfig
-    from scalerl.rewards.router import RUN_ONLY_KEYS
+def test_the_router_takes_the_run_configs_rewards_section() -> None:
+    """One schema: the router reads the run config's section itself, defaults included."""
+    from scalerl.config import RewardConfig as ConfigSection
+    from scalerl.config import RunConfig, SandboxConfig
 
-    tree = {"rewards": {"failure_reward": -1.0, "max_consecutive_failures": 3}}
+    assert RewardConfig is ConfigSection
+    tree = {"rewards": {"failure_reward": -1.0, "max_consecutive_failures": 3, "sandbox": {"memory_mb": 300}}}
     section = RunConfig.model_validate(tree).rewards
-    assert set(section.model_dump()) >= RUN_ONLY_KEYS  # the pipeline's keys are in the section...
-    assert RewardConfig.from_run_config(section).failure_reward == -1.0  # ...and not passed to the router
-    with pytest.raises(ValueError, match="rewards: unknown key"):
-        RewardConfig.from_dict(section.model_dump())
+    r = RewardRouter(section)
+    try:
+        assert r.config is section and r.config.failure_reward == -1.0
+        assert isinstance(r.sandbox.config, SandboxConfig) and r.sandbox.config.memory_mb == 300
+    finally:
+        r.close()
+    # the defaults of a router built alone are those of `scalerl train`
+    assert RewardRouter().config == RunConfig().rewards
+    assert RunConfig().rewards.max_workers == 4

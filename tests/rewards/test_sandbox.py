@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from scalerl.config import ConfigError
 from scalerl.rewards import sandbox as sandbox_module
 from scalerl.rewards.sandbox import Sandbox, SandboxConfig, SandboxResult, SandboxUnavailableError
+from tests.rewards.isolation import no_isolation
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -153,7 +155,7 @@ def test_huge_output_is_capped_and_the_program_killed(sandbox: Sandbox) -> None:
 
 def test_scratch_is_the_only_writable_place_and_leaves_nothing(sandbox: Sandbox) -> None:
     if not sandbox.protections.readonly_filesystem:
-        pytest.skip(f"no filesystem isolation here: {sandbox.protections.describe()}")
+        no_isolation(f"no filesystem isolation here: {sandbox.protections.describe()}")
     before = leftover_spec_dirs()
     token = secrets.token_hex(6)
     # A world-writable host dir outside /tmp: only a read-only mount keeps the program out.
@@ -210,7 +212,7 @@ def test_disk_fill_stops_at_the_scratch_quota(sandbox: Sandbox) -> None:
 
 def test_no_network_connection_reaches_a_host_listener(sandbox: Sandbox) -> None:
     if not sandbox.protections.network_isolated:
-        pytest.skip(f"no network isolation here: {sandbox.protections.describe()}")
+        no_isolation(f"no network isolation here: {sandbox.protections.describe()}")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(8)
@@ -253,7 +255,7 @@ def test_parent_environment_is_invisible(sandbox: Sandbox, monkeypatch: pytest.M
 
 def test_host_processes_and_tmp_are_invisible(sandbox: Sandbox) -> None:
     if not sandbox.protections.pid_namespace:
-        pytest.skip(f"no PID isolation here: {sandbox.protections.describe()}")
+        no_isolation(f"no PID isolation here: {sandbox.protections.describe()}")
     token = secrets.token_hex(8)
     host_file = Path(tempfile.gettempdir()) / f"sbx-visible-{token}"
     host_file.write_text(token)
@@ -286,7 +288,7 @@ def test_host_processes_and_tmp_are_invisible(sandbox: Sandbox) -> None:
 
 def test_cannot_signal_host_processes(sandbox: Sandbox) -> None:
     if not sandbox.protections.pid_namespace:
-        pytest.skip(f"no PID isolation here: {sandbox.protections.describe()}")
+        no_isolation(f"no PID isolation here: {sandbox.protections.describe()}")
     victim = subprocess.Popen(["sleep", "30"])
     try:
         source = f"""
@@ -326,7 +328,7 @@ def test_interpreter_under_a_private_tmp_dir_is_reexposed_read_only(tmp_path: Pa
     """A checkout (and its venv) under /tmp, as a CI clone may be: the jail's private /tmp would
     hide the interpreter, so its tree alone is bind-mounted back, read-only."""
     if not sandbox_module.Sandbox().protections.readonly_filesystem:
-        pytest.skip("no mount namespace here")
+        no_isolation("no mount namespace here")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
     secret = tmp_path / "secret.txt"
@@ -385,20 +387,37 @@ def test_at_most_max_parallel_programs_overlap(sandbox: Sandbox) -> None:
 
 # -- detection and fallback ------------------------------------------------------------------
 
-def test_missing_unshare_falls_back_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+def test_auto_fails_closed_where_no_namespace_mode_works(caplog: pytest.LogCaptureFixture) -> None:
+    """`isolation: auto` without a working `unshare` runs nothing (no fallback to `none`), and the
+    check a run makes before any work names the key and what is missing."""
+    sb = Sandbox(SandboxConfig(unshare="/nonexistent/unshare", max_parallel=1))
+    with pytest.raises(SandboxUnavailableError, match=r"no namespace mode works here: .*cannot start "
+                                                      r"/nonexistent/unshare") as info:
+        _ = sb.protections
+    assert info.value.key == "isolation"
+    with pytest.raises(SandboxUnavailableError):
+        sb.run_python({"p.py": "print(1)"}, "p.py")
+    assert sb.stats()["runs"] == 0
+    with pytest.raises(ConfigError, match=r"^rewards\.sandbox\.isolation: 'auto' cannot be had here \(.*"
+                                          r"/nonexistent/unshare.*\); the sandbox is needed for the code "
+                                          r"task; .*rewards\.sandbox\.isolation=none"):
+        sb.require_isolation("the code task")
+    assert "sandbox mode 'none'" not in caplog.text
+
+
+def test_isolation_none_is_an_explicit_choice_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
     if os.geteuid() == 0 and not os.path.exists(SYSTEM_PYTHON):
-        pytest.skip("as root the fallback needs an interpreter outside /root")
+        pytest.skip("as root the unisolated mode needs an interpreter outside /root")
     python = SYSTEM_PYTHON if os.geteuid() == 0 else sys.executable
-    sb = Sandbox(SandboxConfig(unshare=None, python=python, max_parallel=1, nproc=8, memory_mb=256))
+    sb = Sandbox(SandboxConfig(isolation="none", python=python, max_parallel=1, nproc=8, memory_mb=256))
     with caplog.at_level(logging.WARNING, logger="scalerl.rewards.sandbox"):
         prot = sb.protections
-    assert prot.mode == "none"
+    assert prot.mode == "none" and sb.require_isolation() == prot
     assert not prot.network_isolated and not prot.readonly_filesystem
-    assert any("unshare" in reason for reason in prot.rejected)
     assert "MISSING: NO network isolation" in caplog.text
     assert prot.dedicated_uid == (os.geteuid() == 0)
-    # The fallback still enforces the rlimits and kills what the program leaves behind.
-    marker = f"fallback_{secrets.token_hex(4)}.py"
+    # Unisolated, it still enforces the rlimits and kills what the program leaves behind.
+    marker = f"unisolated_{secrets.token_hex(4)}.py"
     source = """
     import os, time
     n = 0
@@ -427,10 +446,12 @@ def test_forced_mode_that_cannot_work_raises() -> None:
 
 
 def test_bad_config_and_arguments_are_named() -> None:
-    with pytest.raises(ValueError, match=r"sandbox\.max_parallel"):
+    with pytest.raises(ValueError, match=r"max_parallel\n.*greater than or equal to 1"):
         SandboxConfig(max_parallel=0)
-    with pytest.raises(ValueError, match=r"sandbox\.isolation"):
+    with pytest.raises(ValueError, match=r"isolation\n.*'auto', 'namespaces', 'userns' or 'none'"):
         SandboxConfig(isolation="docker")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"uid_base"):
+        SandboxConfig(uid_base=2**31 - 2)
     sb = Sandbox()
     with pytest.raises(ValueError, match="main"):
         sb.run_python({"a.py": "print(1)"}, "b.py")
@@ -451,14 +472,26 @@ def test_unprivileged_user_gets_the_user_namespace_mode() -> None:
         pytest.skip("needs root (to switch user), setpriv and a system python")
     if not _readable_by_others(REPO / "scalerl" / "rewards" / "sandbox.py"):
         pytest.skip("the checkout is not readable by an unprivileged user")
+    # The sandbox's config is pydantic: the system python borrows this interpreter's site-packages,
+    # which its compiled parts (pydantic-core) fit only at the same minor version.
+    import pydantic
+    import yaml
+
+    system_version = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print(sys.version_info[:2])"],
+                                    capture_output=True, text=True, check=True).stdout.strip()
+    site = sorted({str(Path(m.__file__).resolve().parents[1]) for m in (pydantic, yaml)})
+    if system_version != str(sys.version_info[:2]) or not all(_readable_by_others(Path(d)) for d in site):
+        pytest.skip("the system python cannot use this interpreter's pydantic (version, permissions)")
     script = textwrap.dedent(f"""
         import importlib.util, sys
-        # sandbox.py and cgroup.py are stdlib-only; load them alone, not the package.
+        sys.path[:0] = {site!r}
+        # config.py (pydantic), cgroup.py and sandbox.py load alone, not the package.
         def load(name, path):
             spec = importlib.util.spec_from_file_location(name, path)
             module = sys.modules[name] = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             return module
+        load("scalerl.config", {str(REPO / "scalerl/config.py")!r})
         load("scalerl.rewards.cgroup", {str(REPO / "scalerl/rewards/cgroup.py")!r})
         sbx = load("sbx", {str(REPO / "scalerl/rewards/sandbox.py")!r})
         Sandbox, SandboxConfig = sbx.Sandbox, sbx.SandboxConfig
@@ -474,8 +507,8 @@ def test_unprivileged_user_gets_the_user_namespace_mode() -> None:
     proc = subprocess.run(
         [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", SYSTEM_PYTHON, "-c", script],
         capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"}, cwd="/")
-    if "no sandbox mode works" in proc.stderr and "userns" in proc.stderr:
-        pytest.skip(f"unprivileged user namespaces are disabled here: {proc.stderr[-300:]}")
+    if "no namespace mode works" in proc.stderr and "userns" in proc.stderr:
+        no_isolation(f"unprivileged user namespaces are disabled here: {proc.stderr[-300:]}")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.split()
     assert lines[0] == "userns"
@@ -496,3 +529,17 @@ def test_host_side_backstop_kills_a_hung_init(monkeypatch: pytest.MonkeyPatch, t
     assert result.timed_out and result.error is not None and "hung" in result.error
     assert time.monotonic() - start < 10
     assert processes_with(marker) == []
+
+
+def test_missing_isolation_skips_or_fails_as_required(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`SCALERL_REQUIRE_ISOLATION=1` (CI) turns the isolation skips into failures."""
+    from tests.rewards.isolation import REQUIRE_VAR, is_missing_isolation
+
+    monkeypatch.delenv(REQUIRE_VAR, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no namespaces"):
+        no_isolation("no namespaces")
+    monkeypatch.setenv(REQUIRE_VAR, "1")
+    with pytest.raises(pytest.fail.Exception, match="SCALERL_REQUIRE_ISOLATION is set, and no namespaces"):
+        no_isolation("no namespaces")
+    assert is_missing_isolation(SandboxUnavailableError("no namespace mode works here"))
+    assert not is_missing_isolation(SandboxUnavailableError("sandbox.cgroup='v2' ...", key="cgroup"))

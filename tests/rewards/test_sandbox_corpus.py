@@ -1,4 +1,4 @@
-"""The hostile corpus (`scalerl.rewards.hostile`): nothing escapes the full sandbox, and the same
+"""The hostile corpus (`tests/rewards/hostile.py`): nothing escapes the full sandbox, and the same
 checks do catch a weak one (so a 0 means something). Each program bounds itself; two run at a
 time; the whole corpus takes about 11 s of wall time here."""
 
@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from scalerl.rewards import cgroup as cg
-from scalerl.rewards.hostile import (
+from scalerl.rewards.sandbox import Sandbox, SandboxConfig, SandboxUnavailableError
+from tests.rewards.hostile import (
     CORPUS,
     Report,
     calibration_problems,
@@ -21,7 +22,7 @@ from scalerl.rewards.hostile import (
     program_identity,
     run_corpus,
 )
-from scalerl.rewards.sandbox import Sandbox, SandboxConfig, SandboxUnavailableError
+from tests.rewards.isolation import no_isolation
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -38,7 +39,8 @@ def test_the_corpus_covers_the_required_kinds() -> None:
     required = {"cpu_spin", "sleep_forever", "fork_bomb", "setsid_daemon", "memory_bomb", "huge_output",
                 "write_outside", "disk_fill", "network", "env_secret", "proc_probe", "signal_canary",
                 "setuid_attempts", "tree_memory", "sys_probe", "ptrace_canary", "symlink_escape",
-                "long_argv_env", "binary_output", "unclosed_pipes", "zombie_horde", "thread_spin"}
+                "long_argv_env", "binary_output", "unclosed_pipes", "zombie_horde", "thread_spin",
+                "outside_allow_list", "unix_sockets", "userns_remount"}
     assert required <= names, required - names
 
 
@@ -70,8 +72,8 @@ def test_the_corpus_refuses_to_run_as_host_root() -> None:
     sandbox = Sandbox(SandboxConfig(**CONFIG, isolation="userns", cgroup="off"))  # type: ignore[arg-type]
     try:
         ident = program_identity(sandbox)
-    except SandboxUnavailableError:
-        pytest.skip("no user namespaces here")
+    except SandboxUnavailableError as exc:
+        no_isolation(f"no user namespaces here: {exc}")
     assert ident.host_uid == 0
     with pytest.raises(RuntimeError, match="as root on the host"):
         run_corpus(sandbox, REPO, only={"fork_bomb"})
@@ -149,9 +151,12 @@ def test_a_weak_sandbox_fails_the_checks_not_the_host() -> None:
     assert "host network interface" in _row(out, "sys_probe"), out
     # damage found on the host may land in the row of the program run beside it (two at a time)
     assert "host file created: /tmp/sbx-" in out and "SysV shm with the program's key" in out, out
-    # what the weak mode still has: a clean environment and the seccomp filter on Unix sockets
+    # what the weak mode still has: a clean environment and the seccomp filter (Unix sockets, and on
+    # x86_64 everything outside the allow-list, the user namespace userns_remount needs included)
     assert "secret environment variable was read" not in out, out
     assert "connected to '" not in out and not re.search(r"listener (?:'|b')", out), out
+    if os.uname().machine == "x86_64":
+        assert _row(out, "outside_allow_list") == "yes" and _row(out, "userns_remount") == "yes", out
     escapes = re.search(rf"^programs tried: {len(CORPUS)}; escapes: (\d+);", out, flags=re.MULTILINE)
     assert escapes and int(escapes[1]) >= 8, out
 
@@ -163,7 +168,7 @@ def test_unknown_program_names_are_refused() -> None:
 
 def test_a_failed_canary_setup_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Setup failing half-way (here: at the first canary process) undoes what it made."""
-    from scalerl.rewards import hostile
+    from tests.rewards import hostile
 
     def refuse(self: hostile.Canaries, uid: int | None) -> None:
         raise OSError("no canary")

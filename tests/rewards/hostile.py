@@ -85,7 +85,7 @@ class Hostile:
     body: str
     wall_s: float = 1.5
     stdin: bytes = b""
-    needs: str | None = None  # "cgroup" or "namespaces": the protection the bound relies on
+    needs: str | None = None  # "cgroup", "namespaces" or "allow_list": the protection it relies on
     check: Callable[[Canaries, SandboxResult, str], str | None] | None = None
 
 
@@ -835,6 +835,57 @@ CORPUS: tuple[Hostile, ...] = (
     print("msg", libc.msgget(C["ipc_key"], IPC_CREAT | 0o666))
     print("sem", libc.semget(C["ipc_key"], 1, IPC_CREAT | 0o666))
     """, needs="namespaces"),
+    _p("outside_allow_list", "privileges", "use a syscall outside the interpreter's seccomp allow-list", """
+    import ctypes, errno, socket
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    pid, NULL, AT_FDCWD = os.getpid(), 0, -100
+    buf = ctypes.create_string_buffer(64)
+    # x86_64 numbers; each call is harmless if it runs (a query, a bad fd or pointer, no state):
+    # what matters is whether the filter refused it (EPERM) before the kernel looked at it
+    calls = {
+        "ptrace(PTRACE_TRACEME)": (101, 0, 0, 0, 0),
+        "process_vm_readv(self)": (310, pid, NULL, 0, NULL, 0, 0),
+        "kcmp(self, self)": (312, pid, pid, 1, 0, 0), "unshare(CLONE_NEWUSER)": (272, 0x10000000),
+        "unshare(CLONE_NEWNS)": (272, 0x00020000), "setns": (308, -1, 0), "userfaultfd": (323, 0x80000),
+        "perf_event_open": (298, NULL, 0, -1, -1, 0), "bpf(BPF_PROG_LOAD)": (321, 5, NULL, 0),
+        "io_uring_setup": (425, 1, NULL), "keyctl(KEYCTL_GET_KEYRING_ID)": (250, 0, -3, 0),
+        "request_key": (249, NULL, NULL, NULL, 0), "name_to_handle_at": (303, AT_FDCWD, NULL, NULL, NULL, 0),
+        "open_by_handle_at": (304, -1, NULL, 0), "personality(query)": (135, 0xFFFFFFFF),
+        "modify_ldt(read)": (154, 0, ctypes.addressof(buf), 0), "syslog(size)": (103, 10, NULL, 0),
+        "mq_open": (240, NULL, 0, 0, NULL), "pidfd_getfd": (438, -1, 0, 0), "vmsplice": (278, -1, NULL, 0, 0),
+        "seccomp(query)": (317, 2, 0, ctypes.addressof(buf)), "ioctl(TIOCSTI)": (16, 0, 0x5412, NULL),
+        "mount": (165, NULL, NULL, NULL, 0, NULL), "setuid(0)": (105, 0), "sync": None,
+    }
+    for name, args in calls.items():
+        if args is None:
+            continue  # named to document it is refused; not called (it would flush every filesystem)
+        ctypes.set_errno(0)
+        r = libc.syscall(*[ctypes.c_long(a) for a in args])
+        err = ctypes.get_errno()
+        if r != -1 or err != errno.EPERM:
+            escaped(f"{name} not refused by the filter (returned {r}, {errno.errorcode.get(err, err)})")
+    # clone with a namespace flag: the child (if any) leaves at once
+    ctypes.set_errno(0)
+    child = libc.syscall(ctypes.c_long(56), ctypes.c_long(0x10000000 | 17), *[ctypes.c_long(0)] * 3)
+    if child == 0:
+        os._exit(0)
+    if child > 0:
+        os.waitpid(child, 0)
+        escaped("clone(CLONE_NEWUSER) made a process")
+    elif ctypes.get_errno() != errno.EPERM:
+        escaped(f"clone(CLONE_NEWUSER) not refused by the filter ({ctypes.get_errno()})")
+    for family in ("AF_NETLINK", "AF_PACKET", "AF_ALG", "AF_VSOCK"):
+        try:
+            kind = socket.SOCK_SEQPACKET if family == "AF_ALG" else socket.SOCK_RAW
+            socket.socket(getattr(socket, family), kind)
+            escaped(f"socket({family}) made")
+        except AttributeError:
+            pass
+        except OSError as e:
+            if e.errno != errno.EPERM:
+                escaped(f"socket({family}) not refused by the filter ({errno.errorcode.get(e.errno)})")
+    """, needs="allow_list"),
     _p("hostname", "privileges", "change the host's name", """
     import ctypes, socket
     libc = ctypes.CDLL(None, use_errno=True)
@@ -988,6 +1039,8 @@ def _missing(sandbox: Sandbox, needs: str | None) -> str | None:
         return "no per-run cgroup here"
     if needs == "namespaces" and not prot.pid_namespace:
         return "no namespaces here"
+    if needs == "allow_list" and os.uname().machine != "x86_64":
+        return "no seccomp allow-list on this architecture (deny-list only)"
     return None
 
 

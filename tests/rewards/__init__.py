@@ -1,0 +1,1 @@
+"""The code sandbox suite; `hostile` holds the hostile-program corpus (test support, not shipped)."""
