@@ -204,7 +204,7 @@ def test_bad_config_is_named() -> None:
     """A mapping is checked by the run config's own `rewards` schema: the key path is named."""
     with pytest.raises(ValueError, match=r"rewards\.corect_reward: unknown key \(did you mean 'correct_"):
         RewardRouter({"corect_reward": 1.0})
-    with pytest.raises(ValueError, match=r"correct_reward \(0\.0\) must exceed incorrect_reward"):
+    with pytest.raises(ValueError, match=r"correct_reward: must exceed incorrect_reward \(0\.0 <= 0\.0\)"):
         RewardConfig(correct_reward=0.0, incorrect_reward=0.0)
     with pytest.raises(ValueError, match=r"rewards\.sandbox\.paralel: unknown key"):
         RewardRouter({"sandbox": {"paralel": 2}})
