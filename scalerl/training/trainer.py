@@ -262,6 +262,7 @@ class Trainer:
                 fp32_lm_head=self.policy.fp32_lm_head,
                 entropy=entropy,
                 support=support,
+                logit_chunk_tokens=self.optim_cfg.logit_chunk_tokens,
             )
 
     @torch.no_grad()
