@@ -33,6 +33,7 @@ from scalerl.models.lm_head import (
     project_logits,
     token_logprobs,
 )
+from scalerl.rollout.sampling import support_mask, support_sizes
 
 EntropyMode = Literal["none", "metric", "grad"]
 
@@ -58,6 +59,57 @@ class TokenLayout(Protocol):
 class ResponseForward:
     logprobs: Tensor  # [n, T] float32, differentiable unless run under no_grad
     entropy: Tensor | None  # [n, T] float32 (detached in "metric" mode), 0 at padding
+    # Keep-sampling-mask only, [n, T] bool: this pass's logits put the sampler's cut elsewhere (at
+    # another size, or with the drawn token below it: `rollout.sampling.support_sizes` and
+    # `support_mask`), and positions whose cut was recomputed (no exact size recorded).
+    support_mismatch: Tensor | None = None
+    support_recomputed: Tensor | None = None
+
+
+@dataclass
+class SupportRecord:
+    """The sampler's recorded support (keep-sampling-mask) of `[n, T]` response tokens:
+    `Completion.support` codes `[n, T]` and each row's `(top_k [n], top_p [n])`."""
+
+    codes: Tensor
+    top_k: Tensor
+    top_p: Tensor
+
+    def per_token(self, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Codes, top-k and top-p of the positions `mask [n, T]` selects, flattened `[M]`."""
+        width = mask.shape[1]
+        codes = self.codes[:, :width]
+        return (codes[mask], self.top_k.unsqueeze(1).expand_as(codes)[mask],
+                self.top_p.unsqueeze(1).expand_as(codes)[mask])
+
+
+def _support_block(
+    scaled: Tensor, targets: Tensor, codes: Tensor, top_k: Tensor, top_p: Tensor, size: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`(mask [M, V], size [M], mismatch [M], recomputed [M])` of `M` positions' scaled logits.
+
+    Positions with no recorded support and an untruncated cut keep the whole vocabulary. `size`
+    (from an earlier call on the same logits) skips the cut search: the backward recomputation
+    rebuilds exactly the forward's mask.
+    """
+    m, vocab = scaled.shape
+    active = (codes >= 0) | (top_k > 0) | (top_p < 1.0)
+    mask = torch.ones((m, vocab), dtype=torch.bool, device=scaled.device)
+    mismatch = torch.zeros(m, dtype=torch.bool, device=scaled.device)
+    recomputed = torch.zeros(m, dtype=torch.bool, device=scaled.device)
+    out_size = torch.full((m,), vocab, dtype=torch.long, device=scaled.device)
+    rows = active.nonzero().flatten()
+    if rows.numel():
+        z = scaled.detach()[rows]
+        if size is None:
+            kept, mm, rc = support_sizes(z, codes[rows], top_k[rows], top_p[rows])
+            mismatch[rows], recomputed[rows] = mm, rc
+        else:
+            kept = size[rows]
+        out_size[rows] = kept
+        mask[rows], outside = support_mask(z, targets[rows], kept, codes[rows])
+        mismatch[rows] |= outside
+    return mask, out_size, mismatch, recomputed
 
 
 def _chunk_terms(
@@ -65,35 +117,47 @@ def _chunk_terms(
     weight: Tensor,
     bias: Tensor | None,
     targets: Tensor,
-    support: Tensor | None,
+    support: tuple[Tensor, Tensor, Tensor] | None,
     *,
     fp32: bool,
     softcap: float | None,
     temperature: float,
     entropy: EntropyMode,
-) -> tuple[Tensor, Tensor | None]:
-    """Log-probs `[M]` of `targets` (and entropies `[M]`) at the `M` positions of `hidden [M, H]`:
-    the unchunked path's arithmetic on these rows only."""
+    size: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None, tuple[Tensor, Tensor, Tensor] | None]:
+    """Log-probs `[M]` of `targets`, entropies `[M]` (or None) and, with `support` (codes, top-k,
+    top-p per position), `(size, mismatch, recomputed)` at the `M` positions of `hidden [M, H]`: the
+    unchunked path's arithmetic on these rows only."""
     logits = project_logits(hidden, weight, bias, fp32=fp32, softcap=softcap)
-    logprobs = token_logprobs(logits, targets, temperature, support)
+    mask, cut = None, None
+    if support is not None:
+        # The sampler's scaled logits were `logits.float() / T`; the cut is found on the same.
+        mask, kept, mismatch, recomputed = _support_block(
+            logits.detach().float() / temperature, targets, *support, size
+        )
+        cut = (kept, mismatch, recomputed)
+    logprobs = token_logprobs(logits, targets, temperature, mask)
     ent = None
     if entropy != "none":
         scaled = logits.float() / temperature
-        if support is not None:
-            scaled = scaled.masked_fill(~support, float("-inf"))
+        if mask is not None:
+            scaled = scaled.masked_fill(~mask, float("-inf"))
         if entropy == "metric":
             scaled = scaled.detach()
         with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
             ent = entropy_from_logits(scaled)
-    return logprobs, ent
+    return logprobs, ent, cut
 
 
 class ChunkedHeadLogprobs(torch.autograd.Function):
-    """`(logprobs [M], entropy [M])` of `M` response positions, `chunk` positions at a time.
+    """`(logprobs [M], entropy [M], support mismatch [M], support recomputed [M])` of `M` response
+    positions, `chunk` positions at a time.
 
     Forward keeps no logits; backward recomputes each chunk's logits (under the autocast state of
     the forward) and back-propagates through that chunk before the next one, accumulating the
     gradient of the head weight (and bias) and writing the chunk's rows of the hidden gradient.
+    With keep-sampling-mask, the support sizes found in forward are kept (`[M]` long) so that the
+    recomputation rebuilds the very same masks.
     """
 
     @staticmethod
@@ -103,33 +167,42 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
         weight: Tensor,
         bias: Tensor | None,
         targets: Tensor,
-        support: Tensor | None,
+        codes: Tensor | None,
+        top_k: Tensor | None,
+        top_p: Tensor | None,
         options: dict[str, Any],
-    ) -> tuple[Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         chunk = options["chunk"]
         n = hidden.shape[0]
-        logprobs = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        ent = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+        device = hidden.device
+        logprobs = torch.empty(n, dtype=torch.float32, device=device)
+        ent = torch.zeros(n, dtype=torch.float32, device=device)
+        mismatch = torch.zeros(n, dtype=torch.bool, device=device)
+        recomputed = torch.zeros(n, dtype=torch.bool, device=device)
+        sizes = torch.zeros(n, dtype=torch.long, device=device) if codes is not None else None
         kw = {k: options[k] for k in ("fp32", "softcap", "temperature", "entropy")}
         for lo in range(0, n, chunk):
             hi = min(n, lo + chunk)
-            sup = support[lo:hi] if support is not None else None
-            lp, h = _chunk_terms(hidden[lo:hi], weight, bias, targets[lo:hi], sup, **kw)
+            sup = (codes[lo:hi], top_k[lo:hi], top_p[lo:hi]) if codes is not None else None  # type: ignore[index]
+            lp, h, cut = _chunk_terms(hidden[lo:hi], weight, bias, targets[lo:hi], sup, **kw)
             logprobs[lo:hi] = lp
             if h is not None:
                 ent[lo:hi] = h
+            if cut is not None:
+                sizes[lo:hi], mismatch[lo:hi], recomputed[lo:hi] = cut  # type: ignore[index]
         ctx.options = options
-        device_type = hidden.device.type
+        device_type = device.type
         ctx.autocast = (device_type, torch.is_autocast_enabled(device_type),
                         torch.get_autocast_dtype(device_type))
-        ctx.save_for_backward(hidden, weight, bias, targets, support)
+        ctx.save_for_backward(hidden, weight, bias, targets, codes, top_k, top_p, sizes)
+        ctx.mark_non_differentiable(mismatch, recomputed)
         if options["entropy"] != "grad":
             ctx.mark_non_differentiable(ent)
-        return logprobs, ent
+        return logprobs, ent, mismatch, recomputed
 
     @staticmethod
-    def backward(ctx: Any, grad_logprobs: Tensor, grad_entropy: Tensor | None) -> tuple[Any, ...]:  # type: ignore[override]
-        hidden, weight, bias, targets, support = ctx.saved_tensors
+    def backward(ctx: Any, grad_logprobs: Tensor, grad_entropy: Tensor | None, *_: Any) -> tuple[Any, ...]:  # type: ignore[override]
+        hidden, weight, bias, targets, codes, top_k, top_p, sizes = ctx.saved_tensors
         options = ctx.options
         chunk = options["chunk"]
         want_h, want_w, want_b = ctx.needs_input_grad[:3]
@@ -146,13 +219,14 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
         for lo in range(0, hidden.shape[0], chunk):
             hi = min(hidden.shape[0], lo + chunk)
             h = hidden[lo:hi].detach().requires_grad_(want_h)
-            sup = support[lo:hi] if support is not None else None
+            sup = (codes[lo:hi], top_k[lo:hi], top_p[lo:hi]) if codes is not None else None
+            size = sizes[lo:hi] if sizes is not None else None
             with torch.enable_grad(), torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_on):
-                lp, ent = _chunk_terms(h, w, b, targets[lo:hi], sup, **kw)
+                lp, ent, _ = _chunk_terms(h, w, b, targets[lo:hi], sup, size=size, **kw)
             outputs, grads = [lp], [grad_logprobs[lo:hi]]
             if with_entropy and ent is not None:
                 outputs.append(ent)
-                grads.append(grad_entropy[lo:hi])
+                grads.append(grad_entropy[lo:hi])  # type: ignore[index]
             inputs = [t for t, want in ((h, want_h), (w, want_w), (b, want_b)) if want and t is not None]
             got = list(torch.autograd.grad(outputs, inputs, grads, allow_unused=True))
             if want_h:
@@ -167,7 +241,7 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
                 g = got.pop(0)
                 if g is not None:
                     grad_bias += g
-        return grad_hidden, grad_weight, grad_bias, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
 
 
 def response_forward(
@@ -177,16 +251,16 @@ def response_forward(
     temperature: float,
     fp32_lm_head: bool,
     entropy: EntropyMode = "none",
-    support: Tensor | None = None,
+    support: SupportRecord | None = None,
     logit_chunk_tokens: int | None = DEFAULT_LOGIT_CHUNK_TOKENS,
 ) -> ResponseForward:
     """Log-probs of `batch`'s response tokens under `model` at the sampling `temperature`.
 
-    `support` (`[N, T, V]` bool, True = the sampler could draw it) renormalises over the top-k/top-p
-    support recorded by the sampler (keep-sampling-mask). `logit_chunk_tokens` response tokens go
-    through the head at a time (module docstring); None materialises every position's logits at
-    once. Chunked, padding positions are not projected and get log-prob 0; unchunked, they hold
-    meaningless values. Mask them either way.
+    `support` (the sampler's recorded top-k/top-p support) renormalises each position over that
+    support, rebuilt on these logits (keep-sampling-mask; `rollout.sampling.support_sizes`).
+    `logit_chunk_tokens` response tokens go through the head at a time (module docstring); None
+    materialises every position's logits at once. Chunked, padding positions are not projected and
+    get log-prob 0; unchunked, they hold meaningless values. Mask them either way.
     """
     if logit_chunk_tokens is not None and logit_chunk_tokens < 1:
         raise ValueError(f"optim.logit_chunk_tokens: must be >= 1 or null, got {logit_chunk_tokens}")
@@ -200,21 +274,28 @@ def response_forward(
     hidden = out.last_hidden_state[:, p - 1 : -1]
     weight, bias = head_parameters(model, fp32_lm_head)
     softcap = final_logit_softcap(model)
+    mask = batch.token_mask.bool()
     if logit_chunk_tokens is None:
         return _unchunked(hidden, weight, bias, batch, support, fp32_lm_head, softcap, temperature, entropy)
 
-    mask = batch.token_mask.bool()
+    codes = top_k = top_p = None
+    if support is not None:
+        codes, top_k, top_p = support.per_token(mask)
     options = {"chunk": int(logit_chunk_tokens), "fp32": fp32_lm_head, "softcap": softcap,
                "temperature": float(temperature), "entropy": entropy}
-    picked_support = support[mask] if support is not None else None
-    lp, ent = ChunkedHeadLogprobs.apply(
-        hidden[mask], weight, bias, batch.response_ids[mask], picked_support, options
+    lp, ent, mismatch, recomputed = ChunkedHeadLogprobs.apply(
+        hidden[mask], weight, bias, batch.response_ids[mask], codes, top_k, top_p, options
     )
-    logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=lp.device).masked_scatter(mask, lp)
-    entropies = None
-    if entropy != "none":
-        entropies = torch.zeros(mask.shape, dtype=torch.float32, device=ent.device).masked_scatter(mask, ent)
-    return ResponseForward(logprobs=logprobs, entropy=entropies)
+
+    def spread(values: Tensor) -> Tensor:
+        return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
+
+    return ResponseForward(
+        logprobs=spread(lp),
+        entropy=spread(ent) if entropy != "none" else None,
+        support_mismatch=spread(mismatch) if support is not None else None,
+        support_recomputed=spread(recomputed) if support is not None else None,
+    )
 
 
 def _unchunked(
@@ -222,22 +303,37 @@ def _unchunked(
     weight: Tensor,
     bias: Tensor | None,
     batch: TokenLayout,
-    support: Tensor | None,
+    support: SupportRecord | None,
     fp32: bool,
     softcap: float | None,
     temperature: float,
     entropy: EntropyMode,
 ) -> ResponseForward:
-    """Every response position's `[N, T, V]` logits at once (the reference path)."""
+    """Every response position's `[N, T, V]` logits at once, through plain autograd (the reference
+    path the chunked one is tested against)."""
     logits = project_logits(hidden, weight, bias, fp32=fp32, softcap=softcap)
-    logprobs = token_logprobs(logits, batch.response_ids, temperature, support)
+    targets = batch.response_ids
+    mask = batch.token_mask.bool()
+    support_mask_ = mismatch = recomputed = None
+    if support is not None:
+        n, t, vocab = logits.shape
+        everywhere = torch.ones_like(mask)
+        codes, top_k, top_p = support.per_token(everywhere)
+        flat, _, mm, rc = _support_block(
+            logits.detach().float().reshape(n * t, vocab) / temperature, targets.reshape(-1), codes, top_k,
+            top_p, None,
+        )
+        support_mask_ = flat.reshape(n, t, vocab)
+        mismatch, recomputed = mm.reshape(n, t) & mask, rc.reshape(n, t) & mask
+    logprobs = token_logprobs(logits, targets, temperature, support_mask_)
     ent = None
     if entropy != "none":
         scaled = logits.float() / temperature
-        if support is not None:
-            scaled = scaled.masked_fill(~support, float("-inf"))
+        if support_mask_ is not None:
+            scaled = scaled.masked_fill(~support_mask_, float("-inf"))
         if entropy == "metric":
             scaled = scaled.detach()
         with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
-            ent = entropy_from_logits(scaled, batch.token_mask)
-    return ResponseForward(logprobs=logprobs, entropy=ent)
+            ent = entropy_from_logits(scaled, mask)
+    return ResponseForward(logprobs=logprobs, entropy=ent, support_mismatch=mismatch,
+                           support_recomputed=recomputed)
