@@ -14,7 +14,8 @@ differentiates that chunk alone; so at most one chunk's `[tokens, vocab]` block 
 temporaries) is alive at any time, forward or backward. Every chunk runs the very operations the
 unchunked path runs on its rows (same head projection, same `token_logprobs`, same
 `entropy_from_logits`), so the results equal the unchunked path's up to float rounding of the
-matrix products; `logit_chunk_tokens=None` is the unchunked path (kept as the reference).
+matrix products. A micro-batch that fits in one chunk runs the unchunked path (the reference the
+chunked one is tested against, and bit for bit the trainer's arithmetic before chunking).
 """
 
 from __future__ import annotations
@@ -37,9 +38,19 @@ from scalerl.rollout.sampling import support_mask, support_sizes
 
 EntropyMode = Literal["none", "metric", "grad"]
 
-#: Response tokens per LM-head chunk by default: at vocabulary 151,936 a 512-token float32 block is
-#: 311 MB, and a [512, hidden] x [hidden, vocab] product is still large enough to run at full speed.
-DEFAULT_LOGIT_CHUNK_TOKENS = 512
+#: Float32 logits per LM-head chunk when `optim.logit_chunk_tokens` is null (2^27: 512 MB; 883 tokens
+#: at vocabulary 151,936, where a [883, hidden] x [hidden, vocab] product still runs at full speed).
+LOGIT_CHUNK_ELEMENTS = 2**27
+
+
+def logit_chunk_size(logit_chunk_tokens: int | None, vocab_size: int) -> int:
+    """Response tokens per LM-head chunk: `logit_chunk_tokens`, or for None as many as fit
+    `LOGIT_CHUNK_ELEMENTS` float32 logits (at least 1)."""
+    if logit_chunk_tokens is None:
+        return max(1, LOGIT_CHUNK_ELEMENTS // vocab_size)
+    if logit_chunk_tokens < 1:
+        raise ValueError(f"optim.logit_chunk_tokens: must be >= 1 or null, got {logit_chunk_tokens}")
+    return int(logit_chunk_tokens)
 
 
 class TokenLayout(Protocol):
@@ -252,18 +263,21 @@ def response_forward(
     fp32_lm_head: bool,
     entropy: EntropyMode = "none",
     support: SupportRecord | None = None,
-    logit_chunk_tokens: int | None = DEFAULT_LOGIT_CHUNK_TOKENS,
+    logit_chunk_tokens: int | None = None,
 ) -> ResponseForward:
     """Log-probs of `batch`'s response tokens under `model` at the sampling `temperature`.
 
     `support` (the sampler's recorded top-k/top-p support) renormalises each position over that
     support, rebuilt on these logits (keep-sampling-mask; `rollout.sampling.support_sizes`).
-    `logit_chunk_tokens` response tokens go through the head at a time (module docstring); None
-    materialises every position's logits at once. Chunked, padding positions are not projected and
-    get log-prob 0; unchunked, they hold meaningless values. Mask them either way.
+    `logit_chunk_tokens` response tokens go through the head at a time (module docstring; None: as
+    many as fit `LOGIT_CHUNK_ELEMENTS` logits). A micro-batch whose response tokens fit in one chunk
+    takes the unchunked path, every position's logits at once through plain autograd: the same
+    bound on the block, and the arithmetic of the trainer before chunking, bit for bit (the tiny
+    default, vocabulary 108, always does). Chunked, padding positions are not projected and get
+    log-prob 0; unchunked, they hold meaningless values. Mask them either way.
     """
-    if logit_chunk_tokens is not None and logit_chunk_tokens < 1:
-        raise ValueError(f"optim.logit_chunk_tokens: must be >= 1 or null, got {logit_chunk_tokens}")
+    weight, bias = head_parameters(model, fp32_lm_head)
+    chunk = logit_chunk_size(logit_chunk_tokens, int(weight.shape[0]))
     p = batch.prompt_width
     out = decoder_of(model)(
         input_ids=batch.input_ids,
@@ -272,16 +286,15 @@ def response_forward(
         use_cache=False,
     )
     hidden = out.last_hidden_state[:, p - 1 : -1]
-    weight, bias = head_parameters(model, fp32_lm_head)
     softcap = final_logit_softcap(model)
     mask = batch.token_mask.bool()
-    if logit_chunk_tokens is None:
+    if int(mask.sum()) <= chunk:
         return _unchunked(hidden, weight, bias, batch, support, fp32_lm_head, softcap, temperature, entropy)
 
     codes = top_k = top_p = None
     if support is not None:
         codes, top_k, top_p = support.per_token(mask)
-    options = {"chunk": int(logit_chunk_tokens), "fp32": fp32_lm_head, "softcap": softcap,
+    options = {"chunk": chunk, "fp32": fp32_lm_head, "softcap": softcap,
                "temperature": float(temperature), "entropy": entropy}
     lp, ent, mismatch, recomputed = ChunkedHeadLogprobs.apply(
         hidden[mask], weight, bias, batch.response_ids[mask], codes, top_k, top_p, options

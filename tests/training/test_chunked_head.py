@@ -12,19 +12,21 @@ import torch
 import scalerl.training.forward as forward_module
 from scalerl.config import AlgorithmConfig, OptimConfig, TisConfig
 from scalerl.training.batch import collate
-from scalerl.training.forward import response_forward
+from scalerl.training.forward import logit_chunk_size, response_forward
 from scalerl.training.trainer import Trainer
 
 # float32 throughout: the chunked path runs the unchunked path's operations on fewer rows, so the
 # only differences are the matrix products' rounding.
 ATOL = 1e-6
+# A chunk above any micro-batch's response tokens: the unchunked (full-logit) reference path.
+FULL = 10**9
 
 
 def _grads(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in trainer.policy.model.named_parameters() if p.grad is not None}
 
 
-def _run(base, groups, algo: AlgorithmConfig, chunk: int | None, warm_groups=None):
+def _run(base, groups, algo: AlgorithmConfig, chunk: int, warm_groups=None):
     policy = copy.deepcopy(base)
     trainer = Trainer(policy, algo, OptimConfig(micro_batch_size=5, logit_chunk_tokens=chunk, lr=3e-3),
                       max_new_tokens=16)
@@ -35,9 +37,9 @@ def _run(base, groups, algo: AlgorithmConfig, chunk: int | None, warm_groups=Non
 
 
 def _assert_same(base, groups, algo: AlgorithmConfig, warm_groups=None) -> None:
-    ref_metrics, ref_grads = _run(base, groups, algo, None, warm_groups)
+    ref_metrics, ref_grads = _run(base, groups, algo, FULL, warm_groups)
     assert ref_grads and any(float(g.abs().max()) > 0 for g in ref_grads.values())
-    for chunk in (1, 7, 4096):
+    for chunk in (1, 7, 24):  # micro-batches of 5 samples hold up to ~55 response tokens
         metrics, grads = _run(base, groups, algo, chunk, warm_groups)
         assert metrics["loss"] == pytest.approx(ref_metrics["loss"], rel=0, abs=ATOL), chunk
         assert metrics["entropy"] == pytest.approx(ref_metrics["entropy"], rel=0, abs=ATOL), chunk
@@ -91,7 +93,7 @@ def test_response_forward_chunked_equals_full_values_and_padding(make_policy, ma
     batch = collate(make_groups(policy), policy.pad_token_id)
     mask = batch.token_mask
     full = response_forward(policy.model, batch, temperature=0.7, fp32_lm_head=True, entropy="grad",
-                            logit_chunk_tokens=None)
+                            logit_chunk_tokens=FULL)
     chunked = response_forward(policy.model, batch, temperature=0.7, fp32_lm_head=True, entropy="grad",
                                logit_chunk_tokens=5)
     torch.testing.assert_close(chunked.logprobs[mask], full.logprobs[mask], rtol=0, atol=ATOL)
@@ -105,7 +107,7 @@ def test_chunked_head_with_a_model_dtype_head_and_bf16_autocast(make_policy, mak
     base = make_policy(dtype="bfloat16", fp32_lm_head=False)
     groups = make_groups(base, noise=0.4)
     results = []
-    for chunk in (None, 6):
+    for chunk in (FULL, 6):
         policy = copy.deepcopy(base)
         trainer = Trainer(policy, AlgorithmConfig(entropy_coef=0.01),
                           OptimConfig(logit_chunk_tokens=chunk))
@@ -133,6 +135,29 @@ def test_no_more_than_one_chunk_of_logits_is_projected_at_a_time(make_policy, ma
     n_tokens = int(collate(groups, policy.pad_token_id).token_mask.sum())
     assert max(rows) == 4 and len(rows) == 2 * ((n_tokens + 3) // 4)  # forward + backward recompute
     assert sum(rows) == 2 * n_tokens  # padding is never projected
+
+
+def test_default_chunk_follows_the_vocabulary_and_keeps_the_tiny_default_unchunked(
+    make_policy, make_groups, monkeypatch
+):
+    """null: 2^27 float32 logits per chunk, 883 tokens at Qwen's 151,936; the tiny default's 108
+    never needs a second chunk, so its micro-batches take the unchunked path: one projection of
+    every position, the trainer's arithmetic before chunking."""
+    assert logit_chunk_size(None, 151_936) == 883 and logit_chunk_size(None, 108) == 2**27 // 108
+    assert logit_chunk_size(300, 151_936) == 300
+    policy = make_policy()
+    groups = make_groups(policy)
+    real = forward_module.project_logits
+    shapes: list[tuple[int, ...]] = []
+
+    def recording(hidden, weight, bias, *, fp32, softcap):
+        shapes.append(tuple(hidden.shape[:-1]))
+        return real(hidden, weight, bias, fp32=fp32, softcap=softcap)
+
+    monkeypatch.setattr(forward_module, "project_logits", recording)
+    Trainer(policy, AlgorithmConfig(), OptimConfig()).compute_gradients(groups)
+    batch = collate(groups, policy.pad_token_id)
+    assert shapes == [(len(batch), batch.response_width)]
 
 
 def test_bad_chunk_size_is_a_clear_error(make_policy, make_groups):

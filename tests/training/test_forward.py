@@ -81,7 +81,7 @@ def test_keep_sampling_mask_chunked_equals_full_and_counts_cut_mismatch(make_pol
     groups = _generate(policy, sampling, PROMPTS)
     algo = AlgorithmConfig(keep_sampling_mask=True, entropy_coef=0.01)
     results = []
-    for chunk in (None, 3):
+    for chunk in (10**9, 3):  # the unchunked path, then chunks of 3 tokens
         trainer = Trainer(copy.deepcopy(policy), algo, OptimConfig(logit_chunk_tokens=chunk))
         assert _max_diff(trainer, groups) < 1e-5
         m = trainer.compute_gradients(groups)
