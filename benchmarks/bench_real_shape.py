@@ -171,7 +171,7 @@ def measure(args: argparse.Namespace, model_dir: Path, params: int) -> dict[str,
     full = 10**9  # more tokens than any micro-batch: the unchunked path
     results: dict[str, list[dict[str, Any]]] = {"chunked": [], "full": []}
     skipped: list[str] = []
-    for path in ("chunked", "full"):
+    for path in args.paths:
         points: list[tuple[int, float]] = []
         for length in sorted(args.lengths):
             if len(points) >= 2 and extrapolate(points, length) > args.max_gb:
@@ -222,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=None,
                         help="optim.logit_chunk_tokens of the chunked path (default: the config's, null)")
     parser.add_argument("--max-gb", type=float, default=12.0, help="skip settings predicted above this peak")
+    parser.add_argument("--paths", nargs="+", choices=("chunked", "full"), default=["chunked", "full"],
+                        help="which heads to measure (a lone full-logit length has no prediction to skip on)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per setting")

@@ -218,8 +218,10 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
         chunk = options["chunk"]
         want_h, want_w, want_b = ctx.needs_input_grad[:3]
         grad_hidden = torch.zeros_like(hidden) if want_h else None
-        grad_weight = torch.zeros_like(weight) if want_w else None
-        grad_bias = torch.zeros_like(bias) if want_b and bias is not None else None
+        # The head's gradients start as the first chunk's own (a zeros buffer beside the per-chunk
+        # gradient would hold one more [vocab, hidden] copy at the peak).
+        grad_weight: Tensor | None = None
+        grad_bias: Tensor | None = None
         with_entropy = options["entropy"] == "grad" and grad_entropy is not None
         # A metric entropy has no gradient: the recomputation skips it.
         kw = {k: options[k] for k in ("fp32", "softcap", "temperature")}
@@ -247,11 +249,16 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
             if want_w:
                 g = got.pop(0)
                 if g is not None:
-                    grad_weight += g  # type: ignore[operator]
-            if grad_bias is not None:
+                    grad_weight = g if grad_weight is None else grad_weight.add_(g)
+                del g
+            if want_b and b is not None:
                 g = got.pop(0)
                 if g is not None:
-                    grad_bias += g
+                    grad_bias = g if grad_bias is None else grad_bias.add_(g)
+        if want_w and grad_weight is None:
+            grad_weight = torch.zeros_like(weight)
+        if want_b and bias is not None and grad_bias is None:
+            grad_bias = torch.zeros_like(bias)
         return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
 
 
