@@ -304,6 +304,9 @@ class OptimConfig(Section):
     grad_clip: float | None = Field(1.0, gt=0.0)
     micro_batch_size: int = Field(64, gt=0, description="samples per forward/backward")
     max_consecutive_bad_steps: int = Field(5, gt=0)
+    # Response tokens per LM-head chunk (training.forward): logits exist one chunk at a time; null =
+    # as many as fit 2^27 float32 logits (883 at vocabulary 151,936; the whole micro-batch at 108).
+    logit_chunk_tokens: int | None = Field(None, ge=1, description="tokens per LM-head chunk")
     # sqrt: lr * sqrt(B / lr_reference_batch), B = pipeline.prompts_per_step * generation.n samples
     # per optimizer step (the square-root rule for adaptive optimizers; training.optim.scaled_lr).
     lr_scaling: Literal["none", "sqrt"] = "none"

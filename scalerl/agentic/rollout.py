@@ -67,6 +67,7 @@ from scalerl.rollout.protocol import (
     GenerationRequest,
     SamplingParams,
 )
+from scalerl.rollout.sampling import SUPPORT_FORCED
 
 ENDS: tuple[str, ...] = ("answer", "turn_limit", "token_budget", "context_limit", "length", "env_error")
 _SEED_MIX = 0x9E3779B97F4A7C15
@@ -83,21 +84,22 @@ class _Window:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     loss_mask: list[bool] = field(default_factory=list)
-    support: list[list[int]] | None = None
+    support: list[int] | None = None  # `Completion.support` codes
     segments: list[tuple[str, int, int]] = field(default_factory=list)  # (kind, start, end)
     start_version: int | None = None
     reported: int = 0  # tokens of this window the inner engine has already reported
     held: bool = False
 
     def add(self, kind: str, ids: Sequence[int], logprobs: Sequence[float], versions: Sequence[int],
-            mask: Sequence[bool], support: Sequence[list[int]] | None) -> None:
+            mask: Sequence[bool], support: Sequence[int] | None) -> None:
         start = len(self.token_ids)
         self.token_ids.extend(ids)
         self.logprobs.extend(logprobs)
         self.versions.extend(versions)
         self.loss_mask.extend(mask)
         if self.support is not None:
-            self.support.extend(support if support is not None else [[t] for t in ids])
+            # Environment tokens (and a model turn that recorded none) were not drawn: forced.
+            self.support.extend(support if support is not None else [SUPPORT_FORCED] * len(ids))
         if ids:
             self.segments.append((kind, start, len(self.token_ids)))
 
@@ -221,7 +223,7 @@ class TrajectoryEngine(SteppingEngine):
 
     def _new_window(self, request: GenerationRequest, prompt: list[int], *, first: bool = False) -> _Window:
         inner_id = f"{request.request_id}#0" if first else self._fresh_id(request)
-        support: list[list[int]] | None = [] if request.params.return_support else None
+        support: list[int] | None = [] if request.params.return_support else None
         return _Window(inner_id=inner_id, prompt_ids=list(prompt), support=support)
 
     def _turn_params(self, params: SamplingParams, *, budget: int, n: int | None = None,
@@ -479,6 +481,7 @@ class TrajectoryEngine(SteppingEngine):
             finish_reason=reason,
             start_version=ep.first_version if ep.first_version is not None else self.inner.version,
             support=None if w.support is None else list(w.support),
+            support_cut=None if w.support is None else (ep.request.params.top_k, ep.request.params.top_p),
             metadata=metadata,
         )
         finished.append((ep.serial, ep.sample_index, completion))

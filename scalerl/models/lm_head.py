@@ -95,6 +95,43 @@ class Fp32HeadWeight:
         return self._weight, self._bias
 
 
+def head_parameters(
+    model: nn.Module, fp32: bool, weight_cache: Fp32HeadWeight | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The LM head's `(W, b)` as `project_logits` takes them: cast to float32 with `fp32` (from
+    `weight_cache` if given, inference only), the module's own tensors otherwise. Differentiable
+    (the cast's gradient flows back to the parameter) unless they come from the cache."""
+    head = output_head(model)
+    bias = getattr(head, "bias", None)
+    if not fp32:
+        return head.weight, bias
+    if weight_cache is not None:
+        return weight_cache.get(head)
+    return head.weight.float(), bias.float() if bias is not None else None
+
+
+def project_logits(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    fp32: bool,
+    softcap: float | None,
+) -> torch.Tensor:
+    """`softcap(hidden @ W^T (+ b))` for `(W, b)` from `head_parameters(model, fp32)`.
+
+    With `fp32` the projection runs in float32 with autocast off (the FP32 LM-head fix); otherwise
+    it is the head's own `F.linear`, in whatever dtype autocast gives it.
+    """
+    if fp32:
+        # Under bf16 autocast F.linear would silently run in bf16 again; the fix needs it off here.
+        with torch.autocast(device_type=hidden.device.type, enabled=False):
+            logits = torch.nn.functional.linear(hidden.float(), weight, bias)
+    else:
+        logits = torch.nn.functional.linear(hidden, weight, bias)
+    return softcap_logits(logits, softcap)
+
+
 def lm_head_logits(
     model: nn.Module,
     hidden: torch.Tensor,
@@ -108,18 +145,10 @@ def lm_head_logits(
     only) reuses a float32 copy of the weight across calls.
     """
     head = output_head(model)
-    if fp32:
-        if weight_cache is not None:
-            weight, bias = weight_cache.get(head)
-        else:
-            weight = head.weight.float()
-            bias = head.bias.float() if getattr(head, "bias", None) is not None else None
-        # Under bf16 autocast F.linear would silently run in bf16 again; the fix needs it off here.
-        with torch.autocast(device_type=hidden.device.type, enabled=False):
-            logits = torch.nn.functional.linear(hidden.float(), weight, bias)
-    else:
-        logits = head(hidden)
-    return softcap_logits(logits, final_logit_softcap(model))
+    if not fp32:
+        return softcap_logits(head(hidden), final_logit_softcap(model))
+    weight, bias = head_parameters(model, fp32, weight_cache)
+    return project_logits(hidden, weight, bias, fp32=True, softcap=final_logit_softcap(model))
 
 
 def _temperature_divisor(temperature: float | torch.Tensor, like: torch.Tensor) -> float | torch.Tensor:

@@ -1,7 +1,7 @@
 """Off-policy pipelines (`sync`, `ppo_offpolicy`, `pipeline`), admission control, and the driver.
 
-See docs/pipeline.md. `Driver(config, Components(...)).run()` trains; the pieces it wires are
-usable alone: `StalenessController` (the max-lag admission rule), `Generator` (the rollout loop),
+See docs/pipeline.md. `Driver(settings, Components(...)).run()` trains (`DriverSettings`: built by
+the composition root); the pieces it wires are usable alone: `StalenessController` (the max-lag admission rule), `Generator` (the rollout loop),
 `GroupScorer` (bounded-parallel verification), `DynamicSampling`, `batch_metrics`,
 `ThreadedEnginePool` (several engines in this process behind one `Engine`).
 """

@@ -59,7 +59,7 @@ from scalerl.rollout.protocol import (
     InterruptionSpec,
     SamplingParams,
 )
-from scalerl.rollout.sampling import sample_next_tokens, support_ids
+from scalerl.rollout.sampling import SUPPORT_FORCED, sample_next_tokens
 from scalerl.rollout.slot_cache import SlotKVCache, attention_masks
 
 _SUPPORTED_ATTENTION = ("sdpa", "eager")
@@ -119,7 +119,7 @@ class _Sequence:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     loss_mask: list[bool] = field(default_factory=list)
-    support: list[list[int]] | None = None
+    support: list[int] | None = None  # `Completion.support` codes
     slot: int = -1
     cache_len: int = 0
     pending: list[int] = field(default_factory=list)  # tokens the next forward feeds
@@ -357,7 +357,7 @@ class EmbeddedEngine(SteppingEngine):
             seq.versions.extend([version] * k)
             seq.loss_mask.extend([False] * k)
             if seq.support is not None:
-                seq.support.extend([t] for t in append)
+                seq.support.extend([SUPPORT_FORCED] * k)
             self.stats.appended_tokens += k
             seq.appended = k
             self._start_segment(seq, params, hold)
@@ -413,6 +413,7 @@ class EmbeddedEngine(SteppingEngine):
             )
         tokens = sampled.token_ids.tolist()
         logprobs = sampled.logprobs.tolist()
+        sizes = sampled.support_size.tolist() if sampled.support_size is not None else None
         self.stats.steps += 1
         self.stats.slot_steps += len(order)
         self.stats.generated_tokens += len(order)
@@ -422,8 +423,8 @@ class EmbeddedEngine(SteppingEngine):
             seq.logprobs.append(logprobs[i])
             seq.versions.append(version)
             seq.loss_mask.append(True)
-            if seq.support is not None and sampled.support is not None:
-                seq.support.append(support_ids(sampled.support[i]))
+            if seq.support is not None and sampled.support_size is not None:
+                seq.support.append(int(sizes[i]))
             reason = self._advance(seq, tokens[i])
             if reason is not None:
                 if seq.hold:
@@ -539,7 +540,7 @@ class EmbeddedEngine(SteppingEngine):
             seq.versions.extend([seq.versions[-1]] * k)
             seq.loss_mask.extend([False] * k)
             if seq.support is not None:
-                seq.support.extend([t] for t in phrase)  # forced: the only token "drawable"
+                seq.support.extend([SUPPORT_FORCED] * k)  # forced: the only token "drawable"
             seq.pending = [token, *phrase]
             seq.forced_pending = k
         return None
@@ -565,6 +566,7 @@ class EmbeddedEngine(SteppingEngine):
             finish_reason=reason,
             start_version=seq.start_version,
             support=None if seq.support is None else list(seq.support),
+            support_cut=None if seq.support is None else (seq.top_k, seq.top_p),
             metadata=metadata,
         )
 
@@ -615,7 +617,7 @@ def _sequence_to_plain(seq: _Sequence) -> dict[str, Any]:
         "temperature": seq.temperature, "top_k": seq.top_k, "top_p": seq.top_p,
         "token_ids": list(seq.token_ids), "logprobs": list(seq.logprobs), "versions": list(seq.versions),
         "loss_mask": list(seq.loss_mask),
-        "support": None if seq.support is None else [list(s) for s in seq.support],
+        "support": None if seq.support is None else list(seq.support),
         "slot": seq.slot, "cache_len": seq.cache_len, "pending": list(seq.pending),
         "forced_pending": seq.forced_pending, "start_version": seq.start_version,
         "params": None if seq.params is None else _params_to_plain(seq.params),
@@ -644,7 +646,7 @@ def _sequence_from_plain(d: Mapping[str, Any], device: torch.device) -> _Sequenc
         interruption=interruption, stop_ids=frozenset(d["stop_ids"]), temperature=float(d["temperature"]),
         top_k=int(d["top_k"]), top_p=float(d["top_p"]), token_ids=list(d["token_ids"]),
         logprobs=list(d["logprobs"]), versions=list(d["versions"]), loss_mask=list(d["loss_mask"]),
-        support=None if d["support"] is None else [list(s) for s in d["support"]], slot=int(d["slot"]),
+        support=None if d["support"] is None else [int(s) for s in d["support"]], slot=int(d["slot"]),
         cache_len=int(d["cache_len"]), pending=list(d["pending"]), forced_pending=int(d["forced_pending"]),
         start_version=int(d["start_version"]),
         params=None if d.get("params") is None else _params_from_plain(d["params"]),

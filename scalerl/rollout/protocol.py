@@ -59,7 +59,7 @@ class SamplingParams:
     top_k: int = 0
     max_new_tokens: int = 256
     stop_token_ids: tuple[int, ...] = ()
-    # Record, per generated token, the token ids the sampler could have drawn (top-k/top-p support).
+    # Record, per generated token, the size of the top-k/top-p support it was drawn from.
     return_support: bool = False
     interruption: InterruptionSpec | None = None
     seed: int | None = None
@@ -117,7 +117,12 @@ class Completion:
     scaling and, when the support was truncated, renormalised over that support;
     `versions[t]` is the policy version that produced token t; `loss_mask[t]` is False for tokens
     the policy did not choose (the forced-interruption phrase).
-    `support[t]` (only when requested and truncated) lists the token ids the sampler could draw.
+    `support[t]` (only when requested and truncated) records the set the sampler could draw token t
+    from, in one int whatever the vocabulary: `k > 0`, the k highest-scoring tokens of its scaled
+    logits (ties: lower id first), which is what top-k/top-p keep; `< 0`, at least `-k` of them (an
+    engine that shows only the top log-probs, see `rollout.vllm_engine`); `SUPPORT_FORCED` (0), a
+    forced token. `support_cut` is the request's `(top_k, top_p)`, with which a trainer recomputes
+    the cut where no exact size was recorded (`rollout.sampling.support_sizes`).
     """
 
     request_id: str
@@ -129,7 +134,8 @@ class Completion:
     loss_mask: list[bool]
     finish_reason: FinishReason
     start_version: int
-    support: list[list[int]] | None = None
+    support: list[int] | None = None
+    support_cut: tuple[int, float] | None = None
     metadata: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -137,8 +143,11 @@ class Completion:
         for name in ("logprobs", "versions", "loss_mask"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"{name}: length {len(getattr(self, name))} != len(token_ids) {n}")
-        if self.support is not None and len(self.support) != n:
-            raise ValueError(f"support: length {len(self.support)} != len(token_ids) {n}")
+        if self.support is not None:
+            if len(self.support) != n:
+                raise ValueError(f"support: length {len(self.support)} != len(token_ids) {n}")
+            if self.support_cut is None:
+                raise ValueError("support_cut: needed with support (the request's top_k, top_p)")
 
     @property
     def num_tokens(self) -> int:

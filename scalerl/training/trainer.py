@@ -49,14 +49,13 @@ from scalerl.algorithms.masks import off_policy_sequence_mask
 from scalerl.algorithms.objectives import per_token_policy_loss
 from scalerl.algorithms.stats import merge_policy_stats, reduce_token_stats
 from scalerl.config import AlgorithmConfig, OptimConfig
-from scalerl.models.lm_head import output_head
 from scalerl.telemetry.compute import ComputeMeter
 from scalerl.training.advantage import AdvantageEstimator, OutcomeAdvantages
 from scalerl.training.batch import ScoredGroup, TrainBatch, collate
 from scalerl.training.checkpoint import CheckpointState, load_checkpoint, save_checkpoint
 from scalerl.training.collectives import StepCollectives
 from scalerl.training.critic import Critic
-from scalerl.training.forward import EntropyMode, ResponseForward
+from scalerl.training.forward import EntropyMode, ResponseForward, SupportRecord
 from scalerl.training.optim import build_optimizer, build_scheduler
 from scalerl.training.policy import Policy
 
@@ -127,6 +126,9 @@ class _StepStats:
     entropy: _MeanMax = field(default_factory=_MeanMax)
     gen_diff: _MeanMax = field(default_factory=_MeanMax)
     mismatch: _MeanMax = field(default_factory=_MeanMax)  # gen_diff on samples of the current weights only
+    # Keep-sampling-mask: loss tokens whose sampler cut these logits put elsewhere / recomputed.
+    support_mismatch: int = 0
+    support_recomputed: int = 0
     parts: list[dict[str, float]] = field(default_factory=list)  # `reduce_token_stats` per micro-batch
     problem: str | None = None  # the first non-finite value met (lockstep steps only)
 
@@ -144,6 +146,8 @@ class _StepStats:
             entropy=_MeanMax.merge([s.entropy for s in per_rank]),
             gen_diff=_MeanMax.merge([s.gen_diff for s in per_rank]),
             mismatch=_MeanMax.merge([s.mismatch for s in per_rank]),
+            support_mismatch=sum(s.support_mismatch for s in per_rank),
+            support_recomputed=sum(s.support_recomputed for s in per_rank),
             parts=[p for s in per_rank for p in s.parts],
             problem=problem,
         )
@@ -266,8 +270,8 @@ class Trainer:
         self, model: torch.nn.Module, mb: TrainBatch, *, grad: bool, entropy: EntropyMode = "none"
     ) -> ResponseForward:
         support = None
-        if self.algo.keep_sampling_mask:
-            support = mb.support_mask(output_head(model).weight.shape[0])
+        if self.algo.keep_sampling_mask and mb.support_size is not None:
+            support = SupportRecord(mb.support_size, mb.support_top_k, mb.support_top_p)
         with self.policy.autocast(), (contextlib.nullcontext() if grad else torch.no_grad()):
             return self.collectives.forward(
                 model,
@@ -276,6 +280,7 @@ class Trainer:
                 fp32_lm_head=self.policy.fp32_lm_head,
                 entropy=entropy,
                 support=support,
+                logit_chunk_tokens=self.optim_cfg.logit_chunk_tokens,
             )
 
     @torch.no_grad()
@@ -445,6 +450,8 @@ class Trainer:
             logprob_mismatch=stats.mismatch.mean,
             logprob_mismatch_max=stats.mismatch.max if stats.mismatch.count else math.nan,
             logprob_mismatch_tokens=float(stats.mismatch.count),
+            support_cut_mismatch_tokens=float(stats.support_mismatch),
+            support_recomputed_tokens=float(stats.support_recomputed),
             clip_frac_low=merged["clip_frac_low"],
             clip_frac_high=merged["clip_frac_high"],
             dual_clip_frac=merged["dual_clip_frac"],
@@ -526,6 +533,9 @@ class Trainer:
         gap = (lp.detach() - behaviour).abs()
         stats.gen_diff.add(gap, mb.response_mask)
         stats.mismatch.add(gap, mb.response_mask & same_weights(mb, self.version)[:, None])
+        if out.support_mismatch is not None and out.support_recomputed is not None:
+            stats.support_mismatch += int((out.support_mismatch & mb.response_mask).sum())
+            stats.support_recomputed += int((out.support_recomputed & mb.response_mask).sum())
         return loss
 
     def _apply(self, batch: TrainBatch, metrics: dict[str, float]) -> None:

@@ -40,6 +40,7 @@ TESTED = {
     "hostile_corpus.py",
     "band_calibration.py",
     "bench_prefix_cache.py",  # with vLLM: tests/with_vllm/test_vllm_bench.py
+    "bench_real_shape.py",
 }
 
 
@@ -378,3 +379,26 @@ def test_bench_prefix_cache_without_vllm_names_the_install() -> None:
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "generation.engine=vllm: vLLM is not usable here" in proc.stderr
+
+
+@pytest.mark.timeout(400)
+def test_bench_real_shape_quick(cache_dir: Path, tmp_path: Path) -> None:
+    """Peak memory is a property of the step, not of the load: the full-logit path's growth with
+    response length must dwarf the chunked one's, and both paths must compute the same loss."""
+    out = run_script("bench_real_shape.py", "--quick", "--json", str(tmp_path / "r.json"),
+                     cache_dir=cache_dir, timeout=360)  # 4 fresh processes: ~2 min on a loaded CPU
+    for path in ("chunked", "full"):
+        for length in (32, 256):
+            row = rf"^{path}\s+L=\s*{length}\s+peak\s+({{N}}) GB\s+step\s+({{N}}) s\s+({{N}}) tokens/s$"
+            m = match(row, out)
+            positive(m[1]), positive(m[2]), positive(m[3])
+    chunked = float(match(r"^growth chunked: ({N}) GB per 1k", out)[1])
+    full = positive(match(r"^growth full: ({N}) GB per 1k", out)[1])
+    ratio = float(match(r"^ratio growth chunked/full: ({N})", out)[1])
+    assert ratio == pytest.approx(chunked / full, abs=1e-3)
+    assert chunked < 0.5 * full
+    results = json.loads((tmp_path / "r.json").read_text())["results"]
+    for c, f in zip(results["chunked"], results["full"], strict=True):
+        assert c["length"] == f["length"] and c["tokens"] == f["tokens"] == 4 * (64 + c["length"])
+        assert c["skipped"] == f["skipped"] == 0.0
+        assert c["loss"] == pytest.approx(f["loss"], rel=1e-5, abs=1e-7)

@@ -8,10 +8,10 @@ import time
 import pytest
 import torch
 
-from scalerl.models.lm_head import sequence_logprobs
+from scalerl.models.lm_head import decoder_of, lm_head_logits, sequence_logprobs, token_logprobs
 from scalerl.rollout import EmbeddedEngine, GenerationRequest, InterruptionSpec, SamplingParams
 from scalerl.rollout.protocol import Completion, Engine
-from scalerl.rollout.sampling import support_mask_from_ids
+from scalerl.rollout.sampling import support_mask, support_sizes
 
 PROMPTS = [
     [5, 6, 7],
@@ -47,18 +47,25 @@ def recomputed_logprobs(
 ) -> torch.Tensor:
     device = model.lm_head.weight.device
     ids = torch.tensor([c.prompt_ids + c.token_ids], device=device)
-    support = None
-    if c.support is not None:
-        support = support_mask_from_ids(c.support, model.config.vocab_size, device).unsqueeze(0)
-    out = sequence_logprobs(
-        model,
-        ids,
-        fp32_lm_head=fp32,
-        temperature=temperature,
-        response_start=len(c.prompt_ids),
-        support_mask=support,
-    )
-    return out[0]
+    if c.support is None:
+        out = sequence_logprobs(model, ids, fp32_lm_head=fp32, temperature=temperature,
+                                response_start=len(c.prompt_ids))
+        return out[0]
+    # Keep-sampling-mask: the recorded support sizes rebuilt on the recomputed logits; with the
+    # same weights the sampler's cut must land in the same place on every token.
+    start = len(c.prompt_ids)
+    hidden = decoder_of(model)(input_ids=ids, use_cache=False).last_hidden_state[0, start - 1 : -1]
+    logits = lm_head_logits(model, hidden, fp32)
+    targets = torch.tensor(c.token_ids, device=device)
+    codes = torch.tensor(c.support, device=device)
+    top_k, top_p = c.support_cut
+    n = len(c.token_ids)
+    scaled = logits.float() / temperature
+    size, mismatch, _ = support_sizes(scaled, codes, torch.full((n,), top_k, device=device),
+                                      torch.full((n,), top_p, device=device))
+    mask, outside = support_mask(scaled, targets, size, codes)
+    assert not bool((mismatch | outside).any()), "the recomputed logits put the sampler's cut elsewhere"
+    return token_logprobs(logits, targets, temperature, mask)
 
 
 def test_engine_satisfies_the_protocol(make_model) -> None:
@@ -124,7 +131,7 @@ def test_sampled_logprobs_and_support_match_full_recomputation(make_model, fp32:
     assert [c.sample_index for c in outs] == [0, 1, 2] * 3
     for c in outs:
         assert c.support is not None and len(c.support) == c.num_tokens
-        assert all(tok in sup and len(sup) <= 8 for tok, sup in zip(c.token_ids, c.support, strict=True))
+        assert all(1 <= size <= 8 for size in c.support) and c.support_cut == (8, 0.9)
         ref = recomputed_logprobs(model, c, 0.7, fp32)
         torch.testing.assert_close(torch.tensor(c.logprobs), ref, rtol=0, atol=1e-5)
 

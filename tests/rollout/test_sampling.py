@@ -5,9 +5,12 @@ from __future__ import annotations
 import torch
 
 from scalerl.rollout.sampling import (
+    SUPPORT_FORCED,
+    prefix_size,
     sample_next_tokens,
-    support_ids,
-    support_mask_from_ids,
+    support_mask,
+    support_sizes,
+    top_m_mask,
     truncation_mask,
 )
 
@@ -82,8 +85,81 @@ def test_per_row_generators_make_draws_independent_of_the_batch() -> None:
     assert alone.token_ids.item() == full[2].item()
 
 
-def test_support_id_round_trip() -> None:
-    mask = torch.tensor([[False, True, True, False], [True, False, False, False]])
-    lists = [support_ids(row) for row in mask]
-    assert lists == [[1, 2], [0]]
-    assert torch.equal(support_mask_from_ids(lists, 4), mask)
+def sorted_truncation_mask(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The rule written out with a full stable sort (the definition `prefix_size` must equal)."""
+    vocab = scaled.shape[-1]
+    sorted_logits, order = scaled.sort(dim=-1, descending=True, stable=True)
+    ranks = torch.arange(vocab)
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).clamp(max=vocab)
+    keep = ranks.unsqueeze(0) < k.unsqueeze(1)
+    probs = torch.softmax(sorted_logits.masked_fill(~keep, float("-inf")), dim=-1)
+    before = probs.cumsum(dim=-1) - probs
+    keep &= (before < top_p.unsqueeze(1)) | (top_p.unsqueeze(1) >= 1.0)
+    return torch.zeros_like(keep).scatter(-1, order, keep)
+
+
+def test_prefix_size_equals_the_sorted_definition_with_ties_and_wide_cuts() -> None:
+    g = torch.Generator().manual_seed(4)
+    rows = 200
+    # Rounded logits: many exact ties, some at the cut; a flat row needs a cut far beyond 64 tokens.
+    scaled = (torch.randn(rows, 500, generator=g) * 2).round(decimals=1)
+    scaled[0] = 0.0
+    top_k = torch.randint(0, 40, (rows,), generator=g) * (torch.rand(rows, generator=g) < 0.5)
+    top_p = torch.where(torch.rand(rows, generator=g) < 0.7, torch.rand(rows, generator=g) * 0.99 + 0.01,
+                        torch.ones(rows))
+    top_p[0], top_k[0] = 0.9013, 0  # mass before rank 450 is 0.900, before rank 451 0.902
+    reference = sorted_truncation_mask(scaled, top_k, top_p)
+    assert int(reference[0].sum()) == 451  # the flat row: a cut far past the first topk window
+    assert torch.equal(prefix_size(scaled, top_k, top_p), reference.sum(-1))
+    assert torch.equal(truncation_mask(scaled, top_k, top_p), reference)
+
+
+def test_top_m_mask_breaks_ties_by_lower_id() -> None:
+    z = torch.tensor([[1.0, 3.0, 2.0, 2.0, 2.0, 0.0]])
+    assert top_m_mask(z, torch.tensor([3])).tolist() == [[False, True, True, True, False, False]]
+    assert top_m_mask(z, torch.tensor([1])).tolist() == [[False, True, False, False, False, False]]
+    assert top_m_mask(z, torch.tensor([6])).all()
+
+
+def test_recorded_sizes_rebuild_the_samplers_support_on_tokens_near_the_cut() -> None:
+    """The engine records only `support_size`; on the same logits the trainer rebuilds the exact set
+    the sampler drew from, including rows whose cut falls inside a run of near-equal logits."""
+    g = torch.Generator().manual_seed(5)
+    rows, vocab = 256, 300
+    logits = torch.randn(rows, vocab, generator=g) * 3
+    # Near-ties at the cut: a block of logits within 1e-6 of each other around the top.
+    logits[:, 5:15] = logits[:, 5:6] + torch.arange(10) * 1e-6
+    temp = torch.full((rows,), 0.7)
+    top_k = torch.where(torch.arange(rows) % 2 == 0, 8, 0)
+    top_p = torch.full((rows,), 0.9)
+    out = sample_next_tokens(logits, temp, top_k, top_p, _gens(rows))
+    assert out.support is not None and out.support_size is not None
+    assert torch.equal(out.support.sum(-1), out.support_size)
+    scaled = logits.float() / 0.7
+    size, mismatch, recomputed = support_sizes(scaled, out.support_size, top_k, top_p)
+    assert not bool(mismatch.any()) and not bool(recomputed.any())
+    mask, outside = support_mask(scaled, out.token_ids, size, out.support_size)
+    assert torch.equal(mask, out.support) and not bool(outside.any())
+
+    # The trainer's logits differ: the cut moves where a token crossed it, and that is counted.
+    moved = scaled.clone()
+    moved[:, 5:15] += torch.randn(rows, 10, generator=g) * 0.5
+    size, mismatch, _ = support_sizes(moved, out.support_size, top_k, top_p)
+    own = prefix_size(moved, top_k, top_p)
+    assert torch.equal(mismatch, own != out.support_size) and 0 < int(mismatch.sum()) < rows
+    assert torch.equal(size, out.support_size)  # the sampler's size is kept, on the trainer's ranking
+    mask, outside = support_mask(moved, out.token_ids, size, out.support_size)
+    assert bool(mask.gather(1, out.token_ids.unsqueeze(1)).all())  # the drawn token is always kept
+    ranked_out = ~top_m_mask(moved, size).gather(1, out.token_ids.unsqueeze(1)).squeeze(1)
+    assert torch.equal(outside, ranked_out) and bool(outside.any())
+
+    # Lower bounds (an engine that showed 4 log-probs) recompute the cut; forced tokens keep themselves.
+    bound = torch.full((rows,), -4)
+    size, mismatch, recomputed = support_sizes(scaled, bound, top_k, top_p)
+    own = prefix_size(scaled, top_k, top_p)
+    assert torch.equal(size, own) and bool(recomputed.all()) and torch.equal(mismatch, own < 4)
+    forced = torch.full((rows,), SUPPORT_FORCED)
+    size, _, _ = support_sizes(scaled, forced, top_k, top_p)
+    mask, outside = support_mask(scaled, out.token_ids, size, forced)
+    assert torch.equal(mask, torch.nn.functional.one_hot(out.token_ids, vocab).bool())
+    assert not bool(outside.any())

@@ -18,8 +18,9 @@ import torch
 from scalerl.rollout import GenerationRequest, InterruptionSpec, SamplingParams, VLLMEngine
 from scalerl.rollout.base import SteppingEngine
 from scalerl.rollout.protocol import Completion, Engine
+from scalerl.rollout.sampling import SUPPORT_FORCED
 from scalerl.rollout.vllm_engine import (
-    MAX_FULL_SUPPORT_VOCAB,
+    TOP_P_SUPPORT_LOGPROBS,
     CheckpointLayout,
     check_full_update,
     contains_subsequence,
@@ -27,6 +28,7 @@ from scalerl.rollout.vllm_engine import (
     import_vllm,
     phase_seed,
     read_layout,
+    record_support_size,
     support_logprobs,
 )
 
@@ -83,8 +85,23 @@ def test_kv_cache_fits_every_sequence_in_whole_blocks() -> None:
 
 
 def test_support_logprobs() -> None:
-    assert support_logprobs(SamplingParams(top_k=5, top_p=0.9)) == 5
-    assert support_logprobs(SamplingParams(top_p=0.9)) == -1
+    assert support_logprobs(SamplingParams(top_k=5, top_p=0.9), 151_936) == 5
+    assert support_logprobs(SamplingParams(top_p=0.9), 151_936) == TOP_P_SUPPORT_LOGPROBS
+    assert support_logprobs(SamplingParams(top_p=0.9), 50) == 50
+
+
+def test_record_support_size_from_processed_logprobs() -> None:
+    inf = float("inf")
+    # Some of the shown log-probs are -inf: the whole support was seen.
+    assert record_support_size([-0.1, -1.2, -inf, -inf], shown=4, bound=151_936) == 2
+    # All shown finite: at least that many (the trainer recomputes the cut).
+    assert record_support_size([-1.0] * 4, shown=4, bound=151_936) == -4
+    # ... plus the sampled token from outside the shown ones: at least 5.
+    assert record_support_size([-1.0] * 5, shown=4, bound=151_936) == -5
+    # top-k shown in full (bound = top_k = shown): exact.
+    assert record_support_size([-1.0] * 4, shown=4, bound=4) == 4
+    with pytest.raises(RuntimeError, match="finite"):
+        record_support_size([-inf], shown=4, bound=10)
 
 
 # ----------------------------------------------------------------------------- fake vLLM core
@@ -270,14 +287,52 @@ def test_bad_requests_are_refused_before_anything_is_queued() -> None:
     assert core.added == [] and engine.num_unfinished() == 0
 
 
-def test_top_p_only_support_is_refused_for_large_vocabularies() -> None:
+class ShowingCore(FakeCore):
+    """A fake core that returns `TOP_P_SUPPORT_LOGPROBS` processed log-probs per token, of which the
+    first `sizes[step]` are finite (the sampled token first), the rest -inf; a size above the
+    shown count also returns the sampled token from outside them (vLLM's top-N plus the sample)."""
+
+    def __init__(self, script: Any, sizes: list[int]) -> None:
+        super().__init__(script)
+        self.sizes = sizes
+        self.steps = 0
+
+    def step(self) -> list[Any]:
+        outputs = super().step()
+        for o in outputs:
+            (out,) = o.outputs
+            tok = out.token_ids[0]
+            size = self.sizes[self.steps % len(self.sizes)]
+            others = [t for t in range(100, 100 + TOP_P_SUPPORT_LOGPROBS + 1) if t != tok]
+            shown = TOP_P_SUPPORT_LOGPROBS if size <= TOP_P_SUPPORT_LOGPROBS else TOP_P_SUPPORT_LOGPROBS + 1
+            entry = {tok: out.logprobs[0][tok]}
+            for i, t in enumerate(others[: shown - 1]):
+                entry[t] = types.SimpleNamespace(logprob=-2.0 if i + 1 < size else float("-inf"))
+            out.logprobs = [entry]
+        self.steps += 1
+        return outputs
+
+
+def test_top_p_only_support_is_recorded_at_a_real_vocabulary() -> None:
+    """deepseek_v32's sampling (top_p 0.95, top_k 0) at vocabulary 151,936: per token one int, the
+    exact support size where vLLM showed all of it, a lower bound where it did not."""
     engine, _ = fake_engine(counting)
-    params = SamplingParams(top_p=0.9, return_support=True)
-    engine.check_params(params)  # 64 tokens: full-vocabulary log-probs are cheap
-    engine.vocab_size = MAX_FULL_SUPPORT_VOCAB + 1
-    with pytest.raises(ValueError, match=r"algorithm\.keep_sampling_mask.*generation\.top_k"):
-        engine.check_params(params)
-    engine.check_params(SamplingParams(top_p=0.9, top_k=20, return_support=True))
+    engine.vocab_size = 151_936
+    core = ShowingCore(counting, sizes=[3, TOP_P_SUPPORT_LOGPROBS, 1, TOP_P_SUPPORT_LOGPROBS + 1])
+    engine._engine = core
+    params = SamplingParams(top_p=0.95, return_support=True, max_new_tokens=4, temperature=1.0)
+    engine.check_params(params)
+    (c,) = engine.generate([GenerationRequest("a", [5, 6], params)])
+    assert c.support == [3, -TOP_P_SUPPORT_LOGPROBS, 1, -(TOP_P_SUPPORT_LOGPROBS + 1)]
+    assert c.support_cut == (0, 0.95)
+
+
+def test_interruption_phrase_support_is_forced() -> None:
+    engine, _ = fake_engine(counting)
+    params = SamplingParams(top_k=5, return_support=True, max_new_tokens=20, interruption=SPEC)
+    (c,) = engine.generate([GenerationRequest("a", [5, 6], params)])
+    assert c.support is not None and c.support[3:5] == [SUPPORT_FORCED, SUPPORT_FORCED]
+    assert c.support[:3] == [1, 1, 1]  # the fake core shows the sampled token alone: size 1 of top-5
 
 
 def test_a_partial_update_is_refused() -> None:

@@ -8,10 +8,10 @@ from scalerl.rollout.protocol import Completion
 from scalerl.training.batch import ScoredGroup, collate
 
 
-def _c(prompt, tokens, *, mask=None, support=None, reason="stop", version=0) -> Completion:
+def _c(prompt, tokens, *, mask=None, support=None, cut=None, reason="stop", version=0) -> Completion:
     n = len(tokens)
     return Completion("r", 0, prompt, tokens, [-1.0 - i for i in range(n)], [version] * n,
-                      mask or [True] * n, reason, version, support=support)
+                      mask or [True] * n, reason, version, support=support, support_cut=cut)
 
 
 def test_layout_left_pads_prompts_right_pads_responses():
@@ -34,13 +34,18 @@ def test_layout_left_pads_prompts_right_pads_responses():
     assert b.num_tokens == 5 + 7 + 2
 
 
-def test_support_mask_and_validation():
+def test_support_records_and_validation():
     rec = PromptRecord(id="a", task="t", prompt="x")
-    g = ScoredGroup(rec, [_c([1], [2, 3], support=[[2, 4], [3]]), _c([1], [5])], [1.0, 0.0])
-    mask = collate([g], 0).support_mask(6)
-    assert mask[0, 0].tolist() == [False, False, True, False, True, False]
-    assert mask[0, 1].tolist() == [False, False, False, True, False, False]
-    assert bool(mask[1].all())  # no recorded support: full vocabulary
+    g = ScoredGroup(rec, [_c([1], [2, 3, 4], support=[2, 0, -64], cut=(0, 0.9)), _c([1], [5])], [1.0, 0.0])
+    b = collate([g], 0)
+    assert b.support_size.tolist() == [[2, 0, -64], [-1, -1, -1]]  # -1: nothing recorded
+    assert b.support_top_k.tolist() == [0, 0] and b.support_top_p.tolist() == pytest.approx([0.9, 1.0])
+    sub = b.select([1, 0])
+    assert sub.support_size.tolist() == [[-1, -1, -1], [2, 0, -64]]
+    assert sub.support_top_p.tolist() == pytest.approx([1.0, 0.9])
+    assert collate([ScoredGroup(rec, [_c([1], [5])], [1.0])], 0).support_size is None
+    with pytest.raises(ValueError, match="support_cut"):
+        _c([1], [2], support=[1])
     with pytest.raises(ValueError, match="rewards"):
         ScoredGroup(rec, [_c([1], [2])], [1.0, 0.0])
     with pytest.raises(ValueError, match="old_logprobs"):

@@ -72,3 +72,49 @@ def test_keep_sampling_mask_renormalises_over_recorded_support(make_policy):
     assert _max_diff(full, groups) > 1e-2
     m = masked.compute_gradients(groups)
     assert torch.isfinite(torch.tensor(m["loss"]))
+
+
+@pytest.mark.parametrize("params", [{"top_k": 4}, {"top_p": 0.7}, {"top_k": 6, "top_p": 0.8}])
+def test_keep_sampling_mask_chunked_equals_full_and_counts_cut_mismatch(make_policy, params):
+    policy = make_policy()
+    sampling = SamplingParams(n=3, temperature=1.0, max_new_tokens=8, return_support=True, seed=2, **params)
+    groups = _generate(policy, sampling, PROMPTS)
+    algo = AlgorithmConfig(keep_sampling_mask=True, entropy_coef=0.01)
+    results = []
+    for chunk in (10**9, 3):  # the unchunked path, then chunks of 3 tokens
+        trainer = Trainer(copy.deepcopy(policy), algo, OptimConfig(logit_chunk_tokens=chunk))
+        assert _max_diff(trainer, groups) < 1e-5
+        m = trainer.compute_gradients(groups)
+        grads = {n: p.grad.clone() for n, p in trainer.policy.model.named_parameters() if p.grad is not None}
+        results.append((m, grads))
+        # Same weights as the sampler: its cut lands in the same place on every token.
+        assert m["support_cut_mismatch_tokens"] == 0 and m["support_recomputed_tokens"] == 0
+    (m_full, g_full), (m_chunk, g_chunk) = results
+    assert m_chunk["loss"] == pytest.approx(m_full["loss"], rel=0, abs=1e-6)
+    for name, g in g_chunk.items():
+        torch.testing.assert_close(g, g_full[name], rtol=0, atol=1e-6, msg=name)
+
+    # Other weights than the sampler's: where the cut moves it is counted, never silent.
+    moved = Trainer(make_policy(seed=5), algo, OptimConfig())
+    m = moved.compute_gradients(groups)
+    assert m["support_cut_mismatch_tokens"] > 0
+
+
+def test_lower_bound_support_recomputes_the_cut_and_counts_it(make_policy):
+    """An engine that showed only the top log-probs (vLLM, top-p alone) records 'at least n': the
+    trainer cuts with top_p on its own logits and counts those tokens."""
+    policy = make_policy()
+    sampling = SamplingParams(n=2, temperature=1.0, top_p=0.7, max_new_tokens=8, return_support=True, seed=4)
+    groups = _generate(policy, sampling, PROMPTS)
+    exact = Trainer(policy, AlgorithmConfig(keep_sampling_mask=True), OptimConfig())
+    lp_exact = exact.compute_logprobs(collate(groups, policy.pad_token_id))
+    for g in groups:
+        for c in g.completions:
+            c.support = [-1 if s > 0 else s for s in c.support]  # "at least one"
+    batch = collate(groups, policy.pad_token_id)
+    lp = exact.compute_logprobs(batch)
+    # The recomputed cut on the sampler's own weights is the sampler's cut.
+    torch.testing.assert_close(lp[batch.token_mask], lp_exact[batch.token_mask], rtol=0, atol=1e-6)
+    m = exact.compute_gradients(groups)
+    assert m["support_recomputed_tokens"] == float(batch.response_mask.sum())
+    assert m["support_cut_mismatch_tokens"] == 0

@@ -32,16 +32,18 @@ def _equal(a, b) -> bool:
 
 
 def _poison_logits(mp: pytest.MonkeyPatch, rows: list[int] | None) -> None:
-    """NaN in the LM head's logits (a bad kernel, an overflow in bf16): in `rows`, or everywhere."""
-    real = forward_module.lm_head_logits
+    """NaN in the LM head's logits (a bad kernel, an overflow in bf16): in `rows` of every block the
+    head projects (the first response token of the micro-batch's first sample, for `[0]`), or
+    everywhere."""
+    real = forward_module.project_logits
 
-    def poisoned(model, hidden, fp32, weight_cache=None):
-        logits = real(model, hidden, fp32, weight_cache)
+    def poisoned(hidden, weight, bias, *, fp32, softcap):
+        logits = real(hidden, weight, bias, fp32=fp32, softcap=softcap)
         if rows is None:
             return logits * float("nan")
         return logits.index_fill(0, torch.tensor(rows, device=logits.device), float("nan"))
 
-    mp.setattr(forward_module, "lm_head_logits", poisoned)
+    mp.setattr(forward_module, "project_logits", poisoned)
 
 
 @pytest.fixture

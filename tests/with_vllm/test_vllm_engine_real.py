@@ -23,7 +23,7 @@ from vllm_helpers import vllm_device
 
 from scalerl.rollout import Completion, GenerationRequest, InterruptionSpec, SamplingParams
 from scalerl.rollout.protocol import Engine
-from scalerl.rollout.vllm_engine import VLLMEngine
+from scalerl.rollout.vllm_engine import VLLMEngine, support_logprobs
 
 ATOL = 1e-4  # float32 on both sides (measured: ~1e-6)
 EOS = 1
@@ -131,9 +131,15 @@ def test_logprobs_and_support_equal_transformers(
         tokens += c.num_tokens
         if params.truncates_support and temperature > 0:
             assert c.support is not None
-            for t, support in enumerate(c.support):
-                assert support == torch.isfinite(ref[t]).nonzero().flatten().tolist()
-                assert c.token_ids[t] in support
+            assert c.support_cut == (top_k, top_p)
+            shown = support_logprobs(params, ref.shape[-1])
+            for t, size in enumerate(c.support):
+                finite = int(torch.isfinite(ref[t]).sum())
+                assert bool(torch.isfinite(ref[t, c.token_ids[t]]))
+                if size > 0:  # the whole support was among the shown log-probs: its exact size
+                    assert size == finite
+                else:  # more than shown: a lower bound (the trainer recomputes the cut)
+                    assert shown <= -size <= finite
         else:
             assert c.support is None
     assert tokens > 8 * len(PROMPTS)

@@ -1,0 +1,254 @@
+"""The trainer at a real model shape: peak memory of one step against response length, chunked vs
+full-logit LM head (issue 23).
+
+    python benchmarks/bench_real_shape.py            # Qwen2.5-0.5B layer shape, 2 layers, CPU float32
+    python benchmarks/bench_real_shape.py --quick    # a tiny shape, seconds (tests/benchmarks runs it)
+    python benchmarks/bench_real_shape.py --lengths 256 1024 4096 --max-gb 12
+
+The model is random-init Qwen2 with Qwen2.5-0.5B's layer shape (hidden 896, 14 heads of 64, 2 KV
+heads, MLP 4864, vocabulary 151,936, tied embeddings as that model has them) but `--layers` layers
+(2), saved to a temporary folder with the tiny char tokenizer padded to the vocabulary: nothing is
+downloaded. Each setting is ONE `Trainer.step` (4 samples of a 64-token prompt and an L-token
+response, one group, one micro-batch, AdamW states allocated in that step) in a FRESH subprocess,
+and the number reported is that process's peak: on CPU its RSS high-water mark
+(`getrusage(RUSAGE_SELF).ru_maxrss`: model, optimizer, activations, logits, everything the process
+held at its worst moment), on CUDA `torch.cuda.max_memory_allocated`. Peaks, not averages.
+
+Settings: `chunked` (`optim.logit_chunk_tokens` null: the default, 883 tokens at vocabulary
+151,936; `--chunk` to set it) and `full` (`logit_chunk_tokens` above the micro-batch's response
+tokens: every response token's float32 logits at once, the trainer before chunking). A full-logit
+setting whose peak, extrapolated linearly from its two shorter lengths, would pass `--max-gb` is
+skipped and printed as such (the
+extrapolation is printed, never used as a measurement). Growth per 1k response tokens is the slope
+between the two longest measured lengths of each path; the ratio printed is chunked / full (target:
+<= 0.2, i.e. the chunked step grows by at most 1/5 of what the full-logit step grows; the decoder's
+own activations are inside both numbers).
+
+`--device cuda --dtype bfloat16` is the GPU form (benchmarks/gpu/real_shape_gpu.py runs it at the
+0.5B and 1.5B shapes and adds tokens/s and MFU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tied: bool
+
+
+QWEN25_05B = Shape(896, 24, 14, 2, 4864, 151_936, True)
+QWEN25_15B = Shape(1536, 28, 12, 2, 8960, 151_936, True)
+QUICK = Shape(64, 2, 4, 2, 128, 8192, True)
+SHAPES = {"0.5b": QWEN25_05B, "1.5b": QWEN25_15B, "quick": QUICK}
+PROMPT_TOKENS = 64
+SAMPLES = 4
+
+
+def save_model(shape: Shape, path: Path, seed: int = 0) -> int:
+    """A random-init Qwen2 of `shape` and a tokenizer covering its vocabulary; returns its size."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from scalerl.models.tiny import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer(pad_to=shape.vocab)
+    config = Qwen2Config(
+        vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+        max_position_embeddings=32768, rope_theta=1_000_000.0, tie_word_embeddings=shape.tied,
+        pad_token_id=0, eos_token_id=1, bos_token_id=None,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return sum(p.numel() for p in model.parameters())
+
+
+def step_groups(vocab: int, length: int, seed: int = 0) -> list[Any]:
+    """One group of `SAMPLES` samples: a `PROMPT_TOKENS` prompt, `length` random response tokens,
+    behaviour log-probs near a flat distribution's, rewards 1, 0, 1, 0."""
+    import torch
+
+    from scalerl.data.records import PromptRecord
+    from scalerl.rollout.protocol import Completion
+    from scalerl.training.batch import ScoredGroup
+
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(8, vocab, (PROMPT_TOKENS,), generator=g).tolist()
+    flat = -math.log(vocab)
+    completions = [
+        Completion(
+            request_id="p0", sample_index=k, prompt_ids=prompt,
+            token_ids=torch.randint(8, vocab, (length,), generator=g).tolist(),
+            logprobs=(flat + 0.1 * torch.randn(length, generator=g)).tolist(),
+            versions=[0] * length, loss_mask=[True] * length, finish_reason="length", start_version=0,
+        )
+        for k in range(SAMPLES)
+    ]
+    rewards = [float(k % 2 == 0) for k in range(SAMPLES)]
+    return [ScoredGroup(PromptRecord(id="p0", task="bench", prompt="x"), completions, rewards)]
+
+
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    """One trainer step in this (fresh) process; its peak memory, time and token count."""
+    import torch
+
+    from scalerl.config import AlgorithmConfig, ModelConfig, OptimConfig
+    from scalerl.training.policy import load_policy
+    from scalerl.training.trainer import Trainer
+
+    torch.manual_seed(0)
+    device = spec["device"]
+    policy = load_policy(ModelConfig(name_or_path=spec["model"], dtype=spec["dtype"]), device=device)
+    groups = step_groups(spec["vocab"], spec["length"])
+    optim = OptimConfig(micro_batch_size=SAMPLES, logit_chunk_tokens=spec["chunk"], warmup_steps=0)
+    trainer = Trainer(policy, AlgorithmConfig(), optim, temperature=1.0, max_new_tokens=spec["length"])
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    metrics = trainer.step(groups)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    if device == "cuda":
+        peak = torch.cuda.max_memory_allocated() / 2**30
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    tokens = SAMPLES * (PROMPT_TOKENS + spec["length"])
+    return {"peak_gb": peak, "step_s": elapsed, "tokens": tokens, "loss": metrics["loss"],
+            "skipped": metrics["skipped_nonfinite"]}
+
+
+def run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
+        capture_output=True, text=True, timeout=timeout, env=env, cwd=str(ROOT),
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"setting {spec}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def slope_per_1k(points: list[tuple[int, float]]) -> float:
+    """GB per 1,000 response tokens between the two longest measured lengths."""
+    (l1, p1), (l2, p2) = sorted(points)[-2:]
+    return (p2 - p1) / ((l2 - l1) / 1000.0)
+
+
+def extrapolate(points: list[tuple[int, float]], length: int) -> float:
+    (l1, p1), (l2, p2) = sorted(points)[-2:]
+    return p2 + (p2 - p1) / (l2 - l1) * (length - l2)
+
+
+def measure(args: argparse.Namespace, model_dir: Path, params: int) -> dict[str, Any]:
+    shape = SHAPES[args.size] if not args.quick else QUICK
+    chunk = args.chunk if not args.quick else 16
+    full = 10**9  # more tokens than any micro-batch: the unchunked path
+    results: dict[str, list[dict[str, Any]]] = {"chunked": [], "full": []}
+    skipped: list[str] = []
+    for path in args.paths:
+        points: list[tuple[int, float]] = []
+        for length in sorted(args.lengths):
+            if len(points) >= 2 and extrapolate(points, length) > args.max_gb:
+                skipped.append(f"{path} L={length}: skipped, predicted {extrapolate(points, length):.1f} GB "
+                               f"> --max-gb {args.max_gb:g}")
+                continue
+            spec = {"model": str(model_dir), "vocab": shape.vocab, "length": length, "device": args.device,
+                    "dtype": args.dtype, "chunk": chunk if path == "chunked" else full}
+            row = run_child(spec, timeout=args.timeout) | {"length": length}
+            points.append((length, row["peak_gb"]))
+            results[path].append(row)
+            print(f"{path:8s} L={length:5d}  peak {row['peak_gb']:7.2f} GB  step {row['step_s']:7.1f} s  "
+                  f"{row['tokens'] / row['step_s']:8.0f} tokens/s", flush=True)
+    return {"shape": asdict(shape), "params": params, "chunk": chunk, "results": results, "skipped": skipped}
+
+
+def report(out: dict[str, Any]) -> None:
+    for line in out["skipped"]:
+        print(line)
+    rows = out["results"]
+    growth = {}
+    for path in ("chunked", "full"):
+        pts = [(r["length"], r["peak_gb"]) for r in rows[path]]
+        if len(pts) >= 2:
+            growth[path] = slope_per_1k(pts)
+            print(f"growth {path}: {growth[path]:.3f} GB per 1k response tokens ({SAMPLES} samples)")
+    if "chunked" in growth and "full" in growth:
+        ratio = growth["chunked"] / growth["full"] if growth["full"] > 0 else math.inf
+        print(f"ratio growth chunked/full: {ratio:.3f} (target <= 0.2)")
+    by_len = {path: {r["length"]: r for r in rows[path]} for path in rows}
+    for length in sorted(set(by_len["chunked"]) & set(by_len["full"])):
+        c, f = by_len["chunked"][length], by_len["full"][length]
+        print(f"ratio peak chunked/full at L={length}: {c['peak_gb'] / f['peak_gb']:.3f}; "
+              f"step time chunked/full: {c['step_s'] / f['step_s']:.3f}")
+    lengths = sorted(by_len["chunked"])
+    if len(lengths) >= 2:
+        lo, hi = lengths[0], lengths[-1]
+        print(f"chunked growth L={lo} -> L={hi}: "
+              f"{by_len['chunked'][hi]['peak_gb'] - by_len['chunked'][lo]['peak_gb']:.3f} GB")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny shape and lengths (seconds)")
+    parser.add_argument("--size", choices=sorted(SHAPES), default="0.5b")
+    parser.add_argument("--layers", type=int, default=2, help="decoder layers (the shape's own if 0)")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024])
+    parser.add_argument("--chunk", type=int, default=None,
+                        help="optim.logit_chunk_tokens of the chunked path (default: the config's, null)")
+    parser.add_argument("--max-gb", type=float, default=12.0, help="skip settings predicted above this peak")
+    parser.add_argument("--paths", nargs="+", choices=("chunked", "full"), default=["chunked", "full"],
+                        help="which heads to measure (a lone full-logit length has no prediction to skip on)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per setting")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return 0
+    if args.quick:
+        args.lengths = [32, 256]
+    shape = QUICK if args.quick else SHAPES[args.size]
+    if args.layers:
+        shape = Shape(**{**asdict(shape), "layers": args.layers})
+    SHAPES[args.size if not args.quick else "quick"] = shape
+    with tempfile.TemporaryDirectory(prefix="scalerl_real_shape_") as tmp:
+        params = save_model(shape, Path(tmp))
+        print(f"model: {shape} ({params / 1e6:.1f}M parameters), {SAMPLES} samples x ({PROMPT_TOKENS} "
+              f"prompt + L response) tokens, one micro-batch, device {args.device}, {args.dtype}", flush=True)
+        out = measure(args, Path(tmp), params)
+    report(out)
+    if args.json is not None:
+        args.json.write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The trainer at real model shapes on one CUDA GPU, bf16: peak memory, tokens/s and MFU of one
+`Trainer.step`, chunked vs full-logit LM head (benchmarks/bench_real_shape.py's measurement).
+
+    python benchmarks/gpu/real_shape_gpu.py                     # 0.5B and 1.5B shapes, all layers
+    python benchmarks/gpu/real_shape_gpu.py --sizes 0.5b --lengths 1024 4096
+    python benchmarks/gpu/real_shape_gpu.py --quick --device cpu  # every code path, on CPU, seconds
+
+Models: random-init Qwen2 with Qwen2.5-0.5B's configuration (hidden 896, 24 layers, 14 heads, 2 KV
+heads, MLP 4864, vocabulary 151,936, tied) and Qwen2.5-1.5B's (hidden 1536, 28 layers, 12 heads, 2
+KV heads, MLP 8960, vocabulary 151,936, tied); nothing is downloaded. `model.dtype=bfloat16`: bf16
+autocast over float32 master weights, the LM head in float32 (`model.fp32_lm_head`). Each setting is
+one step of 4 samples x (64 prompt + L response) tokens in one micro-batch, in a fresh process;
+peak = `torch.cuda.max_memory_allocated` over the step (model, gradients and AdamW states
+included). Full-logit settings predicted above `--max-gb` (linear in L from the two shorter
+lengths) are skipped and printed as such.
+
+MFU = 6 N T / (step time x peak FLOP/s), N the parameter count (the tied embedding counted once),
+T the step's tokens; attention's own FLOPs and the chunked path's recomputation of the head are not
+counted as useful work. `--peak-tflops` is the GPU's dense bf16 peak (989 for an H100/H200 SXM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import bench_real_shape as brs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", nargs="+", choices=("0.5b", "1.5b"), default=["0.5b", "1.5b"])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 8192])
+    parser.add_argument("--chunk", type=int, default=None, help="optim.logit_chunk_tokens (default null)")
+    parser.add_argument("--max-gb", type=float, default=120.0)
+    parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--quick", action="store_true", help="the tiny shape (a smoke run of every path)")
+    args = parser.parse_args(argv)
+    runs = [("quick", None)] if args.quick else [(size, 0) for size in args.sizes]
+    with tempfile.TemporaryDirectory(prefix="scalerl_real_shape_gpu_") as tmp:
+        for size, layers in runs:
+            out_json = Path(tmp) / f"{size}.json"
+            common = ["--device", args.device, "--dtype", "bfloat16", "--max-gb", str(args.max_gb),
+                      "--json", str(out_json), *(["--chunk", str(args.chunk)] if args.chunk else [])]
+            if size == "quick":
+                brs.main(["--quick", *common])
+            else:
+                brs.main(["--size", size, "--layers", str(layers), "--lengths", *map(str, args.lengths),
+                          *common])
+            out = json.loads(out_json.read_text())
+            for path, rows in out["results"].items():
+                for r in rows:
+                    tokens_per_s = r["tokens"] / r["step_s"]
+                    mfu = 6 * out["params"] * tokens_per_s / (args.peak_tflops * 1e12)
+                    print(f"{size} {path:8s} L={r['length']:5d}  peak {r['peak_gb']:7.2f} GB  "
+                          f"{tokens_per_s:9.0f} tokens/s  MFU {100 * mfu:5.1f}%", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
