@@ -1,9 +1,10 @@
 """Off-policy pipelines (`sync`, `ppo_offpolicy`, `pipeline`), admission control, and the driver.
 
-See docs/pipeline.md. `Driver(settings, Components(...)).run()` trains (`DriverSettings`: built by
-the composition root); the pieces it wires are usable alone: `StalenessController` (the max-lag admission rule), `Generator` (the rollout loop),
-`GroupScorer` (bounded-parallel verification), `DynamicSampling`, `batch_metrics`,
-`ThreadedEnginePool` (several engines in this process behind one `Engine`).
+See docs/pipeline.md. `Driver(settings, Components(...)).run()` trains (`DriverSettings`: built
+by the composition root); the pieces it wires are usable alone: `StalenessController` (the max-lag
+admission rule), `Generator` (the rollout loop), `GroupScorer` (bounded-parallel verification),
+`DynamicSampling`, `batch_metrics`, `ThreadedEnginePool` (several engines in this process behind
+one `Engine`).
 """
 
 from typing import TYPE_CHECKING
