@@ -26,11 +26,14 @@ from typing import Any
 
 from scalerl.atomic import write_atomic
 from scalerl.config import RunConfig, build_config, config_to_yaml, override_layer, yaml_layer
+from scalerl.ownership import claim_output_dir
 from scalerl.recipes import recipe_path
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 SESSIONS_FILE = "sessions.jsonl"
+#: the kind `scalerl train` marks its run directories with (`scalerl.ownership`)
+TRAIN_KIND = "train"
 
 Say = Callable[[str], None]
 
@@ -105,8 +108,11 @@ def record_session(run_dir: Path, event: dict[str, Any]) -> None:
 
 
 def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, device: str | None = None,
-              say: Say = stderr_say) -> int:
-    """Train `cfg` in `run_dir` (resuming from the checkpoint `resume`); the exit status."""
+              say: Say = stderr_say, owner: str | None = None) -> int:
+    """Train `cfg` in `run_dir` (resuming from the checkpoint `resume`); the exit status.
+
+    `owner`: the kind of command that claims `run_dir` (`scalerl.ownership.claim_output_dir`: it must
+    be new, empty or that command's own); None where the caller owns it already (a study's run)."""
     from scalerl.assembly.build import train
     from scalerl.model_identity import START_MODEL_FILE, model_identity
     from scalerl.pipeline.faults import FaultLimitError
@@ -116,6 +122,8 @@ def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, devi
     from scalerl.training.trainer import TrainingDivergedError
 
     fresh = not run_dir.exists()
+    if owner is not None:
+        claim_output_dir(run_dir, owner, "--output-dir")
     run_dir.mkdir(parents=True, exist_ok=True)
     if resume is None:
         write_atomic(run_dir / CONFIG_FILE, config_to_yaml(cfg))
@@ -164,5 +172,5 @@ def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, devi
     return 0
 
 
-__all__ = ["CONFIG_FILE", "METRICS_FILE", "SESSIONS_FILE", "default_name", "finished_step", "prepare_model",
-           "record_session", "resolve_run_config", "stderr_say", "train_run"]
+__all__ = ["CONFIG_FILE", "METRICS_FILE", "SESSIONS_FILE", "TRAIN_KIND", "default_name", "finished_step",
+           "prepare_model", "record_session", "resolve_run_config", "stderr_say", "train_run"]

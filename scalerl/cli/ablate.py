@@ -33,7 +33,9 @@ import argparse
 import sys
 from typing import Any
 
-from scalerl.studies.ablate import plan_ablation, render_plan, run_ablation
+from scalerl.inputs import check_device
+from scalerl.ownership import check_output_dir_owned
+from scalerl.studies.ablate import ABLATE_KIND, plan_ablation, render_plan, run_ablation
 from scalerl.studies.fitting import FitSettings
 from scalerl.studies.variants import COUPLED_AXES
 
@@ -122,6 +124,8 @@ def run_ablate(args: argparse.Namespace) -> int:
     print(render_plan(plan), file=sys.stderr if not args.dry_run else sys.stdout, flush=True)
     if args.dry_run:
         return 0
+    check_output_dir_owned(study_dir, ABLATE_KIND, "--output-dir")  # before the warm start
+    check_device(args.device)
     from scalerl.rollout.factory import check_engine_available  # torch: imported only when running
 
     for engine in sorted({s.config.generation.engine for s in plan.specs}):

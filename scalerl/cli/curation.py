@@ -41,12 +41,9 @@ def _positive(text: str) -> int:
 
 
 def _check_out(path: str, overwrite: bool, what: str = "--out") -> Path:
-    out = Path(path)
-    if out.is_dir():
-        raise ValueError(f"{what} {out}: is a directory")
-    if out.exists() and not overwrite:
-        raise ValueError(f"{what} {out}: exists; pass --overwrite to replace it")
-    return out
+    from scalerl.ownership import check_output_file
+
+    return check_output_file(path, what, overwrite=overwrite)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -57,8 +54,10 @@ def run_difficulty(args: argparse.Namespace) -> int:
     # The run itself (model, engine, work file, output) is built by the composition root.
     from scalerl.assembly.curation import rate_difficulty
     from scalerl.data.difficulty import histogram
+    from scalerl.inputs import check_device
 
     out = _check_out(args.out, args.overwrite)
+    check_device(args.device)
     with _Progress(args.no_progress) as progress:
         outcome = rate_difficulty(
             args.prompts, model=args.model, out=out, k=args.k, temperature=args.temperature, seed=args.seed,

@@ -39,6 +39,9 @@ def _load_tokenizer(name: str) -> Any:
 
 
 def _synth(args: argparse.Namespace) -> int:
+    from scalerl.ownership import check_output_file
+
+    check_output_file(args.out, "--out", overwrite=args.overwrite)
     difficulty = None if args.difficulty is None else tuple(args.difficulty)
     path = write_synthetic_jsonl(args.out, args.task, args.n, args.seed, difficulty, args.weights)
     print(f"wrote {args.n} {args.task} prompts (seed {args.seed}) to {path}")
@@ -91,6 +94,7 @@ def register(subparsers: Any) -> None:
                        help="relative share of each level of the range (default: equal), e.g. "
                             "--difficulty 4 8 --weights 3 0 0 0 1")
     synth.add_argument("--out", required=True, metavar="FILE.jsonl")
+    synth.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     synth.set_defaults(func=_synth)
 
     check = sub.add_parser("check", help="load a prompt file or folder and report bad rows and lengths")

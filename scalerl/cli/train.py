@@ -28,6 +28,7 @@ from scalerl.assembly.run import (
     CONFIG_FILE,
     METRICS_FILE,
     SESSIONS_FILE,
+    TRAIN_KIND,
     default_name,
     finished_step,
     prepare_model,
@@ -115,6 +116,7 @@ def _resume_checkpoint(spec: str, run_dir: Path) -> Path | None:
 def run_train(args: argparse.Namespace) -> int:
     from scalerl.assembly.inputs import check_run_inputs
     from scalerl.inputs import check_device
+    from scalerl.ownership import check_output_dir_owned
 
     overrides = [*flag_overrides(args), *args.overrides]
     probe = default_name(resolve_run_config(args.recipe, args.config, overrides))
@@ -145,9 +147,11 @@ def run_train(args: argparse.Namespace) -> int:
                 f"or choose another --output-dir"
             )
         check_run_inputs(probe)  # before the warm start and before anything is written
+        check_output_dir_owned(run_dir, TRAIN_KIND, "--output-dir")
         cfg = prepare_model(probe)
-        (run_dir / SESSIONS_FILE).unlink(missing_ok=True)  # a new run's history starts here
-    return train_run(cfg, run_dir, resume=resume, device=args.device)
+        (run_dir / SESSIONS_FILE).unlink(missing_ok=True)  # a new run's history starts here (ours)
+    return train_run(cfg, run_dir, resume=resume, device=args.device,
+                     owner=TRAIN_KIND if resume is None and args.resume is None else None)
 
 
 __all__ = ["FLAG_KEYS", "flag_overrides", "register", "run_train"]

@@ -17,6 +17,7 @@ from typing import Any
 
 from scalerl.atomic import write_atomic, write_json_atomic
 from scalerl.config import RunConfig, build_config, override_layer, yaml_layer
+from scalerl.ownership import claim_output_dir
 from scalerl.recipes import recipe_path
 from scalerl.scaling.report import jsonable, run_to_dict, table
 from scalerl.studies.fitting import FitSettings, RunFit, StudyFits, analyze_study
@@ -53,6 +54,9 @@ from scalerl.studies.variants import (
     loo_variants,
     parse_grid_args,
 )
+
+#: the kind a study folder is marked with (`scalerl.ownership`)
+ABLATE_KIND = "ablate"
 
 
 @dataclass(frozen=True)
@@ -255,8 +259,8 @@ def run_ablation(
     Grid and coupled studies add the compute-optimal variant per budget (`budgets`, else spread
     over the study's compute range)."""
     stream = out or sys.stdout
+    claim_output_dir(plan.study_dir, ABLATE_KIND, "--output-dir")  # new, empty or an earlier study's
     specs = with_model(plan.specs, shared_model(plan.base_config))
-    plan.study_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(plan.study_dir / PLAN_FILE, jsonable(plan.to_dict()))
     outcomes, run_fits = run_and_fit(specs, settings, device=device, train_fn=train_fn, parallel=parallel)
     fits = analyze_study(run_fits, settings, order=[v.name for v in plan.variants])
@@ -279,4 +283,4 @@ def run_ablation(
     return 1 if failed else 0
 
 
-__all__ = ["AblationPlan", "base_config", "plan_ablation", "render_plan", "run_ablation"]
+__all__ = ["ABLATE_KIND", "AblationPlan", "base_config", "plan_ablation", "render_plan", "run_ablation"]

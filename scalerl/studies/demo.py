@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scalerl.atomic import write_atomic, write_json_atomic
 from scalerl.config import RunConfig, build_config, load_yaml, override_layer, yaml_layer
+from scalerl.ownership import check_output_dir_owned, claim_output_dir, owner_of
 from scalerl.recipes import recipe_path
 from scalerl.scaling.analysis import FitOptions, RunAnalysis, analyze_curve
 from scalerl.scaling.io import read_run_dir
@@ -30,6 +31,8 @@ from scalerl.studies.study import check_overrides
 
 SETTINGS_FILE = Path(__file__).resolve().parent / "demo.yaml"
 MARKER_FILE = "demo.json"
+#: the kind a demo folder is marked with (`scalerl.ownership`)
+DEMO_KIND = "demo"
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"
 PLOT_FILE = "fit.png"
@@ -120,18 +123,21 @@ def demo_config(
     return build_config(layers)
 
 
+def _earlier_demo(path: Path) -> bool:
+    """An older scalerl's demo folder: it holds `demo.json` but no ownership marker."""
+    return (path / MARKER_FILE).is_file() and owner_of(path) is None
+
+
 def prepare_output_dir(path: Path) -> None:
-    """Make `path` ready for a fresh demo: create it, or clear a previous demo's; refuse otherwise."""
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"--output-dir: {path} exists and is not a directory")
+    """Make `path` ready for a fresh demo: create it, or clear a previous demo's; refuse otherwise
+    (`scalerl.ownership`: a folder that is not new, empty or a demo's is never touched)."""
+    if not _earlier_demo(path):
+        check_output_dir_owned(path, DEMO_KIND, "--output-dir")
     if path.is_dir() and any(path.iterdir()):
-        if not (path / MARKER_FILE).is_file():
-            raise ValueError(f"--output-dir: {path} is not empty and does not hold an earlier demo "
-                             f"(no {MARKER_FILE}); choose another --output-dir")
         # An earlier demo (finished or interrupted) in its own directory: replaced as a whole, so its
         # metrics, checkpoints and report cannot mix with the new run's.
         shutil.rmtree(path)
-    path.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(path, DEMO_KIND, "--output-dir")
 
 
 @dataclass(frozen=True, eq=False)
