@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from scalerl import __version__
+from scalerl.inputs import InputError, is_input_error
 
 #: subcommand -> (the module that registers it, the one-line help of `scalerl --help`).
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -39,8 +42,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
 COMMAND_MODULES: tuple[str, ...] = tuple(dict.fromkeys(module for module, _ in COMMANDS.values()))
 
 
-class UserError(Exception):
+class UserError(InputError):
     """An error caused by the user's input; printed without a traceback, exit status 2."""
+
+
+DEBUG_VAR = "SCALERL_DEBUG"
+
+
+def debug_wanted(args: argparse.Namespace) -> bool:
+    """`--debug` or `SCALERL_DEBUG=1`: show the traceback of bad input too."""
+    return bool(getattr(args, "debug", False)) or os.environ.get(DEBUG_VAR, "").strip().lower() in (
+        "1", "true", "yes", "on")
 
 
 def command_of(argv: Sequence[str]) -> str | None:
@@ -59,6 +71,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         description="RL post-training on verifiable rewards, with compute-scaling prediction.",
     )
     parser.add_argument("--version", action="version", version=f"scalerl {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help=f"show the traceback of bad input too (or set {DEBUG_VAR}=1)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = None if argv is None else COMMANDS.get(command_of(argv) or "", (None, ""))[0]
     for name, (module, help_text) in COMMANDS.items():
@@ -80,10 +94,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (UserError, ValueError, FileNotFoundError) as err:
-        print(f"scalerl {args.command}: error: {err}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print(f"scalerl {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:
+        # Two kinds of failure. Bad input (the exceptions `scalerl.inputs.INPUT_ERRORS` names, raised
+        # where input is validated): one line, exit 2. Anything else is ours (a bug of scalerl or a
+        # library's failure): the traceback, exit 1; a training run has also written it to its
+        # error.log and recorded the stop in sessions.jsonl.
+        if is_input_error(err):
+            if debug_wanted(args):
+                traceback.print_exc(file=sys.stderr)
+            print(f"scalerl {args.command}: error: {err}", file=sys.stderr)
+            return 2
+        traceback.print_exc(file=sys.stderr)
+        print(f"scalerl {args.command}: internal error ({type(err).__name__}, not a problem with your "
+              "input): please report it with the traceback above", file=sys.stderr)
+        return 1
 

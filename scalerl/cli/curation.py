@@ -24,6 +24,7 @@ from typing import Any
 from scalerl.data import curate as curation
 from scalerl.data.loaders import FORMATS
 from scalerl.data.tokenize import TEMPLATES
+from scalerl.inputs import InputError
 
 
 def _unit(text: str) -> float:
@@ -122,10 +123,10 @@ def run_curate(args: argparse.Namespace) -> int:
     outs = {"--out": args.out, "--easy": args.easy, "--hard": args.hard, "--dropped": args.dropped}
     paths = {flag: _check_out(p, args.overwrite, flag) for flag, p in outs.items() if p is not None}
     if not paths:
-        raise ValueError("name at least one output: --out, --easy, --hard or --dropped")
+        raise InputError("name at least one output: --out, --easy, --hard or --dropped")
     resolved = [p.resolve() for p in paths.values()]
     if len(set(resolved)) != len(resolved) or Path(args.prompts).resolve() in resolved:
-        raise ValueError("outputs must be distinct files, none of them the input")
+        raise InputError("outputs must be distinct files, none of them the input")
     loaded = load_prompts(args.prompts, on_error="skip" if args.skip else "error")
     if loaded.rejects:
         print(f"curate: skipped {loaded.rejects.summary()}", file=sys.stderr)

@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 
+from scalerl.inputs import InputError
 from scalerl.ownership import check_output_file
 from scalerl.scaling.analysis import FitOptions, RunAnalysis, analyze_curve
 from scalerl.scaling.compare import PAPER_SEED_MARGIN_A, compare
@@ -171,7 +172,7 @@ def _analyze(args: argparse.Namespace, opts: FitOptions) -> list[RunAnalysis]:
     if args.plot:  # before any work; never over a file that is not to be replaced
         check_output_file(args.plot, "--plot", overwrite=args.overwrite)
     if args.block < 1:
-        raise ValueError(f"--block must be >= 1, got {args.block}")
+        raise InputError(f"--block must be >= 1, got {args.block}")
     curves = read_many(args.paths, x=args.x, y=args.y)
     return [analyze_curve(c, opts) for c in curves]
 

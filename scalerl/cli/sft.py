@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerl.config import ConfigError, RunConfig, load_config
+from scalerl.inputs import InputError
 from scalerl.training.sft_config import SFTConfig
 
 
@@ -71,7 +72,7 @@ def run_sft(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(*args.config, overrides=list(args.overrides))
     except ConfigError as err:
-        raise ValueError(str(err)) from None
+        raise InputError(str(err)) from None
     if args.model:
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"name_or_path": args.model})})
     sft = _sft_config(args, cfg)

@@ -26,6 +26,7 @@ from typing import Any
 
 from scalerl.assembly.run import (
     CONFIG_FILE,
+    ERROR_LOG,
     METRICS_FILE,
     SESSIONS_FILE,
     TRAIN_KIND,
@@ -35,6 +36,7 @@ from scalerl.assembly.run import (
     resolve_run_config,
     train_run,
 )
+from scalerl.inputs import InputError, MissingInputError
 
 # flag -> config key; each flag is sugar for one override.
 FLAG_KEYS: dict[str, str] = {
@@ -102,13 +104,13 @@ def _resume_checkpoint(spec: str, run_dir: Path) -> Path | None:
     if spec != "latest":
         path = Path(spec)
         if not path.is_dir():
-            raise FileNotFoundError(f"--resume: checkpoint {path} not found")
+            raise MissingInputError(f"--resume: checkpoint {path} not found")
         if not verify_checkpoint(path):
             print(f"train: warning: {path} has no manifest (an older scalerl wrote it); not verified",
                   file=sys.stderr)
         return path
     if not (run_dir / CONFIG_FILE).is_file():
-        raise FileNotFoundError(f"--resume: {run_dir} holds no run to resume (no {CONFIG_FILE}); "
+        raise MissingInputError(f"--resume: {run_dir} holds no run to resume (no {CONFIG_FILE}); "
                                 "check --output-dir / output_dir")
     return latest_valid_checkpoint(run_dir, warn=lambda m: print(f"train: warning: {m}", file=sys.stderr))
 
@@ -142,14 +144,15 @@ def run_train(args: argparse.Namespace) -> int:
                 return 0
     else:
         if (run_dir / METRICS_FILE).exists():
-            raise ValueError(
+            raise InputError(
                 f"output_dir: {run_dir} already holds a run ({METRICS_FILE}); pass --resume to continue it "
                 f"or choose another --output-dir"
             )
         check_run_inputs(probe)  # before the warm start and before anything is written
         check_output_dir_owned(run_dir, TRAIN_KIND, "--output-dir")
         cfg = prepare_model(probe)
-        (run_dir / SESSIONS_FILE).unlink(missing_ok=True)  # a new run's history starts here (ours)
+        for stale in (SESSIONS_FILE, ERROR_LOG):  # a new run's history starts here (the folder is ours)
+            (run_dir / stale).unlink(missing_ok=True)
     return train_run(cfg, run_dir, resume=resume, device=args.device,
                      owner=TRAIN_KIND if resume is None and args.resume is None else None)
 

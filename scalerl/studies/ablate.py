@@ -17,6 +17,7 @@ from typing import Any
 
 from scalerl.atomic import write_atomic, write_json_atomic
 from scalerl.config import RunConfig, build_config, override_layer, yaml_layer
+from scalerl.inputs import InputError
 from scalerl.ownership import claim_output_dir
 from scalerl.recipes import recipe_path
 from scalerl.scaling.report import jsonable, run_to_dict, table
@@ -115,21 +116,21 @@ def plan_ablation(
 ) -> AblationPlan:
     """Variants and run specs; every error (recipe, key, value, combination) is raised here."""
     if sum((loo, bool(grid), coupled is not None)) != 1:
-        raise ValueError("choose one study: --loo (leave-one-out), --grid KEY=V1,V2 (forward ablation) or "
+        raise InputError("choose one study: --loo (leave-one-out), --grid KEY=V1,V2 (forward ablation) or "
                          f"--coupled AXIS ({', '.join(COUPLED_AXES)})")
     if values is not None and coupled is None:
-        raise ValueError("--values lists the values of a coupled axis; it needs --coupled AXIS")
+        raise InputError("--values lists the values of a coupled axis; it needs --coupled AXIS")
     if axes and not loo:
-        raise ValueError("--axes restricts a leave-one-out study; it needs --loo")
+        raise InputError("--axes restricts a leave-one-out study; it needs --loo")
     if seeds < 1:
-        raise ValueError(f"--seeds: must be >= 1, got {seeds}")
+        raise InputError(f"--seeds: must be >= 1, got {seeds}")
     overrides, config_files = list(overrides or []), list(config_files or [])
     cfg = base_config(base, config_files, overrides)
     study = Path(study_dir)
     if loo:
         found = loo_variants(cfg, axes)
         if not found:
-            raise ValueError(f"--base {base}: it already matches the paper's baseline on every axis "
+            raise InputError(f"--base {base}: it already matches the paper's baseline on every axis "
                              f"{'asked for ' if axes else ''}(nothing to leave out)")
         variants = [Variant(base, [], f"the base recipe {base!r}"), *found]
     elif coupled is not None:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scalerl.atomic import write_atomic, write_json_atomic
 from scalerl.config import RunConfig, build_config, load_yaml, override_layer, yaml_layer
+from scalerl.inputs import InputError
 from scalerl.ownership import check_output_dir_owned, claim_output_dir, owner_of
 from scalerl.recipes import recipe_path
 from scalerl.scaling.analysis import FitOptions, RunAnalysis, analyze_curve
@@ -95,7 +96,7 @@ def load_settings(path: str | Path | None = None) -> LoadedSettings:
             where = f"{p}:{line}" if line is not None else str(p)
             msg = "unknown key" if e["type"] == "extra_forbidden" else f"{e['msg']} (got {e.get('input')!r})"
             lines.append(f"{where}: {'.'.join(loc)}: {msg}")
-        raise ValueError("demo settings error:\n  " + "\n  ".join(lines)) from None
+        raise InputError("demo settings error:\n  " + "\n  ".join(lines)) from None
     return LoadedSettings(settings, p, marks)
 
 
@@ -166,7 +167,7 @@ def fit_demo(run_dir: Path, x: str, fraction: float, n_boot: int, seconds: float
     window = fraction * end
     inside = int(((curve.x > 0) & (curve.x <= window)).sum())
     if inside < 4:
-        raise ValueError(
+        raise InputError(
             f"{run_dir}: {inside} evaluation(s) with {x} in (0, {window:.4g}], the first {fraction:.0%} "
             f"of the compute; the fit needs at least 4 (evaluate more often: eval.every, or train longer)"
         )
@@ -395,7 +396,7 @@ def run_seeds(*, n_seeds: int, output_dir: str | Path = "runs/demo", seed: int |
     """`scalerl demo --seeds N`: the demo on N consecutive seeds (each in `OUTPUT_DIR/seed-S`), then
     the spread of the prediction error and of A and B over them."""
     if n_seeds < 1:
-        raise ValueError(f"--seeds must be >= 1, got {n_seeds}")
+        raise InputError(f"--seeds must be >= 1, got {n_seeds}")
     stream = out or sys.stdout
     root = Path(output_dir)
     first = load_settings(kwargs.get("settings_path")).settings.seed if seed is None else seed
