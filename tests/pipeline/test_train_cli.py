@@ -60,7 +60,6 @@ def test_a_failure_before_the_first_row_leaves_no_run_directory(
 ) -> None:
     import scalerl.assembly.build as assemble
     from scalerl.assembly.run import train_run
-
     from scalerl.config import ConfigError
 
     def broken(*args: object, **kwargs: object) -> None:

@@ -116,7 +116,8 @@ CASES: list[Case] = [
     Case("eval-extra-set-missing", "data", (*TRAIN, "eval.extra_sets={hard: hard.jsonl}"),
          r"eval\.extra_sets\.hard: hard\.jsonl: no such file"),
     Case("data-check-bad-rows", "data", ("data", "check", "d.jsonl"),
-         r"d\.jsonl: 1 row\(s\) rejected:\n  missing task: 1\n    d\.jsonl:1: no 'task' field",
+         r"d\.jsonl: 1 row\(s\) rejected:\n  missing answer: 1\n"
+         r"    d\.jsonl:1: task 'math' needs a gold answer",
          {"d.jsonl": '{"prompt": "a"}\n'}),
     # -- model and tokenizer
     Case("model-folder-missing", "model", (*TRAIN, "--model", "./nope"),
@@ -174,6 +175,17 @@ CASES: list[Case] = [
     Case("cli-device-unknown", "cli", (*TRAIN, "--device", "foo"), r"--device: 'foo' is not a torch device"),
     Case("cli-device-absent", "cli", (*TRAIN, "--device", "cuda:7"),
          r"--device: cuda:7: (CUDA is not available|this machine has \d+ CUDA device)"),
+    Case("cli-device-unknown-sft", "cli", ("sft", "--device", "foo"),
+         r"--device: 'foo' is not a torch device"),
+    Case("cli-device-unknown-eval", "cli", ("eval", "model", "--device", "foo"),
+         r"--device: 'foo' is not a torch device", MODEL),
+    Case("cli-device-unknown-difficulty", "cli",
+         ("data", "difficulty", "ok.jsonl", "--model", "model", "--out", "r.jsonl", "--device", "foo"),
+         r"--device: 'foo' is not a torch device", {**ROWS, **MODEL}),
+    Case("cli-device-unknown-ablate", "cli", ("ablate", "--loo", "--device", "foo"),
+         r"--device: 'foo' is not a torch device"),
+    Case("cli-device-unknown-demo", "cli", ("demo", "--device", "foo"),
+         r"--device: 'foo' is not a torch device"),
     Case("cli-bad-field-map", "cli", ("data", "check", "ok.jsonl", "--field-map", "promptquestion"),
          r"argument --field-map: expected FIELD=COLUMN", ROWS),
     # -- environment variables
