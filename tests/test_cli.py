@@ -127,3 +127,19 @@ def test_an_error_of_ours_outside_a_run_is_exit_1_with_its_traceback(
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err and "internal error (ValueError" in err
     assert "scalerl fit: error:" not in err
+
+
+def test_overrides_are_taken_anywhere_among_the_flags() -> None:
+    from scalerl.cli import parse_args
+
+    argv = ["train", "a.b=1", "--max-steps", "2", "eval.at_start=false", "--seed", "3", "c=4"]
+    args = parse_args(build_parser(argv), argv)
+    assert args.overrides == ["a.b=1", "eval.at_start=false", "c=4"]
+    assert args.max_steps == 2 and args.seed == 3
+    for argv in (["train", "--max-steps", "2", "--frobnicate"], ["fit", "m.jsonl", "--x", "flops", "k=v"]):
+        try:
+            parse_args(build_parser(argv), argv)
+        except SystemExit as exit_:
+            assert exit_.code == 2
+        else:
+            raise AssertionError(f"{argv} parsed")

@@ -85,10 +85,27 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """`parser.parse_args`, with `KEY=VALUE` overrides taken anywhere among the flags.
+
+    argparse gives a `nargs="*"` positional only the words before the first flag
+    (`train --max-steps 2 eval.at_start=false` would leave the override unrecognized), and its
+    `parse_intermixed_args` does not support subcommands; so the words left over are the command's
+    overrides, in the order typed, if it takes any and none of them is an option.
+    """
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        if isinstance(getattr(args, "overrides", None), list) and not any(e.startswith("-") for e in extras):
+            args.overrides = [*args.overrides, *extras]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(args_in)
-    args = parser.parse_args(args_in)
+    args = parse_args(parser, args_in)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
