@@ -6,10 +6,12 @@
     scalerl train --output-dir runs/grpo --resume    # continue a killed run from its last checkpoint
 
 Layers, lowest precedence first: the recipe, `--config` files, the flags, then `key.sub=value`
-overrides. With no model given, the tiny default is warm-started by `scalerl sft` (cached). The run
-directory receives `config.yaml` (the resolved config), `metrics.jsonl`, `heldout_ids.json`,
-`sessions.jsonl` (when each session started and why it stopped) and `checkpoints/`;
-`scalerl fit RUN_DIR` fits its held-out curve.
+overrides (anywhere on the line). With no model given, the tiny default is warm-started by
+`scalerl sft` (cached). The run directory receives `config.yaml` (the resolved config),
+`metrics.jsonl`, `heldout_ids.json`, `sessions.jsonl` (when each session started and why it
+stopped), `checkpoints/`, `.scalerl-owner.json` (the folder is a train run's: a folder holding
+anything else is refused) and, if the run failed on our side (not bad input), `error.log` with the
+traceback; `scalerl fit RUN_DIR` fits its held-out curve.
 
 SIGTERM or Ctrl-C: the run stops at the next safe point, writes a checkpoint and exits with
 128 + the signal number (143, 130); `--resume` continues it. `--resume` verifies the checkpoint's
