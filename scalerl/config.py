@@ -82,6 +82,13 @@ class ModelConfig(Section):
     init_seed: int = 0
 
 
+#: Difficulty levels of each built-in task (`scalerl.data.synthetic`; a test keeps the two in step).
+#: A task whose `difficulty` is not set gets the default range capped at its own levels.
+TASK_LEVELS: dict[str, int] = {"math": 8, "code": 5, "math+code": 8, "tool_math": 6, "tool_code": 5}
+#: The tool-use tasks and the tools their traces call: they bring `agentic.environment: tools`.
+TOOL_TASKS: dict[str, list[str]] = {"tool_math": ["calculator"], "tool_code": ["python"]}
+
+
 class SyntheticDataConfig(Section):
     task: Literal["math", "code", "math+code", "tool_math", "tool_code"] = "math"
     num_prompts: int = Field(4096, gt=0)
@@ -97,10 +104,18 @@ class SyntheticDataConfig(Section):
 
     @model_validator(mode="after")
     def _levels(self) -> SyntheticDataConfig:
+        levels = TASK_LEVELS[self.task]
+        if "difficulty" not in self.model_fields_set and self.difficulty[1] > levels:
+            # The task brings the range it can draw from (code and tool_code have 5 levels, the
+            # default range is math's 1..6). Set without validation: not a value the user gave.
+            object.__setattr__(self, "difficulty", (min(self.difficulty[0], levels), levels))
         for key in ("difficulty", "warm_start_difficulty"):
             lo_hi = getattr(self, key)
             if lo_hi is not None and not 1 <= lo_hi[0] <= lo_hi[1]:
                 raise CrossKeyError((key,), f"need 1 <= lo <= hi, got {list(lo_hi)}")
+            if lo_hi is not None and self.task != "math+code" and lo_hi[1] > levels:
+                raise CrossKeyError((key, "task"),
+                                    f"task {self.task!r} has levels 1..{levels}, got {list(lo_hi)}")
         if self.weights is not None:
             if self.task == "math+code":
                 raise CrossKeyError(("weights", "task"),
@@ -524,6 +539,24 @@ class RunConfig(Section):
     rewards: RewardConfig = RewardConfig()
     distributed: DistributedConfig = DistributedConfig()
     agentic: AgenticConfig = AgenticConfig()
+
+    @model_validator(mode="after")
+    def _task_environment(self) -> RunConfig:
+        # A tool-use task brings the environment it needs: without one it would train single-turn,
+        # a model that can never call its tool. Unset `agentic.environment` becomes `tools` (and
+        # unset `agentic.tools` the task's tools); an explicit null is an error naming the key.
+        task, a = self.data.synthetic.task, self.agentic
+        if self.data.train_path is not None or task not in TOOL_TASKS or a.environment is not None:
+            return self
+        if "environment" in a.model_fields_set:
+            raise CrossKeyError(("agentic.environment", "data.synthetic.task"),
+                                f"task {task!r} is a tool-use task: it needs agentic.environment=tools "
+                                "(without an environment the model could never call its tool)")
+        update: dict[str, Any] = {"environment": "tools"}
+        if "tools" not in a.model_fields_set:
+            update["tools"] = list(TOOL_TASKS[task])
+        object.__setattr__(self, "agentic", a.model_copy(update=update))
+        return self
 
     @model_validator(mode="after")
     def _distributed_combinations(self) -> RunConfig:

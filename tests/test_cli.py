@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import scalerl.cli
 from scalerl.cli import COMMANDS, build_parser, command_of
 from scalerl.scaling.io import reference_csv
@@ -92,3 +94,52 @@ def test_one_line_help_matches_each_module() -> None:
         helps = {a.dest: a.help for a in sub._choices_actions}
         assert helps[name] == help_text, name
     assert set(scalerl.cli.COMMAND_MODULES) == {m for m, _ in COMMANDS.values()}
+
+
+def test_bad_input_is_one_line_unless_debug_asks_for_the_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from scalerl.cli import main
+
+    missing = str(tmp_path / "nope")
+    assert main(["fit", missing]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "scalerl fit: error: " in err
+    assert main(["--debug", "fit", missing]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "scalerl fit: error: " in err
+    monkeypatch.setenv("SCALERL_DEBUG", "1")
+    assert main(["fit", missing]) == 2
+    assert "Traceback (most recent call last)" in capsys.readouterr().err
+
+
+def test_an_error_of_ours_outside_a_run_is_exit_1_with_its_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import scalerl.cli.fit as fit_cli
+    from scalerl.cli import main
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ValueError("setting an array element with a sequence")  # numpy's words, a bug of ours
+
+    monkeypatch.setattr(fit_cli, "analyze_curve", broken)
+    assert main(["fit", str(reference_csv())]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "internal error (ValueError" in err
+    assert "scalerl fit: error:" not in err
+
+
+def test_overrides_are_taken_anywhere_among_the_flags() -> None:
+    from scalerl.cli import parse_args
+
+    argv = ["train", "a.b=1", "--max-steps", "2", "eval.at_start=false", "--seed", "3", "c=4"]
+    args = parse_args(build_parser(argv), argv)
+    assert args.overrides == ["a.b=1", "eval.at_start=false", "c=4"]
+    assert args.max_steps == 2 and args.seed == 3
+    for argv in (["train", "--max-steps", "2", "--frobnicate"], ["fit", "m.jsonl", "--x", "flops", "k=v"]):
+        try:
+            parse_args(build_parser(argv), argv)
+        except SystemExit as exit_:
+            assert exit_.code == 2
+        else:
+            raise AssertionError(f"{argv} parsed")

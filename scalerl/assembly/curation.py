@@ -19,6 +19,7 @@ from typing import Any
 
 from scalerl.config import RunConfig
 from scalerl.data.difficulty import PassRate
+from scalerl.inputs import MissingInputError
 
 Say = Callable[[str], None]
 
@@ -182,7 +183,7 @@ class open_engine:  # noqa: N801 (a context manager used like a function)
                 try:
                     model = load_policy(cfg.model, self.device).model
                 except OSError as err:
-                    raise FileNotFoundError(f"{self.model}: cannot load a model from it ({err})") from None
+                    raise MissingInputError(f"{self.model}: cannot load a model from it ({err})") from None
             engine = build_engine(spec, model=model)
             self._closers.append(lambda: close_engine(engine))
             params = sampling_params(cfg, tok)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerl.config import RunConfig, build_config, yaml_layer
+from scalerl.inputs import InputError, MissingInputError
 
 RUN_CONFIG = "config.yaml"
 HELDOUT_IDS = "heldout_ids.json"
@@ -47,23 +48,23 @@ def resolve_source(spec: str, warn: Callable[[str], None] | None = None) -> Eval
             # The newest checkpoint that verifies; a corrupt newer one is named and left in place.
             ckpt = latest_valid_checkpoint(path, quarantine=False, warn=warn)
             if ckpt is None:
-                raise FileNotFoundError(
+                raise MissingInputError(
                     f"{path}: a run directory without a checkpoint under {path / 'checkpoints'} "
                     "(runs write one at the end; checkpoint.every adds more)"
                 )
             return EvalSource(str(ckpt), path, _run_config(path))
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{path}: neither a run directory ({RUN_CONFIG}) nor a saved model "
+            raise MissingInputError(f"{path}: neither a run directory ({RUN_CONFIG}) nor a saved model "
                                     "(config.json)")
         run = path.parent.parent
         if path.parent.name == "checkpoints" and (run / RUN_CONFIG).is_file():
             return EvalSource(str(path), run, _run_config(run))
         return EvalSource(str(path), None, RunConfig())
     if path.exists():
-        raise ValueError(f"{path}: expected a run directory, a checkpoint or model directory, or a hub name")
+        raise InputError(f"{path}: expected a run directory, a checkpoint or model directory, or a hub name")
     # A hub name is `name` or `owner/name`; anything else that does not exist is a mistyped path.
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1 or not spec.strip():
-        raise FileNotFoundError(f"{spec}: no such directory")
+        raise MissingInputError(f"{spec}: no such directory")
     return EvalSource(spec, None, RunConfig())
 
 
@@ -79,14 +80,14 @@ def eval_records(source: EvalSource, data: str | None, max_prompts: int | None) 
     elif source.run_dir is not None:
         ids_file = source.run_dir / HELDOUT_IDS
         if not ids_file.is_file():
-            raise FileNotFoundError(f"{ids_file}: the run's held-out split is missing (pass --data PATH)")
+            raise MissingInputError(f"{ids_file}: the run's held-out split is missing (pass --data PATH)")
         records = split_by_ids(load_records(cfg), load_heldout_ids(ids_file)).heldout
         what = f"the held-out split of {source.run_dir}"
     else:
         records = split_heldout(load_records(cfg), cfg.data.heldout_size, cfg.data.heldout_seed).heldout
         what = "the held-out split of the built-in synthetic task"
     if not records:
-        raise ValueError(f"no prompts to evaluate in {what}")
+        raise InputError(f"no prompts to evaluate in {what}")
     if max_prompts is not None:
         records = records[:max_prompts]
     return records, f"{len(records)} prompts of {what}"
@@ -114,7 +115,7 @@ def evaluate_source(
     try:
         policy = load_policy(cfg.model, device)
     except OSError as err:  # a hub name that does not resolve, or a directory without weights
-        raise FileNotFoundError(f"{source.model}: cannot load a model from it ({err})") from None
+        raise MissingInputError(f"{source.model}: cannot load a model from it ({err})") from None
     tokenizer = policy.tokenizer
     spec = engine_spec(cfg, model_path=source.model, eos_token_ids=(int(tokenizer.eos_token_id),),
                             pad_token_id=policy.pad_token_id)

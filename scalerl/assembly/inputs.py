@@ -11,8 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from scalerl.config import RunConfig
-from scalerl.data.loaders import load_prompts
+from scalerl.config import DataConfig, RunConfig
+from scalerl.data.loaders import LoadResult, load_prompts
+from scalerl.data.records import PromptRecord
+from scalerl.data.rejects import DataError
+from scalerl.data.tokenize import EncodedPrompts, check_template, encode_prompts, resolve_system_prompt
 from scalerl.inputs import InputError, check_cache_dir, check_model_source, check_output_dir, check_path
 
 
@@ -54,6 +57,28 @@ def check_code_sandbox(cfg: RunConfig, code_prompts_in: list[str]) -> None:
     Sandbox(cfg.rewards.sandbox).require_isolation(" and ".join(needs))
 
 
+def load_prompt_data(path: str, data: DataConfig, split: str | None = None) -> LoadResult:
+    """A prompt file or folder loaded exactly as a training run loads `data.train_path`: its
+    `field_map`, `default_task`, `format` and `on_bad_row` (`scalerl data check` and
+    `check_run_inputs` both call this, so they accept the same files)."""
+    return load_prompts(path, field_map=data.field_map, default_task=data.default_task, split=split,
+                        format=data.format, on_error=data.on_bad_row)
+
+
+def check_prompt_lengths(records: list[PromptRecord], data: DataConfig, tokenizer: Any) -> EncodedPrompts:
+    """The prompts rendered and tokenized as a run does (`data.template`, system prompt,
+    `data.max_prompt_tokens`, `data.on_bad_row`); a `DataError` names the keys that decide it."""
+    system = resolve_system_prompt(data.think_system_prompt, data.system_prompt)
+    check_template(data.template, system)
+    try:
+        return encode_prompts(records, tokenizer, max_prompt_tokens=data.max_prompt_tokens,
+                              system_prompt=system, on_error=data.on_bad_row, template=data.template)
+    except DataError as err:
+        raise DataError(f"data.max_prompt_tokens={data.max_prompt_tokens} with data.template="
+                        f"{data.template}: {err}\n(raise data.max_prompt_tokens, choose another "
+                        "data.template, or skip such prompts with data.on_bad_row=skip)") from None
+
+
 def check_run_inputs(cfg: RunConfig) -> None:
     """Every input of a `RunConfig`: run directory, model and tokenizer (or the warm start's cache),
     training prompts, extra evaluation sets, and the code sandbox's isolation where the run needs it."""
@@ -78,6 +103,14 @@ def check_run_inputs(cfg: RunConfig) -> None:
         if any(r.task == "code" for r in records):
             code_in.append(f"eval.extra_sets.{name}")
     check_code_sandbox(cfg, code_in)
+    if cfg.model.name_or_path is None:
+        # The embedded default's tokenizer is built here in a moment: the prompts' lengths are checked
+        # before its warm start (minutes), not after it. Another model's are checked when it loads.
+        from scalerl.assembly.sections import load_records
+        from scalerl.models.tiny import build_tiny_tokenizer
+
+        check_prompt_lengths(load_records(cfg), d, build_tiny_tokenizer())
 
 
-__all__ = ["check_code_sandbox", "check_prompt_file", "check_run_inputs"]
+__all__ = ["check_code_sandbox", "check_prompt_file", "check_prompt_lengths", "check_run_inputs",
+           "load_prompt_data"]

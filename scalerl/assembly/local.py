@@ -11,6 +11,7 @@ from typing import Any
 from scalerl.assembly.backend import Backend
 from scalerl.assembly.sections import engine_spec, trainer_settings
 from scalerl.config import RunConfig
+from scalerl.inputs import InputError
 from scalerl.pipeline.snapshot import SNAPSHOT_FILE
 from scalerl.rollout import Engine
 from scalerl.rollout.factory import build_engine, close_engine
@@ -59,7 +60,7 @@ def local_backend(
         start_step = saved.step
         resume_state = saved.extra.get("pipeline")
         if resume_state is None:
-            raise ValueError(f"{resume}: checkpoint has no pipeline state (not written by `scalerl train`?)")
+            raise InputError(f"{resume}: checkpoint has no pipeline state (not written by `scalerl train`?)")
 
     tokenizer = policy.tokenizer
     closers: list[Any] = []

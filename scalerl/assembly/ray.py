@@ -25,6 +25,7 @@ from scalerl.distributed.cluster import connect
 from scalerl.distributed.engine_actor import EngineFactory
 from scalerl.distributed.pool import EnginePool
 from scalerl.distributed.trainer import RayTrainer
+from scalerl.inputs import InputError
 from scalerl.training.policy import load_tokenizer
 
 
@@ -60,7 +61,7 @@ class StepFigures:
 def ray_backend(config: RunConfig, run_path: Path, resume: str | Path | None) -> Backend:
     d = config.distributed
     if config.model.name_or_path is None:
-        raise ValueError(
+        raise InputError(
             "model.name_or_path: distributed engines load the model from a path every node can read "
             "(`scalerl train` sets it to the tiny model's warm start when none is given)"
         )
@@ -74,7 +75,7 @@ def ray_backend(config: RunConfig, run_path: Path, resume: str | Path | None) ->
             start_step = trainer.resumed.step
             resume_state = trainer.resumed.extra.get("pipeline")
             if resume_state is None:
-                raise ValueError(f"{resume}: checkpoint has no pipeline state (not from scalerl train?)")
+                raise InputError(f"{resume}: checkpoint has no pipeline state (not from scalerl train?)")
         tokenizer = load_tokenizer(config.model)
         pad = tokenizer.pad_token_id
         spec = engine_spec(

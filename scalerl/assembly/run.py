@@ -20,17 +20,24 @@ import os
 import shutil
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from scalerl.atomic import write_atomic
 from scalerl.config import RunConfig, build_config, config_to_yaml, override_layer, yaml_layer
+from scalerl.inputs import is_input_error
+from scalerl.ownership import claim_output_dir
 from scalerl.recipes import recipe_path
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 SESSIONS_FILE = "sessions.jsonl"
+#: the traceback of a run that failed on our side (not bad input)
+ERROR_LOG = "error.log"
+#: the kind `scalerl train` marks its run directories with (`scalerl.ownership`)
+TRAIN_KIND = "train"
 
 Say = Callable[[str], None]
 
@@ -104,9 +111,18 @@ def record_session(run_dir: Path, event: dict[str, Any]) -> None:
         f.flush()
 
 
+def _drop_if_empty(run_dir: Path, fresh: bool) -> None:
+    """A run that failed before its first logged row leaves no directory behind (it made it)."""
+    if fresh and not (run_dir / METRICS_FILE).exists():
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, device: str | None = None,
-              say: Say = stderr_say) -> int:
-    """Train `cfg` in `run_dir` (resuming from the checkpoint `resume`); the exit status."""
+              say: Say = stderr_say, owner: str | None = None) -> int:
+    """Train `cfg` in `run_dir` (resuming from the checkpoint `resume`); the exit status.
+
+    `owner`: the kind of command that claims `run_dir` (`scalerl.ownership.claim_output_dir`: it must
+    be new, empty or that command's own); None where the caller owns it already (a study's run)."""
     from scalerl.assembly.build import train
     from scalerl.model_identity import START_MODEL_FILE, model_identity
     from scalerl.pipeline.faults import FaultLimitError
@@ -116,6 +132,8 @@ def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, devi
     from scalerl.training.trainer import TrainingDivergedError
 
     fresh = not run_dir.exists()
+    if owner is not None:
+        claim_output_dir(run_dir, owner, "--output-dir")
     run_dir.mkdir(parents=True, exist_ok=True)
     if resume is None:
         write_atomic(run_dir / CONFIG_FILE, config_to_yaml(cfg))
@@ -139,10 +157,21 @@ def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, devi
         record_session(run_dir, {"event": "stop", "stop_reason": type(err).__name__, "exit_status": 1,
                                  "error": str(err), "wall_s": time.monotonic() - started})
         return 1
+    except Exception as err:
+        if not is_input_error(err):
+            # Ours, not the user's (a bug, a library's failure): the traceback goes to the run's
+            # error.log and the stop, with its cause, to sessions.jsonl; the command shows the
+            # traceback and exits 1. The directory stays, whatever was logged.
+            write_atomic(run_dir / ERROR_LOG, "".join(traceback.format_exception(err)))
+            record_session(run_dir, {"event": "stop", "stop_reason": "internal_error", "exit_status": 1,
+                                     "error": f"{type(err).__name__}: {err}", "error_log": ERROR_LOG,
+                                     "wall_s": time.monotonic() - started})
+            say(f"train: internal error; traceback in {run_dir / ERROR_LOG}")
+            raise
+        _drop_if_empty(run_dir, fresh)
+        raise
     except BaseException:
-        # A run that failed before its first logged row leaves no directory behind.
-        if fresh and not (run_dir / METRICS_FILE).exists():
-            shutil.rmtree(run_dir, ignore_errors=True)
+        _drop_if_empty(run_dir, fresh)
         raise
     status = exit_status(result.signal) if result.stop_reason == "signal" and result.signal else 0
     record_session(run_dir, {"event": "stop", "step": result.steps, "stop_reason": result.stop_reason,
@@ -164,5 +193,6 @@ def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, devi
     return 0
 
 
-__all__ = ["CONFIG_FILE", "METRICS_FILE", "SESSIONS_FILE", "default_name", "finished_step", "prepare_model",
-           "record_session", "resolve_run_config", "stderr_say", "train_run"]
+__all__ = ["CONFIG_FILE", "ERROR_LOG", "METRICS_FILE", "SESSIONS_FILE", "TRAIN_KIND", "default_name",
+           "finished_step",
+           "prepare_model", "record_session", "resolve_run_config", "stderr_say", "train_run"]

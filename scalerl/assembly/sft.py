@@ -9,12 +9,14 @@ synthetic gold traces) and saves it with its `sft_info.json`. Returns where the 
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 
 from scalerl.config import RunConfig
+from scalerl.ownership import check_output_dir_owned, mark_output_dir
 from scalerl.training.sft_config import SFTConfig
 
 Say = Callable[[str], None]
@@ -35,6 +37,7 @@ def sft_run(
     from scalerl.assembly.warm_start import default_sft_records, system_prompt_of, warm_start_default
     from scalerl.training.sft import (
         INFO_FILE,
+        SFT_KIND,
         examples_from_records,
         save_sft_model,
         solution_pairs,
@@ -46,9 +49,19 @@ def sft_run(
         path = warm_start_default(cfg, sft, on_step=on_step)
         if output:
             out = Path(output)
-            if out.exists():
-                shutil.rmtree(out)
-            shutil.copytree(path, out)
+            check_output_dir_owned(out, SFT_KIND, "--output")
+            tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                shutil.copytree(path, tmp)
+                mark_output_dir(tmp, SFT_KIND)
+                if out.is_dir() and any(out.iterdir()):
+                    check_output_dir_owned(out, SFT_KIND, "--output")  # an SFT output of ours only
+                    shutil.rmtree(out)
+                os.replace(tmp, out)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
             path = out
         return path
 

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from scalerl import __version__
+from scalerl.inputs import InputError, is_input_error
 
 #: subcommand -> (the module that registers it, the one-line help of `scalerl --help`).
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -39,8 +42,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
 COMMAND_MODULES: tuple[str, ...] = tuple(dict.fromkeys(module for module, _ in COMMANDS.values()))
 
 
-class UserError(Exception):
+class UserError(InputError):
     """An error caused by the user's input; printed without a traceback, exit status 2."""
+
+
+DEBUG_VAR = "SCALERL_DEBUG"
+
+
+def debug_wanted(args: argparse.Namespace) -> bool:
+    """`--debug` or `SCALERL_DEBUG=1`: show the traceback of bad input too."""
+    return bool(getattr(args, "debug", False)) or os.environ.get(DEBUG_VAR, "").strip().lower() in (
+        "1", "true", "yes", "on")
 
 
 def command_of(argv: Sequence[str]) -> str | None:
@@ -59,6 +71,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         description="RL post-training on verifiable rewards, with compute-scaling prediction.",
     )
     parser.add_argument("--version", action="version", version=f"scalerl {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help=f"show the traceback of bad input too (or set {DEBUG_VAR}=1)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = None if argv is None else COMMANDS.get(command_of(argv) or "", (None, ""))[0]
     for name, (module, help_text) in COMMANDS.items():
@@ -71,19 +85,47 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """`parser.parse_args`, with `KEY=VALUE` overrides taken anywhere among the flags.
+
+    argparse gives a `nargs="*"` positional only the words before the first flag
+    (`train --max-steps 2 eval.at_start=false` would leave the override unrecognized), and its
+    `parse_intermixed_args` does not support subcommands; so the words left over are the command's
+    overrides, in the order typed, if it takes any and none of them is an option.
+    """
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        if isinstance(getattr(args, "overrides", None), list) and not any(e.startswith("-") for e in extras):
+            args.overrides = [*args.overrides, *extras]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(args_in)
-    args = parser.parse_args(args_in)
+    args = parse_args(parser, args_in)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
         return int(args.func(args) or 0)
-    except (UserError, ValueError, FileNotFoundError) as err:
-        print(f"scalerl {args.command}: error: {err}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print(f"scalerl {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:
+        # Two kinds of failure. Bad input (the exceptions `scalerl.inputs.INPUT_ERRORS` names, raised
+        # where input is validated): one line, exit 2. Anything else is ours (a bug of scalerl or a
+        # library's failure): the traceback, exit 1; a training run has also written it to its
+        # error.log and recorded the stop in sessions.jsonl.
+        if is_input_error(err):
+            if debug_wanted(args):
+                traceback.print_exc(file=sys.stderr)
+            print(f"scalerl {args.command}: error: {err}", file=sys.stderr)
+            return 2
+        traceback.print_exc(file=sys.stderr)
+        print(f"scalerl {args.command}: internal error ({type(err).__name__}, not a problem with your "
+              "input): please report it with the traceback above", file=sys.stderr)
+        return 1
 

@@ -33,7 +33,9 @@ import argparse
 import sys
 from typing import Any
 
-from scalerl.studies.ablate import plan_ablation, render_plan, run_ablation
+from scalerl.inputs import InputError, check_device
+from scalerl.ownership import check_output_dir_owned
+from scalerl.studies.ablate import ABLATE_KIND, plan_ablation, render_plan, run_ablation
 from scalerl.studies.fitting import FitSettings
 from scalerl.studies.variants import COUPLED_AXES
 
@@ -54,7 +56,7 @@ def _int_list(text: str) -> list[int]:
     try:
         return [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise ValueError(f"--values: expected integers separated by commas, got {text!r}") from None
+        raise InputError(f"--values: expected integers separated by commas, got {text!r}") from None
 
 
 def fit_settings(args: argparse.Namespace) -> FitSettings:
@@ -118,17 +120,19 @@ def run_ablate(args: argparse.Namespace) -> int:
                          coupled=args.coupled, values=values)
     budgets = args.budget
     if budgets is not None and plan.kind == "loo":
-        raise ValueError("--budget: the compute-optimal choice is for --grid and --coupled studies")
+        raise InputError("--budget: the compute-optimal choice is for --grid and --coupled studies")
     print(render_plan(plan), file=sys.stderr if not args.dry_run else sys.stdout, flush=True)
     if args.dry_run:
         return 0
+    check_output_dir_owned(study_dir, ABLATE_KIND, "--output-dir")  # before the warm start
+    check_device(args.device)
     from scalerl.rollout.factory import check_engine_available  # torch: imported only when running
 
     for engine in sorted({s.config.generation.engine for s in plan.specs}):
         check_engine_available(engine)
     if args.ray is None:
         if args.parallel not in (None, 1):
-            raise ValueError("--parallel: runs share this process without --ray; add --ray [ADDRESS]")
+            raise InputError("--parallel: runs share this process without --ray; add --ray [ADDRESS]")
         return run_ablation(plan, settings, device=args.device, budgets=budgets)
     from scalerl.studies.ray_runs import RayRuns
 

@@ -24,6 +24,7 @@ from typing import Any
 from scalerl.data import curate as curation
 from scalerl.data.loaders import FORMATS
 from scalerl.data.tokenize import TEMPLATES
+from scalerl.inputs import InputError
 
 
 def _unit(text: str) -> float:
@@ -41,12 +42,9 @@ def _positive(text: str) -> int:
 
 
 def _check_out(path: str, overwrite: bool, what: str = "--out") -> Path:
-    out = Path(path)
-    if out.is_dir():
-        raise ValueError(f"{what} {out}: is a directory")
-    if out.exists() and not overwrite:
-        raise ValueError(f"{what} {out}: exists; pass --overwrite to replace it")
-    return out
+    from scalerl.ownership import check_output_file
+
+    return check_output_file(path, what, overwrite=overwrite)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -57,8 +55,10 @@ def run_difficulty(args: argparse.Namespace) -> int:
     # The run itself (model, engine, work file, output) is built by the composition root.
     from scalerl.assembly.curation import rate_difficulty
     from scalerl.data.difficulty import histogram
+    from scalerl.inputs import check_device
 
     out = _check_out(args.out, args.overwrite)
+    check_device(args.device)
     with _Progress(args.no_progress) as progress:
         outcome = rate_difficulty(
             args.prompts, model=args.model, out=out, k=args.k, temperature=args.temperature, seed=args.seed,
@@ -123,10 +123,10 @@ def run_curate(args: argparse.Namespace) -> int:
     outs = {"--out": args.out, "--easy": args.easy, "--hard": args.hard, "--dropped": args.dropped}
     paths = {flag: _check_out(p, args.overwrite, flag) for flag, p in outs.items() if p is not None}
     if not paths:
-        raise ValueError("name at least one output: --out, --easy, --hard or --dropped")
+        raise InputError("name at least one output: --out, --easy, --hard or --dropped")
     resolved = [p.resolve() for p in paths.values()]
     if len(set(resolved)) != len(resolved) or Path(args.prompts).resolve() in resolved:
-        raise ValueError("outputs must be distinct files, none of them the input")
+        raise InputError("outputs must be distinct files, none of them the input")
     loaded = load_prompts(args.prompts, on_error="skip" if args.skip else "error")
     if loaded.rejects:
         print(f"curate: skipped {loaded.rejects.summary()}", file=sys.stderr)

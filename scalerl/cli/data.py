@@ -1,8 +1,10 @@
 """``scalerl data synth | check | difficulty | curate``: write a synthetic prompt set, vet a real one,
 rate it with a model, curate it.
 
-`check` runs exactly the loading and prompt-length checks a training run does, so a bad row is
-found (with its file:line) before any compute is spent. `difficulty` and `curate` live in
+`check` runs exactly the loading and prompt-length checks a training run does (the same functions,
+`scalerl.assembly.inputs.load_prompt_data` and `check_prompt_lengths`, from train's defaults: a
+file `check` accepts, `train` accepts), so a bad row is found (with its file:line) before any
+compute is spent. `difficulty` and `curate` live in
 `scalerl.cli.curation`. Registered by ``scalerl.cli`` through ``register(subparsers)``.
 """
 
@@ -14,11 +16,12 @@ from typing import Any
 
 from scalerl.cli.curation import register_curation
 from scalerl.config import DataConfig
-from scalerl.data.loaders import FORMATS, load_prompts
+from scalerl.data.loaders import FORMATS
 from scalerl.data.synthetic import SYNTHETIC_TASKS, write_synthetic_jsonl
-from scalerl.data.tokenize import TEMPLATES, check_template, encode_prompts, resolve_system_prompt
+from scalerl.data.tokenize import TEMPLATES
 
-DEFAULT_MAX_PROMPT_TOKENS = DataConfig().max_prompt_tokens
+DEFAULTS = DataConfig()  # train's: `data check` starts from the same settings
+DEFAULT_MAX_PROMPT_TOKENS = DEFAULTS.max_prompt_tokens
 
 
 def _field_pair(text: str) -> tuple[str, str]:
@@ -39,6 +42,9 @@ def _load_tokenizer(name: str) -> Any:
 
 
 def _synth(args: argparse.Namespace) -> int:
+    from scalerl.ownership import check_output_file
+
+    check_output_file(args.out, "--out", overwrite=args.overwrite)
     difficulty = None if args.difficulty is None else tuple(args.difficulty)
     path = write_synthetic_jsonl(args.out, args.task, args.n, args.seed, difficulty, args.weights)
     print(f"wrote {args.n} {args.task} prompts (seed {args.seed}) to {path}")
@@ -46,11 +52,16 @@ def _synth(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    on_error = "skip" if args.skip else "error"
-    loaded = load_prompts(
-        args.path, field_map=dict(args.field_map), default_task=args.default_task,
-        split=args.split, format=args.format, on_error=on_error,
-    )
+    # Exactly what a training run does with the same data settings (`scalerl.assembly.inputs`:
+    # one function for both), from train's defaults (`DataConfig`) and the flags given.
+    from scalerl.assembly.inputs import check_prompt_lengths, load_prompt_data
+
+    data = DEFAULTS.model_copy(update={
+        "field_map": dict(args.field_map), "default_task": args.default_task, "format": args.format,
+        "on_bad_row": "skip" if args.skip else "error", "max_prompt_tokens": args.max_prompt_tokens,
+        "template": args.template, "think_system_prompt": args.think, "system_prompt": args.system_prompt,
+    })
+    loaded = load_prompt_data(args.path, data, split=args.split)
     records = loaded.records
     print(f"{args.path}: {loaded.rows_read} rows read, {len(records)} records loaded")
     if loaded.rejects:
@@ -58,11 +69,7 @@ def _check(args: argparse.Namespace) -> int:
     tasks = Counter(r.task for r in records)
     print("tasks: " + ", ".join(f"{task} {n}" for task, n in sorted(tasks.items())))
     # Lengths are always checked, as a training run checks them (data.max_prompt_tokens).
-    tokenizer = _load_tokenizer(args.tokenizer)
-    system_prompt = resolve_system_prompt(args.think, args.system_prompt)
-    check_template(args.template, system_prompt)
-    enc = encode_prompts(records, tokenizer, max_prompt_tokens=args.max_prompt_tokens,
-                         system_prompt=system_prompt, on_error=on_error, template=args.template)
+    enc = check_prompt_lengths(records, data, _load_tokenizer(args.tokenizer))
     lengths = sorted(len(ids) for ids in enc.token_ids.values())
     if lengths:
         print(
@@ -91,15 +98,18 @@ def register(subparsers: Any) -> None:
                        help="relative share of each level of the range (default: equal), e.g. "
                             "--difficulty 4 8 --weights 3 0 0 0 1")
     synth.add_argument("--out", required=True, metavar="FILE.jsonl")
+    synth.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     synth.set_defaults(func=_synth)
 
     check = sub.add_parser("check", help="load a prompt file or folder and report bad rows and lengths")
     check.add_argument("path", metavar="PATH", help="JSONL/JSON/Parquet/CSV/TSV file, or a folder")
     check.add_argument("--field-map", type=_field_pair, action="append", default=[], metavar="FIELD=COL",
                        help="read record FIELD from column COL (repeatable), e.g. prompt=question")
-    check.add_argument("--default-task", help="task for rows without a task column (e.g. math)")
+    check.add_argument("--default-task", default=DEFAULTS.default_task,
+                       help="task for rows without a task column (config key data.default_task; default "
+                            f"{DEFAULTS.default_task}, as in training)")
     check.add_argument("--split", help="split of a DatasetDict folder, or file-name prefix in a folder")
-    check.add_argument("--format", choices=FORMATS, default="auto")
+    check.add_argument("--format", choices=FORMATS, default=DEFAULTS.format)
     check.add_argument("--skip", action="store_true", help="skip and count bad rows instead of failing")
     check.add_argument("--max-prompt-tokens", type=int, default=DEFAULT_MAX_PROMPT_TOKENS, metavar="N",
                        help="longest prompt, chat template included, in tokens of --tokenizer "
@@ -108,7 +118,7 @@ def register(subparsers: Any) -> None:
                        help="'tiny' (embedded default) or a local Hugging Face tokenizer folder")
     check.add_argument("--think", action="store_true", help="include the <think> system prompt")
     check.add_argument("--system-prompt", help="a custom system prompt (overrides --think)")
-    check.add_argument("--template", choices=TEMPLATES, default="chat",
+    check.add_argument("--template", choices=TEMPLATES, default=DEFAULTS.template,
                        help="prompt template (config key data.template): the tokenizer's chat template, "
                             "or a text template for base models (r1, qwen_math, raw); default chat")
     check.set_defaults(func=_check)

@@ -88,6 +88,9 @@ def register(subparsers: Any) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from scalerl.inputs import check_device
+
+    check_device(args.device)
     source = resolve_source(args.model, warn=lambda m: print(f"eval: warning: {m}", file=sys.stderr))
     if args.engine is not None:
         source.config.generation.engine = args.engine

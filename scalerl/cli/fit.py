@@ -12,6 +12,8 @@ import argparse
 import json
 import sys
 
+from scalerl.inputs import InputError
+from scalerl.ownership import check_output_file
 from scalerl.scaling.analysis import FitOptions, RunAnalysis, analyze_curve
 from scalerl.scaling.compare import PAPER_SEED_MARGIN_A, compare
 from scalerl.scaling.compute_needed import DEFAULT_HALF_WIDTH
@@ -137,6 +139,7 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print JSON instead of tables")
     o.add_argument("--plot", metavar="OUT.png", help="write a figure (png, pdf or svg)")
+    o.add_argument("--overwrite", action="store_true", help="replace an existing --plot file")
 
 
 def _options(
@@ -166,8 +169,10 @@ def _options(
 
 
 def _analyze(args: argparse.Namespace, opts: FitOptions) -> list[RunAnalysis]:
+    if args.plot:  # before any work; never over a file that is not to be replaced
+        check_output_file(args.plot, "--plot", overwrite=args.overwrite)
     if args.block < 1:
-        raise ValueError(f"--block must be >= 1, got {args.block}")
+        raise InputError(f"--block must be >= 1, got {args.block}")
     curves = read_many(args.paths, x=args.x, y=args.y)
     return [analyze_curve(c, opts) for c in curves]
 

@@ -22,6 +22,7 @@ import json
 import math
 import sys
 
+from scalerl.inputs import InputError
 from scalerl.scaling.cross_model import fit_cross_model
 from scalerl.scaling.cross_runs import law_input, parse_size, render, sized_runs, validate_largest
 from scalerl.scaling.io import read_many
@@ -42,7 +43,7 @@ def run_fit_cross(args: argparse.Namespace) -> int:
     sizes: dict[str, float] = {}
     for label, N in args.size:
         if label in sizes:
-            raise ValueError(f"--size {label}: given twice")
+            raise InputError(f"--size {label}: given twice")
         sizes[label] = N
     curves = read_many(args.paths, x=args.x, y=args.y)
     runs = sized_runs(curves, sizes, args.min_x)
@@ -51,7 +52,7 @@ def run_fit_cross(args: argparse.Namespace) -> int:
     for n_text, x_text in args.predict or ():
         N, X = parse_size(n_text), float(x_text)
         if not (math.isfinite(X) and X > 0):
-            raise ValueError(f"--predict {n_text} {x_text}: X must be > 0")
+            raise InputError(f"--predict {n_text} {x_text}: X must be > 0")
         predictions.append((N, X, float(law.predict(N, X))))
     validation = validate_largest(runs) if args.validate else None
     x_name, y_name = curves[0].x_name, curves[0].y_name

@@ -14,6 +14,7 @@ import argparse
 import sys
 
 from scalerl.config import config_to_yaml
+from scalerl.inputs import InputError
 from scalerl.recipes import list_recipes, load_recipe_config, recipe_path
 
 
@@ -29,7 +30,7 @@ def _list() -> str:
 def run(args: argparse.Namespace) -> int:
     if args.name is None:
         if args.resolved or args.path:
-            raise ValueError("--resolved and --path need a recipe NAME")
+            raise InputError("--resolved and --path need a recipe NAME")
         sys.stdout.write(_list())
         return 0
     path = recipe_path(args.name)

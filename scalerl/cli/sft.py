@@ -13,9 +13,11 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import fields, replace
+from pathlib import Path
 from typing import Any
 
 from scalerl.config import ConfigError, RunConfig, load_config
+from scalerl.inputs import InputError
 from scalerl.training.sft_config import SFTConfig
 
 
@@ -63,13 +65,14 @@ def _sft_config(args: argparse.Namespace, cfg: RunConfig) -> SFTConfig:
 
 def run_sft(args: argparse.Namespace) -> int:
     from scalerl.assembly.sft import sft_run
-    from scalerl.inputs import check_model_source, check_path
-    from scalerl.training.sft import progress_printer
+    from scalerl.inputs import check_device, check_model_source, check_path
+    from scalerl.ownership import check_output_dir_owned
+    from scalerl.training.sft import SFT_KIND, progress_printer
 
     try:
         cfg = load_config(*args.config, overrides=list(args.overrides))
     except ConfigError as err:
-        raise ValueError(str(err)) from None
+        raise InputError(str(err)) from None
     if args.model:
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"name_or_path": args.model})})
     sft = _sft_config(args, cfg)
@@ -78,6 +81,10 @@ def run_sft(args: argparse.Namespace) -> int:
     check_model_source(cfg.model.tokenizer, "model.tokenizer")
     if args.data is not None:
         check_path(args.data, "--data")
+    check_device(args.device)
+    default_cache = cfg.model.name_or_path is None and args.data is None and args.device in (None, "cpu")
+    if args.output or not default_cache:  # the shared cache of the warm start is not the user's folder
+        check_output_dir_owned(args.output or Path(cfg.output_dir) / "sft", SFT_KIND, "--output")
     path = sft_run(cfg, sft, data=args.data, field_map=args.field_map, output=args.output, device=args.device,
                    on_step=progress_printer(sft.steps), say=lambda m: print(m, file=sys.stderr))
     print(path)

@@ -6,10 +6,12 @@
     scalerl train --output-dir runs/grpo --resume    # continue a killed run from its last checkpoint
 
 Layers, lowest precedence first: the recipe, `--config` files, the flags, then `key.sub=value`
-overrides. With no model given, the tiny default is warm-started by `scalerl sft` (cached). The run
-directory receives `config.yaml` (the resolved config), `metrics.jsonl`, `heldout_ids.json`,
-`sessions.jsonl` (when each session started and why it stopped) and `checkpoints/`;
-`scalerl fit RUN_DIR` fits its held-out curve.
+overrides (anywhere on the line). With no model given, the tiny default is warm-started by
+`scalerl sft` (cached). The run directory receives `config.yaml` (the resolved config),
+`metrics.jsonl`, `heldout_ids.json`, `sessions.jsonl` (when each session started and why it
+stopped), `checkpoints/`, `.scalerl-owner.json` (the folder is a train run's: a folder holding
+anything else is refused) and, if the run failed on our side (not bad input), `error.log` with the
+traceback; `scalerl fit RUN_DIR` fits its held-out curve.
 
 SIGTERM or Ctrl-C: the run stops at the next safe point, writes a checkpoint and exits with
 128 + the signal number (143, 130); `--resume` continues it. `--resume` verifies the checkpoint's
@@ -26,14 +28,17 @@ from typing import Any
 
 from scalerl.assembly.run import (
     CONFIG_FILE,
+    ERROR_LOG,
     METRICS_FILE,
     SESSIONS_FILE,
+    TRAIN_KIND,
     default_name,
     finished_step,
     prepare_model,
     resolve_run_config,
     train_run,
 )
+from scalerl.inputs import InputError, MissingInputError
 
 # flag -> config key; each flag is sugar for one override.
 FLAG_KEYS: dict[str, str] = {
@@ -101,13 +106,13 @@ def _resume_checkpoint(spec: str, run_dir: Path) -> Path | None:
     if spec != "latest":
         path = Path(spec)
         if not path.is_dir():
-            raise FileNotFoundError(f"--resume: checkpoint {path} not found")
+            raise MissingInputError(f"--resume: checkpoint {path} not found")
         if not verify_checkpoint(path):
             print(f"train: warning: {path} has no manifest (an older scalerl wrote it); not verified",
                   file=sys.stderr)
         return path
     if not (run_dir / CONFIG_FILE).is_file():
-        raise FileNotFoundError(f"--resume: {run_dir} holds no run to resume (no {CONFIG_FILE}); "
+        raise MissingInputError(f"--resume: {run_dir} holds no run to resume (no {CONFIG_FILE}); "
                                 "check --output-dir / output_dir")
     return latest_valid_checkpoint(run_dir, warn=lambda m: print(f"train: warning: {m}", file=sys.stderr))
 
@@ -115,6 +120,7 @@ def _resume_checkpoint(spec: str, run_dir: Path) -> Path | None:
 def run_train(args: argparse.Namespace) -> int:
     from scalerl.assembly.inputs import check_run_inputs
     from scalerl.inputs import check_device
+    from scalerl.ownership import check_output_dir_owned
 
     overrides = [*flag_overrides(args), *args.overrides]
     probe = default_name(resolve_run_config(args.recipe, args.config, overrides))
@@ -140,14 +146,17 @@ def run_train(args: argparse.Namespace) -> int:
                 return 0
     else:
         if (run_dir / METRICS_FILE).exists():
-            raise ValueError(
+            raise InputError(
                 f"output_dir: {run_dir} already holds a run ({METRICS_FILE}); pass --resume to continue it "
                 f"or choose another --output-dir"
             )
         check_run_inputs(probe)  # before the warm start and before anything is written
+        check_output_dir_owned(run_dir, TRAIN_KIND, "--output-dir")
         cfg = prepare_model(probe)
-        (run_dir / SESSIONS_FILE).unlink(missing_ok=True)  # a new run's history starts here
-    return train_run(cfg, run_dir, resume=resume, device=args.device)
+        for stale in (SESSIONS_FILE, ERROR_LOG):  # a new run's history starts here (the folder is ours)
+            (run_dir / stale).unlink(missing_ok=True)
+    return train_run(cfg, run_dir, resume=resume, device=args.device,
+                     owner=TRAIN_KIND if resume is None and args.resume is None else None)
 
 
 __all__ = ["FLAG_KEYS", "flag_overrides", "register", "run_train"]

@@ -19,7 +19,15 @@ from typing import Any
 
 from scalerl.data.fields import check_field_map, row_to_record
 from scalerl.data.records import PromptRecord
-from scalerl.data.rejects import DataError, OnError, RejectLog, RowError, check_on_error, settle
+from scalerl.data.rejects import (
+    DataError,
+    MissingDataError,
+    OnError,
+    RejectLog,
+    RowError,
+    check_on_error,
+    settle,
+)
 
 FILE_SUFFIXES: tuple[str, ...] = (".jsonl", ".ndjson", ".json", ".parquet", ".csv", ".tsv")
 # `format=` names, and the suffixes each one reads in a folder; "auto" goes by suffix.
@@ -244,10 +252,10 @@ def load_prompts(
     on_error = check_on_error(on_error)
     fmap = check_field_map(field_map)
     if format not in FORMATS:
-        raise ValueError(f"format: must be one of {FORMATS}, got {format!r}")
+        raise DataError(f"format: must be one of {FORMATS}, got {format!r}")
     root = Path(path)
     if not root.exists():
-        raise FileNotFoundError(f"prompt data not found: {root}")
+        raise MissingDataError(f"prompt data not found: {root}")
 
     records: list[PromptRecord] = []
     first_seen: dict[str, str] = {}

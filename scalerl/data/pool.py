@@ -37,6 +37,7 @@ from scalerl.data.curriculum import (
     weighted,
 )
 from scalerl.data.records import PromptRecord
+from scalerl.data.rejects import DataError
 
 STATE_VERSION = 1
 COUNTER_KEYS: tuple[str, ...] = (
@@ -84,17 +85,17 @@ class PromptPool:
         curriculum: CurriculumConfig | None = None,
     ) -> None:
         if not records:
-            raise ValueError("records: the prompt pool needs at least one training prompt")
+            raise DataError("records: the prompt pool needs at least one training prompt")
         if not 0.0 < retire_threshold <= 1.0:
             raise ValueError(f"retire_threshold: must be in (0, 1], got {retire_threshold}")
         self._records: dict[str, PromptRecord] = {}
         for r in records:
             if r.id in self._records:
-                raise ValueError(f"records: duplicate prompt id {r.id!r} ({r.source or 'no source'})")
+                raise DataError(f"records: duplicate prompt id {r.id!r} ({r.source or 'no source'})")
             self._records[r.id] = r
         leaked = sorted(set(heldout_ids) & self._records.keys())
         if leaked:
-            raise ValueError(
+            raise DataError(
                 f"records: {len(leaked)} held-out prompt(s) among the training prompts, e.g. {leaked[:3]}"
             )
         self._ids: list[str] = [r.id for r in records]

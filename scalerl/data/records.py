@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from scalerl.data.rejects import DataError
+
 
 @dataclass
 class PromptRecord:
@@ -29,13 +31,13 @@ class PromptRecord:
     def __post_init__(self) -> None:
         where = f" ({self.source})" if self.source else ""
         if not self.id:
-            raise ValueError(f"id: empty prompt id{where}")
+            raise DataError(f"id: empty prompt id{where}")
         if (self.prompt is None) == (self.messages is None):
-            raise ValueError(f"prompt/messages: exactly one must be given for prompt {self.id!r}{where}")
+            raise DataError(f"prompt/messages: exactly one must be given for prompt {self.id!r}{where}")
         if self.prompt is not None and not self.prompt.strip():
-            raise ValueError(f"prompt: empty prompt text for prompt {self.id!r}{where}")
+            raise DataError(f"prompt: empty prompt text for prompt {self.id!r}{where}")
         if self.messages is not None and not self.messages:
-            raise ValueError(f"messages: empty chat for prompt {self.id!r}{where}")
+            raise DataError(f"messages: empty chat for prompt {self.id!r}{where}")
 
     def chat(self, system_prompt: str | None = None) -> list[dict[str, str]]:
         """The prompt as chat turns, with an optional system prompt prepended."""

@@ -22,6 +22,10 @@ class DataError(ValueError):
     """Bad prompt data. The message names the file:line (or record id) and the field."""
 
 
+class MissingDataError(DataError, FileNotFoundError):
+    """A prompt file or folder that does not exist."""
+
+
 class RowError(Exception):
     """One row is unusable; `reason` is a short category used for counting ("missing answer", ...)."""
 

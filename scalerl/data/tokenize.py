@@ -66,9 +66,9 @@ def check_template(template: str, system_prompt: str | None = None) -> Template:
     prompt before the question, separated by a blank line.
     """
     if template not in TEMPLATES:
-        raise ValueError(f"data.template: must be one of {TEMPLATES}, got {template!r}")
+        raise DataError(f"data.template: must be one of {TEMPLATES}, got {template!r}")
     if system_prompt is not None and template in ("r1", "qwen_math"):
-        raise ValueError(
+        raise DataError(
             f"data.template={template} carries its own instruction; unset data.system_prompt and "
             "data.think_system_prompt (or use template chat or raw)"
         )
@@ -104,7 +104,7 @@ def render_prompt(record: PromptRecord, template: str, system_prompt: str | None
 def resolve_system_prompt(think_system_prompt: bool = False, system_prompt: str | None = None) -> str | None:
     """The system prompt a run uses: a custom one if given, else the `<think>` one if asked, else none."""
     if system_prompt is not None and not system_prompt.strip():
-        raise ValueError("system_prompt: empty; leave it unset for no system prompt")
+        raise DataError("system_prompt: empty; leave it unset for no system prompt")
     if system_prompt is not None:
         return system_prompt
     return THINK_SYSTEM_PROMPT if think_system_prompt else None
@@ -182,7 +182,7 @@ def encode_prompts(
     """
     on_error = check_on_error(on_error)
     if max_prompt_tokens <= 0:
-        raise ValueError(f"max_prompt_tokens: must be positive, got {max_prompt_tokens}")
+        raise DataError(f"max_prompt_tokens: must be positive, got {max_prompt_tokens}")
     kept: list[PromptRecord] = []
     token_ids: dict[str, list[int]] = {}
     rejects = RejectLog()

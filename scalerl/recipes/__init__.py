@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from scalerl.config import RunConfig, build_config, override_layer, yaml_layer
+from scalerl.config import ConfigError, RunConfig, build_config, override_layer, yaml_layer
 
 RECIPES_DIR = Path(__file__).resolve().parent
 _NAME = re.compile(r"[a-z0-9][a-z0-9_]*")
@@ -45,11 +45,11 @@ def recipe_names() -> list[str]:
 
 
 def recipe_path(name: str) -> Path:
-    """The file of recipe `name`; `ValueError` listing the known names if there is none."""
+    """The file of recipe `name`; `ConfigError` listing the known names if there is none."""
     known = recipe_names()
     # Only bare names are looked up, so `name` can never point outside this package.
     if name not in known:
-        raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(known)}")
+        raise ConfigError(f"unknown recipe {name!r}; known recipes: {', '.join(known)}")
     return RECIPES_DIR / f"{name}.yaml"
 
 

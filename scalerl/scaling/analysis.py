@@ -21,6 +21,7 @@ from scalerl.scaling.io import Curve, window_mask
 from scalerl.scaling.power_law import PowerLawFit, fit_power_law
 from scalerl.scaling.sigmoid import Method, SigmoidFit, fit_sigmoid
 from scalerl.scaling.uncertainty import Bootstrap, ProfileInterval, bootstrap, profile_A
+from scalerl.scaling.validation import CurveError
 
 
 @dataclass(frozen=True)
@@ -53,11 +54,11 @@ class FitOptions:
     def __post_init__(self) -> None:
         f = self.max_x_fraction
         if f is not None and not 0 < f <= 1:
-            raise ValueError(f"--fit-fraction must be in (0, 1], got {f}")
+            raise CurveError(f"--fit-fraction must be in (0, 1], got {f}")
         if not 0 < self.truncation_threshold <= 1:
-            raise ValueError(f"--truncation-threshold must be in (0, 1], got {self.truncation_threshold}")
+            raise CurveError(f"--truncation-threshold must be in (0, 1], got {self.truncation_threshold}")
         if not 0 < self.a_half_width < 1:
-            raise ValueError(
+            raise CurveError(
                 f"--a-width (the target half-width on A) must be in (0, 1), got {self.a_half_width}"
             )
 
@@ -137,7 +138,7 @@ def _predict(fit: SigmoidFit, boot: Bootstrap | None, at: Sequence[float]) -> tu
         return ()
     c = np.asarray(at, dtype=np.float64)
     if np.any(~np.isfinite(c)) or np.any(c < 0):
-        raise ValueError("--predict-at values must be finite and >= 0")
+        raise CurveError("--predict-at values must be finite and >= 0")
     pred = fit.predict(c)
     caveats = [extrapolation_caveat("prediction", fit, float(x)) for x in c]
     if boot is None:
@@ -210,8 +211,8 @@ def analyze_curve(curve: Curve, opts: FitOptions) -> RunAnalysis:
         predictions = _predict(fit, boot, opts.predict_at)
         advice = (compute_needed(fit, boot, profile, half_width=opts.a_half_width, level=opts.level)
                   if needs_advice(fit, profile) else None)
-    except ValueError as err:
-        raise ValueError(f"{curve.label} ({curve.source}): {err}") from None
+    except CurveError as err:  # the curve's own fault (too few points, an empty window): bad input
+        raise CurveError(f"{curve.label} ({curve.source}): {err}") from None
     return RunAnalysis(
         curve=curve,
         fit=fit,

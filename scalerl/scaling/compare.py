@@ -41,6 +41,7 @@ from scalerl.scaling.diagnostics import IDENTIFIABLE_SPAN
 from scalerl.scaling.forms import log_compute
 from scalerl.scaling.sigmoid import SigmoidFit, fit_sigmoid
 from scalerl.scaling.uncertainty import Bootstrap, SeedSpread, seed_spread
+from scalerl.scaling.validation import CurveError
 
 #: The paper's seed-to-seed margin on A (A.5 / Fig. 8a: about +-0.02 from three seeds of one
 #: recipe). ``scalerl compare`` and the studies use it as the floor of every recipe's margin on A:
@@ -130,7 +131,7 @@ def make_recipe(
 ) -> Recipe:
     """Group seeds (labels -> fits) into a recipe; margins as in the module docstring."""
     if not fits:
-        raise ValueError(f"recipe {name!r} has no runs")
+        raise CurveError(f"recipe {name!r} has no runs")
     spread = seed_spread(list(fits.values()))
 
     def margin(seed_margin: float, boot_half: float, floor: float) -> float:
@@ -175,7 +176,7 @@ def crossovers(
     """Computes in ``[lo, hi]`` where the two curves cross, ascending (sign changes of
     ``R_f - R_g`` on a log grid of ``n`` points, each refined by Brent's method)."""
     if not 0 < lo < hi:
-        raise ValueError(f"need 0 < lo < hi, got {lo}, {hi}")
+        raise CurveError(f"need 0 < lo < hi, got {lo}, {hi}")
     grid = np.geomspace(lo, hi, n)
     diff = f.predict(grid) - g.predict(grid)
     roots: list[float] = []
@@ -390,12 +391,12 @@ class FixedARefit:
 def fixed_A_refit(fits: Mapping[str, SigmoidFit], A: float | None = None) -> FixedARefit:
     """Paper Sec. 4: refit each run (same window, same R0) with A fixed to the mean fitted A."""
     if not fits:
-        raise ValueError("no fits to refit")
+        raise CurveError("no fits to refit")
     common = float(np.mean([f.A for f in fits.values()])) if A is None else float(A)
     refits = {}
     for label, f in fits.items():
         if common <= f.R0:
-            raise ValueError(f"{label}: the common A = {common:.4g} is not above its R0 = {f.R0:.4g}")
+            raise CurveError(f"{label}: the common A = {common:.4g} is not above its R0 = {f.R0:.4g}")
         refits[label] = fit_sigmoid(
             f.compute, f.reward, r0=f.R0, include=f.in_fit, fixed_A=common, method="fast"
         )
@@ -473,7 +474,7 @@ def compare(
     the model each run started from (``scalerl.model_identity.identity_key``; None: unknown).
     """
     if len(fits) < 1:
-        raise ValueError("nothing to compare")
+        raise CurveError("nothing to compare")
     boots = boots or {}
     groups: dict[str, list[str]] = {}
     named = recipes or {}

@@ -41,6 +41,7 @@ from scipy.stats import norm
 
 from scalerl.scaling.sigmoid import SigmoidFit
 from scalerl.scaling.uncertainty import Bootstrap, ProfileInterval, profile_curves
+from scalerl.scaling.validation import CurveError
 
 #: The paper's margin on A (A.5: about +-0.02 from three seeds): the default target half-width.
 DEFAULT_HALF_WIDTH = 0.02
@@ -181,7 +182,7 @@ def compute_needed(
     if fit.A_fixed:
         return None
     if not half_width > 0:
-        raise ValueError(f"the target half-width on A must be > 0, got {half_width}")
+        raise CurveError(f"the target half-width on A must be > 0, got {half_width}")
     x = fit.fit_compute
     n, p = x.size, fit.diagnostics.n_free_params
     res = fit.residuals

@@ -22,7 +22,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.optimize import least_squares
 
-from scalerl.scaling.validation import as_curve
+from scalerl.scaling.validation import CurveError, as_curve
 
 
 def efficiency_k(N: ArrayLike, k_max: float, N0: float) -> NDArray[np.float64]:
@@ -54,7 +54,7 @@ class CrossModelFit:
         """Predicted ``L = 1 - pass`` for a model of size ``N`` after resource ``X`` (> 0)."""
         x = np.asarray(X, dtype=np.float64)
         if np.any(x <= 0):
-            raise ValueError("X must be > 0")
+            raise CurveError("X must be > 0")
         return np.power(10.0, self.E0(N) - self.k(N) * np.log10(x))
 
     def predict(self, N: float, X: ArrayLike) -> NDArray[np.float64]:
@@ -95,13 +95,13 @@ def fit_cross_model(runs: Sequence[tuple[float, ArrayLike, ArrayLike]]) -> Cross
     for N, X, pass_rate in runs:
         n = float(N)
         if not (math.isfinite(n) and n > 0):
-            raise ValueError(f"model size N must be > 0, got {N!r}")
+            raise CurveError(f"model size N must be > 0, got {N!r}")
         x, p = as_curve(X, pass_rate)
         if np.any(x <= 0):
-            raise ValueError(f"N = {n:g}: X must be > 0 (log scale)")
+            raise CurveError(f"N = {n:g}: X must be > 0 (log scale)")
         loss = 1.0 - p
         if np.any(loss <= 0) or np.any(loss > 1):
-            raise ValueError(f"N = {n:g}: pass rates must lie in [0, 1) so that L = 1 - pass is in (0, 1]")
+            raise CurveError(f"N = {n:g}: pass rates must lie in [0, 1) so that L = 1 - pass is in (0, 1]")
         lx, ll = np.log10(x), np.log10(loss)
         slope, icept = np.polyfit(lx, ll, 1)
         per_size[n] = (-float(slope), float(icept))
@@ -111,10 +111,10 @@ def fit_cross_model(runs: Sequence[tuple[float, ArrayLike, ArrayLike]]) -> Cross
         logL.append(ll)
     distinct = sorted(set(sizes))
     if len(distinct) < 2:
-        raise ValueError("the cross-model law needs runs of at least two model sizes")
+        raise CurveError("the cross-model law needs runs of at least two model sizes")
     lN, lX, lL = np.concatenate(logN), np.concatenate(logX), np.concatenate(logL)
     if lN.size < 5:
-        raise ValueError("the cross-model law needs at least 5 points in total (4 parameters)")
+        raise CurveError("the cross-model law needs at least 5 points in total (4 parameters)")
     Ns = np.array(distinct)
     ks = np.array([np.mean([per_size[n][0] for n in sizes if n == m]) for m in distinct])
     es = np.array([np.mean([per_size[n][1] for n in sizes if n == m]) for m in distinct])

@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 from scalerl.scaling.cross_model import CrossModelFit, fit_cross_model
 from scalerl.scaling.io import Curve
 from scalerl.scaling.report import num, table
+from scalerl.scaling.validation import CurveError
 
 SIZE_COLUMN = "model_size"
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBtT]?)\s*$")
@@ -30,10 +31,10 @@ def parse_size(text: str) -> float:
     """A parameter count: ``7e9``, ``7B``, ``135M``, ``1.5b`` (k, M, B, T suffixes)."""
     m = _SIZE.match(text)
     if not m:
-        raise ValueError(f"model size {text!r}: expected a number of parameters such as 7e9, 7B or 135M")
+        raise CurveError(f"model size {text!r}: expected a number of parameters such as 7e9, 7B or 135M")
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
     if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"model size {text!r}: must be > 0")
+        raise CurveError(f"model size {text!r}: must be > 0")
     return value
 
 
@@ -58,7 +59,7 @@ def sized_runs(
     unknown = sorted(set(sizes) - {c.label for c in curves})
     if unknown:
         have = ", ".join(c.label for c in curves)
-        raise ValueError(f"--size {unknown[0]}: no run has this label (runs: {have})")
+        raise CurveError(f"--size {unknown[0]}: no run has this label (runs: {have})")
     out = []
     for c in curves:
         N = sizes.get(c.label)
@@ -67,7 +68,7 @@ def sized_runs(
             if values.size and np.all(values == values[0]) and values[0] > 0:
                 N = float(values[0])
         if N is None:
-            raise ValueError(f"{c.label} ({c.source}): no model size; pass --size {c.label}=N "
+            raise CurveError(f"{c.label} ({c.source}): no model size; pass --size {c.label}=N "
                              f"(e.g. 1.5B) or give the rows a {SIZE_COLUMN} column")
         keep = c.x > 0
         if min_x is not None:
@@ -76,7 +77,7 @@ def sized_runs(
         dropped_x = int((~keep).sum())
         keep &= c.y < 1.0
         if keep.sum() < 2:
-            raise ValueError(f"{c.label} ({c.source}): fewer than 2 points with {c.x_name} > 0 and "
+            raise CurveError(f"{c.label} ({c.source}): fewer than 2 points with {c.x_name} > 0 and "
                              "pass rate < 1")
         out.append(SizedRun(c.label, c.source, float(N), c.x[keep], c.y[keep], dropped_x, int(solved.sum())))
     return out
@@ -101,7 +102,7 @@ def validate_largest(runs: Sequence[SizedRun]) -> Validation:
     """Fit on every size but the largest, predict the largest (it needs three sizes or more)."""
     sizes = sorted({r.N for r in runs})
     if len(sizes) < 3:
-        raise ValueError("--validate: needs runs of at least three model sizes (two to fit, one held out)")
+        raise CurveError("--validate: needs runs of at least three model sizes (two to fit, one held out)")
     top = sizes[-1]
     law = fit_cross_model(law_input([r for r in runs if top != r.N]))
     held = [r for r in runs if top == r.N]

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from scalerl.scaling.validation import CurveError
+
 #: The fitted data must reach this multiple of C_mid before A counts as determined.
 #: At 2x C_mid a B ~ 1.5-2 sigmoid has covered ~75 % of its rise; the paper fits its 8B run up to
 #: ~4x C_mid (50k vs C_mid ~ 11k GPU-h) and notes fits stabilise once past the midpoint.
@@ -51,7 +53,7 @@ def truncation_flag(
 ) -> TruncationFlag | None:
     """The flag when some ``rates[i] > threshold`` (strictly), else None. ``steps`` label the rows."""
     if not 0 < threshold <= 1:
-        raise ValueError(f"truncation threshold: must be in (0, 1], got {threshold}")
+        raise CurveError(f"truncation threshold: must be in (0, 1], got {threshold}")
     over = rates > threshold
     if not over.any():
         return None

@@ -14,7 +14,7 @@ import math
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from scalerl.scaling.validation import as_curve
+from scalerl.scaling.validation import CurveError, as_curve
 
 
 def record_breaking(
@@ -29,7 +29,7 @@ def record_breaking(
     _, r = as_curve(compute, reward)  # validates compute too: the walk must follow it
     if bin_width is None:
         if n_bins < 1:
-            raise ValueError(f"n_bins must be >= 1, got {n_bins}")
+            raise CurveError(f"n_bins must be >= 1, got {n_bins}")
         span = float(r.max() - r.min())
         if span == 0:
             return np.array([0], dtype=np.intp)
@@ -37,7 +37,7 @@ def record_breaking(
     else:
         width = float(bin_width)
         if not (math.isfinite(width) and width > 0):
-            raise ValueError(f"bin_width must be a positive number, got {bin_width!r}")
+            raise CurveError(f"bin_width must be a positive number, got {bin_width!r}")
     level = np.floor((r - r[0]) / width)
     # Running maximum of the level *before* each point: a point breaks the record if it beats it.
     best_before = np.maximum.accumulate(np.concatenate([[level[0]], level[:-1]]))

@@ -26,6 +26,8 @@ from numpy.typing import NDArray
 from scipy.optimize import OptimizeWarning, curve_fit
 from scipy.special import expit
 
+from scalerl.scaling.validation import CurveError
+
 #: Paper A.5 grid for the asymptote A: 0.450, 0.455, ..., 0.800 (71 values).
 PAPER_A_GRID: NDArray[np.float64] = np.round(np.linspace(0.45, 0.80, 71), 3)
 #: Paper A.5 grid for C_mid: 100 linearly spaced values in [100, 40000] GPU-hours.
@@ -120,7 +122,7 @@ def paper_grid_search(
             if best is None or sse < best[0]:
                 best = (sse, i, j, B)
     if best is None:
-        raise ValueError("curve_fit failed in every grid cell")
+        raise CurveError("curve_fit failed in every grid cell")
     sse, i, j, B = best
     return GridOptimum(
         A=float(A_grid[i]),

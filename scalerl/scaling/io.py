@@ -38,6 +38,8 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from scalerl.scaling.validation import CurveError, MissingCurveError
+
 #: Default columns, matching the scalerl trainer's eval rows.
 DEFAULT_X = "compute_device_hours"
 DEFAULT_Y = "val_pass_rate"
@@ -89,25 +91,25 @@ class Curve:
             return self.y
         if name not in self.extra:
             have = ", ".join(sorted({self.x_name, self.y_name, *self.extra})) or "none"
-            raise ValueError(f"{self.source}: no column {name!r} in the evaluation rows (have: {have})")
+            raise CurveError(f"{self.source}: no column {name!r} in the evaluation rows (have: {have})")
         return self.extra[name]
 
 
 def _number(value: object, where: str, column: str) -> float:
     """Parse one cell as a finite float or raise ``ValueError`` naming ``file:line`` and column."""
     if isinstance(value, bool):
-        raise ValueError(f"{where}: {column} is a boolean ({value!r}), expected a number")
+        raise CurveError(f"{where}: {column} is a boolean ({value!r}), expected a number")
     if isinstance(value, (int, float)):
         out = float(value)
     elif isinstance(value, str):
         try:
             out = float(value.strip())
         except ValueError:
-            raise ValueError(f"{where}: {column} = {value!r} is not a number") from None
+            raise CurveError(f"{where}: {column} = {value!r} is not a number") from None
     else:
-        raise ValueError(f"{where}: {column} = {value!r} is not a number")
+        raise CurveError(f"{where}: {column} = {value!r} is not a number")
     if not math.isfinite(out):
-        raise ValueError(f"{where}: {column} = {value!r} is not finite")
+        raise CurveError(f"{where}: {column} = {value!r} is not finite")
     return out
 
 
@@ -122,12 +124,12 @@ def pick_column(
     have = list(dict.fromkeys(available))
     if requested is not None:
         if requested not in have:
-            raise ValueError(f"{source}: no {what} column {requested!r} (have: {', '.join(have) or 'none'})")
+            raise CurveError(f"{source}: no {what} column {requested!r} (have: {', '.join(have) or 'none'})")
         return requested
     for name in fallbacks:
         if name in have:
             return name
-    raise ValueError(
+    raise CurveError(
         f"{source}: none of the default {what} columns ({', '.join(fallbacks)}) is present; "
         f"name one with --{what} (have: {', '.join(have) or 'none'})"
     )
@@ -138,10 +140,10 @@ def _build(
 ) -> Curve:
     """Check x strictly increases (else ``file:line``) and pack the rows into a ``Curve``."""
     if not rows:
-        raise ValueError(f"{source}: no rows with a {y_name!r} value")
+        raise CurveError(f"{source}: no rows with a {y_name!r} value")
     for (line0, x0, _, _), (line1, x1, _, _) in pairwise(rows):
         if x1 <= x0:
-            raise ValueError(
+            raise CurveError(
                 f"{source}:{line1}: {x_name} = {x1:g} does not increase (line {line0} has {x0:g}); "
                 "a resumed run that re-logged evaluations? keep one row per evaluation"
             )
@@ -180,11 +182,11 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
             try:
                 obj = json.loads(text)
             except json.JSONDecodeError as err:
-                raise ValueError(
+                raise CurveError(
                     f"{path}:{lineno}: malformed JSON ({err.msg} at column {err.colno})"
                 ) from None
             if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+                raise CurveError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
             yield lineno, obj
 
 
@@ -202,7 +204,7 @@ def read_jsonl(
     for n, obj in evals:
         where = f"{p}:{n}"
         if _missing(obj.get(x_name)):
-            raise ValueError(f"{where}: row has {y_name} but no {x_name}")
+            raise CurveError(f"{where}: row has {y_name} but no {x_name}")
         rows.append(
             (
                 n,
@@ -268,7 +270,7 @@ def read_run_dir(path: str | Path, x: str | None = None, y: str | None = None) -
     d = Path(path)
     log = d / "metrics.jsonl"
     if not log.is_file():
-        raise FileNotFoundError(f"{d}: not a scalerl run directory (no metrics.jsonl)")
+        raise MissingCurveError(f"{d}: not a scalerl run directory (no metrics.jsonl)")
     name, recipe = _run_identity(d)
     return replace(read_jsonl(log, x, y, label=name), recipe=recipe, start_model=_start_model(d))
 
@@ -293,7 +295,7 @@ def _csv_rows(path: Path) -> tuple[list[str], list[tuple[int, list[str]]]]:
     while start < len(lines) and (lines[start].lstrip().startswith("#") or not lines[start].strip()):
         start += 1
     if start == len(lines):
-        raise ValueError(f"{path}: no header row")
+        raise CurveError(f"{path}: no header row")
     reader = csv.reader(lines[start:])
     header = [h.strip() for h in next(reader)]
     rows = []
@@ -302,7 +304,7 @@ def _csv_rows(path: Path) -> tuple[list[str], list[tuple[int, list[str]]]]:
         if not cells or all(not c.strip() for c in cells):
             continue
         if len(cells) > len(header):
-            raise ValueError(f"{path}:{lineno}: {len(cells)} cells but the header has {len(header)} columns")
+            raise CurveError(f"{path}:{lineno}: {len(cells)} cells but the header has {len(header)} columns")
         rows.append((lineno, cells + [""] * (len(header) - len(cells))))
     return header, rows
 
@@ -335,7 +337,7 @@ def read_csv(path: str | Path, x: str | None = None, y: str | None = None) -> li
             continue
         where = f"{p}:{lineno}"
         if _missing(rec[x_name]):
-            raise ValueError(f"{where}: row has {y_name} but no {x_name}")
+            raise CurveError(f"{where}: row has {y_name} but no {x_name}")
         key = cells[run_col].strip() if run_col is not None else p.stem
         runs.setdefault(key, []).append(
             (
@@ -346,7 +348,7 @@ def read_csv(path: str | Path, x: str | None = None, y: str | None = None) -> li
             )  # type: ignore[arg-type]
         )
     if not runs:
-        raise ValueError(f"{p}: no rows with a {y_name!r} value")
+        raise CurveError(f"{p}: no rows with a {y_name!r} value")
     by_run: dict[str, list[tuple[int, dict[str, object]]]] = {}
     for lineno, cells in rows:
         key = cells[run_col].strip() if run_col is not None else p.stem
@@ -372,7 +374,7 @@ def _read_wandb(
         else:
             x_col = f"{run}{WANDB_SEP}{x}" if f"{run}{WANDB_SEP}{x}" in header else x
             if x_col not in header:
-                raise ValueError(f"{p}: no x column {x!r} (have: {', '.join(header)})")
+                raise CurveError(f"{p}: no x column {x!r} (have: {', '.join(header)})")
         xi, yi = header.index(x_col), header.index(col)
         pts = []
         for lineno, cells in rows:
@@ -380,7 +382,7 @@ def _read_wandb(
                 continue
             where = f"{p}:{lineno}"
             if _missing(cells[xi]):
-                raise ValueError(f"{where}: row has {col} but no {x_col}")
+                raise CurveError(f"{where}: row has {col} but no {x_col}")
             pts.append((lineno, _number(cells[xi], where, x_col), _number(cells[yi], where, col), {}))
         x_label = x_col.split(WANDB_SEP, 1)[1] if WANDB_SEP in x_col else x_col
         curves.append(_build(run, str(p), x_label, y_name, pts))
@@ -391,7 +393,7 @@ def read_curves(path: str | Path, x: str | None = None, y: str | None = None) ->
     """Read every curve in ``path`` (run directory, .csv, .jsonl/.ndjson/.json)."""
     p = Path(path)
     if not p.exists():
-        raise FileNotFoundError(f"{p}: no such file or directory")
+        raise MissingCurveError(f"{p}: no such file or directory")
     if p.is_dir():
         return [read_run_dir(p, x, y)]
     suffix = p.suffix.lower()
@@ -399,7 +401,7 @@ def read_curves(path: str | Path, x: str | None = None, y: str | None = None) ->
         return [read_jsonl(p, x, y)]
     if suffix in (".csv", ".tsv", ".txt"):
         return read_csv(p, x, y)
-    raise ValueError(f"{p}: unknown format {suffix!r} (expected a run directory, .csv or .jsonl)")
+    raise CurveError(f"{p}: unknown format {suffix!r} (expected a run directory, .csv or .jsonl)")
 
 
 def read_many(paths: Sequence[str | Path], x: str | None = None, y: str | None = None) -> list[Curve]:
@@ -430,5 +432,5 @@ def reference_csv(name: str = "scalerl_8b_dense_fig1a") -> Path:
     """Path of a digitized reference curve shipped with the package (see the file's header)."""
     p = Path(__file__).parent / "data" / f"{name}.csv"
     if not p.is_file():
-        raise FileNotFoundError(f"no reference curve {name!r} in {p.parent}")
+        raise MissingCurveError(f"no reference curve {name!r} in {p.parent}")
     return p

@@ -28,6 +28,7 @@ from scalerl.scaling.compare import Comparison, efficiency_transform
 from scalerl.scaling.power_law import PowerLawFit
 from scalerl.scaling.sigmoid import SigmoidFit
 from scalerl.scaling.uncertainty import Bootstrap
+from scalerl.scaling.validation import MissingCurveError
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -107,7 +108,7 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 200) -> Path:
     """Write ``fig`` to ``path`` atomically (temp file in the same directory, then rename)."""
     out = Path(path)
     if out.parent and not out.parent.exists():
-        raise FileNotFoundError(f"{out.parent}: directory does not exist")
+        raise MissingCurveError(f"{out.parent}: directory does not exist")
     suffix = out.suffix.lower() or ".png"
     with atomic_path(out, suffix=suffix) as tmp:
         fig.savefig(tmp, dpi=dpi, format=suffix.lstrip("."))

@@ -22,7 +22,7 @@ from scipy.optimize import minimize_scalar
 
 from scalerl.scaling.diagnostics import at_bound
 from scalerl.scaling.forms import power_law_reward
-from scalerl.scaling.validation import as_curve, fit_window
+from scalerl.scaling.validation import CurveError, as_curve, fit_window
 
 #: Range searched for the power-law exponent B.
 POWER_B_RANGE: tuple[float, float] = (1e-3, 10.0)
@@ -111,7 +111,7 @@ def fit_power_law(
     mask = fit_window(c, min_compute, max_compute, include)
     a_cap = float(a_max)
     if math.isnan(a_cap):
-        raise ValueError("a_max must not be NaN")
+        raise CurveError("a_max must not be NaN")
     logc = np.log(c[mask])
     log_ref = float(logc.mean())
     t, y = logc - log_ref, r[mask]

@@ -33,7 +33,7 @@ from scalerl.scaling.grids import (
     paper_grid_search,
 )
 from scalerl.scaling.refine import levenberg_marquardt
-from scalerl.scaling.validation import as_curve, fit_window, resolve_r0
+from scalerl.scaling.validation import CurveError, as_curve, fit_window, resolve_r0
 
 Method = Literal["fast", "paper"]
 METHODS: tuple[str, ...] = ("fast", "paper")
@@ -127,7 +127,7 @@ def resolve_a_max(reward: NDArray[np.float64], R0: float, a_max: float | None) -
     if a_max is not None:
         value = float(a_max)
         if math.isnan(value) or value <= R0:
-            raise ValueError(f"a_max = {a_max!r} must exceed R0 = {R0:.6g}")
+            raise CurveError(f"a_max = {a_max!r} must exceed R0 = {R0:.6g}")
         return value
     if np.all(reward <= 1.0) and R0 < 1.0:
         return 1.0
@@ -165,7 +165,7 @@ def fit_sigmoid(
         ValueError: bad input (see ``validation.as_curve``) or an unknown method.
     """
     if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        raise CurveError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     c, r = as_curve(compute, reward)
     R0, r0_source = resolve_r0(c, r, r0)
     mask = fit_window(c, min_compute, max_compute, include)
@@ -175,7 +175,7 @@ def fit_sigmoid(
     if fixed_A is not None:
         fixed_value = float(fixed_A)
         if not math.isfinite(fixed_value) or fixed_value <= R0:
-            raise ValueError(f"fixed_A = {fixed_A!r} must be finite and exceed R0 = {R0:.6g}")
+            raise CurveError(f"fixed_A = {fixed_A!r} must be finite and exceed R0 = {R0:.6g}")
         A_lo = A_hi = fixed_value
     c_lo, c_hi = float(c[mask].min()), float(c[mask].max())
     bounds = ((A_lo, A_hi), B_RANGE, (c_lo / C_MID_REACH, c_hi * C_MID_REACH))

@@ -42,6 +42,7 @@ from scalerl.scaling.forms import log_compute
 from scalerl.scaling.grids import adaptive_grids, best_cell_per_A
 from scalerl.scaling.refine import levenberg_marquardt
 from scalerl.scaling.sigmoid import SigmoidFit, resolve_a_max, theta_bounds
+from scalerl.scaling.validation import CurveError
 
 BootstrapKind = Literal["residual", "pairs"]
 PARAMS: tuple[str, ...] = ("A", "B", "C_mid")
@@ -146,11 +147,11 @@ def bootstrap(
     replicates of an unidentifiable fit pile up at the bounds, and the intervals show it.
     """
     if n_boot < 10:
-        raise ValueError(f"n_boot = {n_boot} is too small for percentile intervals (use >= 10)")
+        raise CurveError(f"n_boot = {n_boot} is too small for percentile intervals (use >= 10)")
     if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
+        raise CurveError(f"level must be in (0, 1), got {level}")
     if kind not in ("residual", "pairs"):
-        raise ValueError(f"unknown bootstrap kind {kind!r}; choose 'residual' or 'pairs'")
+        raise CurveError(f"unknown bootstrap kind {kind!r}; choose 'residual' or 'pairs'")
     x = np.log(fit.fit_compute)
     y = fit.fit_reward
     n = y.size
@@ -191,7 +192,7 @@ def bootstrap(
     th = out.theta[ok]
     samples = np.column_stack([th[:, 0], np.exp(th[:, 1]), np.exp(th[:, 2])])
     if samples.shape[0] < 10:
-        raise ValueError("fewer than 10 bootstrap refits converged; the fit is too ill-posed for intervals")
+        raise CurveError("fewer than 10 bootstrap refits converged; the fit is too ill-posed for intervals")
     return Bootstrap(
         fit=fit,
         samples=samples,
@@ -303,7 +304,7 @@ def profile_A(fit: SigmoidFit, level: float = 0.95, n_grid: int = 48) -> Profile
     if fit.A_fixed:
         raise ValueError("A was fixed in this fit; it has no interval")
     if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
+        raise CurveError(f"level must be in (0, 1), got {level}")
     n, p = fit.diagnostics.n_points, fit.diagnostics.n_free_params
     dof = n - p
     sse_min = float(fit.residuals @ fit.residuals)

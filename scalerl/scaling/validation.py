@@ -14,6 +14,15 @@ from numpy.typing import ArrayLike, NDArray
 MIN_POINTS = 4
 
 
+class CurveError(ValueError):
+    """A curve (a metrics file, a run's log) that cannot be read or fitted: bad input, exit 2."""
+
+
+class MissingCurveError(CurveError, FileNotFoundError):
+    """A metrics file or run directory that does not exist."""
+
+
+
 def _indices(mask: NDArray[np.bool_], limit: int = 5) -> str:
     """Format the first few indices where ``mask`` holds, e.g. ``"3, 7, 12 (+2 more)"``."""
     idx = np.flatnonzero(mask)
@@ -30,23 +39,23 @@ def as_curve(compute: ArrayLike, reward: ArrayLike) -> tuple[NDArray[np.float64]
     c = np.asarray(compute, dtype=np.float64)
     r = np.asarray(reward, dtype=np.float64)
     if c.ndim != 1 or r.ndim != 1:
-        raise ValueError(f"compute and reward must be 1-D, got shapes {c.shape} and {r.shape}")
+        raise CurveError(f"compute and reward must be 1-D, got shapes {c.shape} and {r.shape}")
     if c.shape != r.shape:
-        raise ValueError(f"compute and reward differ in length ({c.size} vs {r.size})")
+        raise CurveError(f"compute and reward differ in length ({c.size} vs {r.size})")
     if c.size == 0:
-        raise ValueError("the curve is empty")
+        raise CurveError("the curve is empty")
     for name, arr in (("compute", c), ("reward", r)):
         bad = ~np.isfinite(arr)
         if bad.any():
-            raise ValueError(
+            raise CurveError(
                 f"{name} has {int(bad.sum())} non-finite value(s) (NaN/inf) at index {_indices(bad)}"
             )
     if (c < 0).any():
-        raise ValueError(f"compute must be >= 0; negative at index {_indices(c < 0)}")
+        raise CurveError(f"compute must be >= 0; negative at index {_indices(c < 0)}")
     steps = np.diff(c)
     if (steps <= 0).any():
         where = np.flatnonzero(steps <= 0)[0]
-        raise ValueError(
+        raise CurveError(
             f"compute must be strictly increasing; index {where + 1} ({c[where + 1]:g}) follows "
             f"{c[where]:g} (sort the points, or drop duplicated evaluations from a resumed run)"
         )
@@ -71,15 +80,15 @@ def fit_window(
     if max_compute is not None:
         mask &= compute <= float(max_compute)
     if min_compute is not None and max_compute is not None and float(min_compute) >= float(max_compute):
-        raise ValueError(f"empty fit window: min compute {min_compute:g} >= max compute {max_compute:g}")
+        raise CurveError(f"empty fit window: min compute {min_compute:g} >= max compute {max_compute:g}")
     if include is not None:
         inc = np.asarray(include, dtype=bool)
         if inc.shape != compute.shape:
-            raise ValueError(f"include mask has shape {inc.shape}, the curve has {compute.shape}")
+            raise CurveError(f"include mask has shape {inc.shape}, the curve has {compute.shape}")
         mask &= inc
     n = int(mask.sum())
     if n < MIN_POINTS:
-        raise ValueError(
+        raise CurveError(
             f"only {n} point(s) with compute > 0 inside the fit window; a fit needs at least {MIN_POINTS}"
         )
     return mask
@@ -99,7 +108,7 @@ def resolve_r0(
     if r0 is not None:
         value = float(r0)
         if not np.isfinite(value):
-            raise ValueError(f"r0 must be finite, got {r0!r}")
+            raise CurveError(f"r0 must be finite, got {r0!r}")
         return value, "argument"
     source = "zero_compute_point" if compute[0] == 0 else "first_point"
     return float(reward[0]), source

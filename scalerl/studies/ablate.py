@@ -17,6 +17,8 @@ from typing import Any
 
 from scalerl.atomic import write_atomic, write_json_atomic
 from scalerl.config import RunConfig, build_config, override_layer, yaml_layer
+from scalerl.inputs import InputError
+from scalerl.ownership import claim_output_dir
 from scalerl.recipes import recipe_path
 from scalerl.scaling.report import jsonable, run_to_dict, table
 from scalerl.studies.fitting import FitSettings, RunFit, StudyFits, analyze_study
@@ -53,6 +55,9 @@ from scalerl.studies.variants import (
     loo_variants,
     parse_grid_args,
 )
+
+#: the kind a study folder is marked with (`scalerl.ownership`)
+ABLATE_KIND = "ablate"
 
 
 @dataclass(frozen=True)
@@ -111,21 +116,21 @@ def plan_ablation(
 ) -> AblationPlan:
     """Variants and run specs; every error (recipe, key, value, combination) is raised here."""
     if sum((loo, bool(grid), coupled is not None)) != 1:
-        raise ValueError("choose one study: --loo (leave-one-out), --grid KEY=V1,V2 (forward ablation) or "
+        raise InputError("choose one study: --loo (leave-one-out), --grid KEY=V1,V2 (forward ablation) or "
                          f"--coupled AXIS ({', '.join(COUPLED_AXES)})")
     if values is not None and coupled is None:
-        raise ValueError("--values lists the values of a coupled axis; it needs --coupled AXIS")
+        raise InputError("--values lists the values of a coupled axis; it needs --coupled AXIS")
     if axes and not loo:
-        raise ValueError("--axes restricts a leave-one-out study; it needs --loo")
+        raise InputError("--axes restricts a leave-one-out study; it needs --loo")
     if seeds < 1:
-        raise ValueError(f"--seeds: must be >= 1, got {seeds}")
+        raise InputError(f"--seeds: must be >= 1, got {seeds}")
     overrides, config_files = list(overrides or []), list(config_files or [])
     cfg = base_config(base, config_files, overrides)
     study = Path(study_dir)
     if loo:
         found = loo_variants(cfg, axes)
         if not found:
-            raise ValueError(f"--base {base}: it already matches the paper's baseline on every axis "
+            raise InputError(f"--base {base}: it already matches the paper's baseline on every axis "
                              f"{'asked for ' if axes else ''}(nothing to leave out)")
         variants = [Variant(base, [], f"the base recipe {base!r}"), *found]
     elif coupled is not None:
@@ -255,8 +260,8 @@ def run_ablation(
     Grid and coupled studies add the compute-optimal variant per budget (`budgets`, else spread
     over the study's compute range)."""
     stream = out or sys.stdout
+    claim_output_dir(plan.study_dir, ABLATE_KIND, "--output-dir")  # new, empty or an earlier study's
     specs = with_model(plan.specs, shared_model(plan.base_config))
-    plan.study_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(plan.study_dir / PLAN_FILE, jsonable(plan.to_dict()))
     outcomes, run_fits = run_and_fit(specs, settings, device=device, train_fn=train_fn, parallel=parallel)
     fits = analyze_study(run_fits, settings, order=[v.name for v in plan.variants])
@@ -279,4 +284,4 @@ def run_ablation(
     return 1 if failed else 0
 
 
-__all__ = ["AblationPlan", "base_config", "plan_ablation", "render_plan", "run_ablation"]
+__all__ = ["ABLATE_KIND", "AblationPlan", "base_config", "plan_ablation", "render_plan", "run_ablation"]

@@ -20,6 +20,7 @@ import numpy as np
 
 from scalerl.atomic import write_atomic, write_json_atomic
 from scalerl.config import RunConfig, build_config, override_layer, yaml_layer
+from scalerl.inputs import InputError, MissingInputError
 from scalerl.recipes import recipe_path
 from scalerl.scaling.report import interval, jsonable, num, run_to_dict
 from scalerl.studies.demo import load_settings
@@ -55,12 +56,12 @@ def plan_accuracy(recipes: Sequence[str], runs_dir: Path, overrides: Sequence[st
     """One run per recipe, or `seeds` runs per recipe (`RECIPE-seedI`, the RL randomness moved as in
     `scalerl ablate --seeds`: same warm start and evaluation draws, other rollouts and data order)."""
     if seeds < 1:
-        raise ValueError(f"--seeds: must be >= 1, got {seeds}")
+        raise InputError(f"--seeds: must be >= 1, got {seeds}")
     if not recipes:
-        raise ValueError("--recipes: no recipe given")
+        raise InputError("--recipes: no recipe given")
     dupes = sorted({r for r in recipes if list(recipes).count(r) > 1})
     if dupes:
-        raise ValueError(f"--recipes: {dupes[0]!r} given twice")
+        raise InputError(f"--recipes: {dupes[0]!r} given twice")
     check_overrides(overrides)
     specs = []
     for recipe in recipes:
@@ -202,7 +203,7 @@ def run_accuracy(
     else:
         missing = [str(s.run_dir) for s in specs if not (s.run_dir / "metrics.jsonl").is_file()]
         if len(missing) == len(specs):
-            raise FileNotFoundError(f"--no-train: no run to fit (no metrics.jsonl in {', '.join(missing)})")
+            raise MissingInputError(f"--no-train: no run to fit (no metrics.jsonl in {', '.join(missing)})")
         fits = [fit_run(s.run_dir, s.name, s.group, settings) for s in specs]
     study = analyze_study(fits, settings, order=list(recipes))
     stats = overall(fits)

@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scalerl.atomic import write_atomic, write_json_atomic
 from scalerl.config import RunConfig, build_config, load_yaml, override_layer, yaml_layer
+from scalerl.inputs import InputError
+from scalerl.ownership import check_output_dir_owned, claim_output_dir, owner_of
 from scalerl.recipes import recipe_path
 from scalerl.scaling.analysis import FitOptions, RunAnalysis, analyze_curve
 from scalerl.scaling.io import read_run_dir
@@ -30,6 +32,8 @@ from scalerl.studies.study import check_overrides
 
 SETTINGS_FILE = Path(__file__).resolve().parent / "demo.yaml"
 MARKER_FILE = "demo.json"
+#: the kind a demo folder is marked with (`scalerl.ownership`)
+DEMO_KIND = "demo"
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"
 PLOT_FILE = "fit.png"
@@ -92,7 +96,7 @@ def load_settings(path: str | Path | None = None) -> LoadedSettings:
             where = f"{p}:{line}" if line is not None else str(p)
             msg = "unknown key" if e["type"] == "extra_forbidden" else f"{e['msg']} (got {e.get('input')!r})"
             lines.append(f"{where}: {'.'.join(loc)}: {msg}")
-        raise ValueError("demo settings error:\n  " + "\n  ".join(lines)) from None
+        raise InputError("demo settings error:\n  " + "\n  ".join(lines)) from None
     return LoadedSettings(settings, p, marks)
 
 
@@ -120,18 +124,21 @@ def demo_config(
     return build_config(layers)
 
 
+def _earlier_demo(path: Path) -> bool:
+    """An older scalerl's demo folder: it holds `demo.json` but no ownership marker."""
+    return (path / MARKER_FILE).is_file() and owner_of(path) is None
+
+
 def prepare_output_dir(path: Path) -> None:
-    """Make `path` ready for a fresh demo: create it, or clear a previous demo's; refuse otherwise."""
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"--output-dir: {path} exists and is not a directory")
+    """Make `path` ready for a fresh demo: create it, or clear a previous demo's; refuse otherwise
+    (`scalerl.ownership`: a folder that is not new, empty or a demo's is never touched)."""
+    if not _earlier_demo(path):
+        check_output_dir_owned(path, DEMO_KIND, "--output-dir")
     if path.is_dir() and any(path.iterdir()):
-        if not (path / MARKER_FILE).is_file():
-            raise ValueError(f"--output-dir: {path} is not empty and does not hold an earlier demo "
-                             f"(no {MARKER_FILE}); choose another --output-dir")
         # An earlier demo (finished or interrupted) in its own directory: replaced as a whole, so its
         # metrics, checkpoints and report cannot mix with the new run's.
         shutil.rmtree(path)
-    path.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(path, DEMO_KIND, "--output-dir")
 
 
 @dataclass(frozen=True, eq=False)
@@ -160,7 +167,7 @@ def fit_demo(run_dir: Path, x: str, fraction: float, n_boot: int, seconds: float
     window = fraction * end
     inside = int(((curve.x > 0) & (curve.x <= window)).sum())
     if inside < 4:
-        raise ValueError(
+        raise InputError(
             f"{run_dir}: {inside} evaluation(s) with {x} in (0, {window:.4g}], the first {fraction:.0%} "
             f"of the compute; the fit needs at least 4 (evaluate more often: eval.every, or train longer)"
         )
@@ -389,7 +396,7 @@ def run_seeds(*, n_seeds: int, output_dir: str | Path = "runs/demo", seed: int |
     """`scalerl demo --seeds N`: the demo on N consecutive seeds (each in `OUTPUT_DIR/seed-S`), then
     the spread of the prediction error and of A and B over them."""
     if n_seeds < 1:
-        raise ValueError(f"--seeds must be >= 1, got {n_seeds}")
+        raise InputError(f"--seeds must be >= 1, got {n_seeds}")
     stream = out or sys.stdout
     root = Path(output_dir)
     first = load_settings(kwargs.get("settings_path")).settings.seed if seed is None else seed

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from scalerl.inputs import InputError
 from scalerl.scaling.analysis import FitOptions, RunAnalysis, analyze_curve
 from scalerl.scaling.compare import PAPER_SEED_MARGIN_A, Comparison, compare, fixed_A_refit
 from scalerl.scaling.io import Curve, read_run_dir
@@ -45,13 +46,13 @@ class FitSettings:
 
     def __post_init__(self) -> None:
         if not 0 < self.fraction <= 1:
-            raise ValueError(f"fit fraction: must be in (0, 1], got {self.fraction}")
+            raise InputError(f"fit fraction: must be in (0, 1], got {self.fraction}")
         if self.max_x is not None and not (math.isfinite(self.max_x) and self.max_x > 0):
-            raise ValueError(f"fit max x: must be a positive number, got {self.max_x}")
+            raise InputError(f"fit max x: must be a positive number, got {self.max_x}")
         if self.n_boot != 0 and self.n_boot < 10:
-            raise ValueError(f"bootstrap: use 0 (no intervals) or at least 10 resamples, got {self.n_boot}")
+            raise InputError(f"bootstrap: use 0 (no intervals) or at least 10 resamples, got {self.n_boot}")
         if not 0 < self.level < 1:
-            raise ValueError(f"level: must be in (0, 1), got {self.level}")
+            raise InputError(f"level: must be in (0, 1), got {self.level}")
 
     def window_end(self, curve: Curve) -> float:
         return self.max_x if self.max_x is not None else self.fraction * float(curve.x.max())

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scalerl.inputs import InputError
 from scalerl.scaling.report import num, table
 from scalerl.studies.fitting import StudyFits
 
@@ -93,7 +94,7 @@ def compute_optimal(fits: StudyFits, budgets: Sequence[float] | None = None) -> 
     chosen = list(budgets) if budgets is not None else default_budgets(fits)
     for b in chosen:
         if not (np.isfinite(b) and b > 0):
-            raise ValueError(f"--budget: must be a positive compute, got {b}")
+            raise InputError(f"--budget: must be a positive compute, got {b}")
     out = []
     for budget in chosen:
         c = np.array([budget])

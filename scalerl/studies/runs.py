@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from scalerl.atomic import write_atomic, write_json_atomic
 from scalerl.config import ConfigError, RunConfig, build_config, yaml_layer
+from scalerl.inputs import InputError
 
 STATUS_FILE = "study_status.json"
 CONFIG_FILE = "config.yaml"
@@ -136,7 +137,7 @@ def check_reusable(specs: Sequence[RunSpec]) -> None:
     names = [s.name for s in specs]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise ValueError(f"study: run name {dupes[0]!r} occurs twice (run names are directory names)")
+        raise InputError(f"study: run name {dupes[0]!r} occurs twice (run names are directory names)")
     problems = []
     for spec in specs:
         path = spec.run_dir / CONFIG_FILE
@@ -152,7 +153,7 @@ def check_reusable(specs: Sequence[RunSpec]) -> None:
             problems.append(f"{spec.run_dir}: its {CONFIG_FILE} differs from this study's plan at "
                             + "; ".join(diffs))
     if problems:
-        raise ValueError(
+        raise InputError(
             "study directory holds runs made with other settings (use another --output-dir, or "
             "remove those run directories to redo them):\n  " + "\n  ".join(problems)
         )
@@ -207,7 +208,7 @@ def execute_runs(
     train = train_fn or _default_train
     check_reusable(specs)
     if parallel < 1:
-        raise ValueError(f"parallel: must be >= 1, got {parallel}")
+        raise InputError(f"parallel: must be >= 1, got {parallel}")
     jobs = [(i, spec) for i, spec in enumerate(specs, start=1)]
     if parallel == 1:
         return [_execute_one(spec, f"[{i}/{len(specs)}] {spec.name}", train, device, say) for i, spec in jobs]

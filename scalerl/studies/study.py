@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from scalerl.config import RunConfig, parse_override
+from scalerl.inputs import InputError
 from scalerl.studies.fitting import FitSettings, RunFit, fit_run
 from scalerl.studies.runs import RunOutcome, RunSpec, execute_runs
 from scalerl.studies.variants import apply_variant, override
@@ -33,7 +34,7 @@ def check_overrides(overrides: Sequence[str], reserved: Sequence[str] = RESERVED
         path, _ = parse_override(text)
         key = ".".join(path)
         if key in reserved:
-            raise ValueError(f"override {text!r}: {key} is set by the study for each run "
+            raise InputError(f"override {text!r}: {key} is set by the study for each run "
                              f"(use --output-dir for the study directory)")
 
 

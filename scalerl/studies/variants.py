@@ -31,6 +31,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from scalerl.config import ConfigError, RunConfig, build_config, override_layer, parse_override
+from scalerl.inputs import InputError
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,8 @@ _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9._+/-]*")
 # Keys and values
 
 
-def _key_error(key: str, message: str) -> ValueError:
-    return ValueError(f"{key}: {message}")
+def _key_error(key: str, message: str) -> InputError:
+    return InputError(f"{key}: {message}")
 
 
 def _subsection(model: type[BaseModel], name: str) -> type[BaseModel] | None:
@@ -209,7 +210,7 @@ def loo_variants(base_config: RunConfig, axes: Iterable[str] | None = None) -> l
         known = loo_axis_names()
         unknown = [a for a in wanted if a not in known]
         if unknown:
-            raise ValueError(f"unknown leave-one-out axis {unknown[0]!r}; axes: {', '.join(known)}")
+            raise InputError(f"unknown leave-one-out axis {unknown[0]!r}; axes: {', '.join(known)}")
     variants = []
     for axis in LOO_AXES:
         if wanted is not None and axis.name not in wanted:
@@ -261,7 +262,7 @@ def parse_grid_arg(text: str) -> tuple[str, list[Any]]:
     Commas inside brackets or quotes do not split: `generation.length_control.think_budget=[8, 16],[16, 32]`.
     """
     if "=" not in text:
-        raise ValueError(f"grid {text!r}: expected key.path=v1,v2,...")
+        raise InputError(f"grid {text!r}: expected key.path=v1,v2,...")
     key, raw = text.split("=", 1)
     key = key.strip()
     check_key(key)
@@ -323,7 +324,7 @@ def grid_variants(base_config: RunConfig, grid: Mapping[str, Sequence[Any]]) -> 
     the value.
     """
     if not grid:
-        raise ValueError("grid: no key to vary")
+        raise InputError("grid: no key to vary")
     keys = list(grid)
     for key in keys:
         check_key(key)
@@ -347,7 +348,7 @@ def grid_variants(base_config: RunConfig, grid: Mapping[str, Sequence[Any]]) -> 
             apply_variant(base_config, overrides)
         except ConfigError as err:
             combo_text = ", ".join(overrides)
-            raise ValueError(f"grid combination {combo_text} is not valid: {_one_line(err)}") from None
+            raise InputError(f"grid combination {combo_text} is not valid: {_one_line(err)}") from None
         name = "__".join(f"{labels[k]}-{_slug(v)}" for k, v in zip(keys, combo, strict=True))
         variants.append(Variant(name=_bounded(name), overrides=overrides, description=", ".join(overrides)))
     return variants
@@ -377,9 +378,9 @@ def _scaled_values(base: int, factors: Sequence[float] = (0.5, 1.0, 2.0), low: i
 def _n_at_fixed_batch(base: RunConfig, n: int) -> list[tuple[str, Any]]:
     total = base.generation.n * base.pipeline.prompts_per_step
     if n < 2:
-        raise ValueError(f"generations per prompt {n}: needs n >= 2 (one sample: no group variance)")
+        raise InputError(f"generations per prompt {n}: needs n >= 2 (one sample: no group variance)")
     if total % n:
-        raise ValueError(f"generations per prompt {n}: does not divide the total batch n x B = {total} "
+        raise InputError(f"generations per prompt {n}: does not divide the total batch n x B = {total} "
                          f"(generation.n={base.generation.n} x pipeline.prompts_per_step="
                          f"{base.pipeline.prompts_per_step})")
     return [("generation.n", n), ("pipeline.prompts_per_step", total // n)]
@@ -387,7 +388,7 @@ def _n_at_fixed_batch(base: RunConfig, n: int) -> list[tuple[str, Any]]:
 
 def _batch_size(base: RunConfig, b: int) -> list[tuple[str, Any]]:
     if b < 1:
-        raise ValueError(f"batch size {b}: needs at least one prompt per step")
+        raise InputError(f"batch size {b}: needs at least one prompt per step")
     return [("pipeline.prompts_per_step", b)]
 
 
@@ -397,13 +398,13 @@ def _generation_length(base: RunConfig, length: int) -> list[tuple[str, Any]]:
     g = base.generation
     lc = g.length_control
     if length < 1:
-        raise ValueError(f"generation length {length}: must be >= 1 token")
+        raise InputError(f"generation length {length}: must be >= 1 token")
     f = length / g.max_new_tokens
     lo, hi = lc.think_budget
     think = [max(1, round(lo * f)), max(1, round(hi * f))]
     answer = max(1, round(lc.answer_budget * f))
     if lc.kind == "interruption" and think[1] + answer > length:
-        raise ValueError(f"generation length {length}: too short for the interruption budgets "
+        raise InputError(f"generation length {length}: too short for the interruption budgets "
                          f"(think {think}, answer {answer})")
     return [("generation.max_new_tokens", length), ("generation.length_control.think_budget", think),
             ("generation.length_control.answer_budget", answer),
@@ -450,25 +451,25 @@ def coupled_variants(base_config: RunConfig, name: str, values: Sequence[int] | 
     """
     axis = COUPLED_AXES.get(name)
     if axis is None:
-        raise ValueError(f"--coupled: unknown axis {name!r}; axes: {', '.join(COUPLED_AXES)}")
+        raise InputError(f"--coupled: unknown axis {name!r}; axes: {', '.join(COUPLED_AXES)}")
     chosen = list(values) if values is not None else axis.defaults(base_config)
     if len(chosen) < 2:
-        raise ValueError(f"--coupled {name}: needs at least two values to compare, got {chosen}")
+        raise InputError(f"--coupled {name}: needs at least two values to compare, got {chosen}")
     if len(set(chosen)) != len(chosen):
-        raise ValueError(f"--coupled {name}: a value is given twice in {chosen}")
+        raise InputError(f"--coupled {name}: a value is given twice in {chosen}")
     variants = []
     for value in chosen:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"--coupled {name}: values are integers ({axis.value_name}), got {value!r}")
+            raise InputError(f"--coupled {name}: values are integers ({axis.value_name}), got {value!r}")
         try:
             pairs = axis.apply(base_config, value)
         except ValueError as err:
-            raise ValueError(f"--coupled {name}: {err}") from None
+            raise InputError(f"--coupled {name}: {err}") from None
         overrides = [override(k, v) for k, v in pairs]
         try:
             apply_variant(base_config, overrides)
         except ConfigError as err:
-            raise ValueError(f"--coupled {name}: value {value} is not valid: {_one_line(err)}") from None
+            raise InputError(f"--coupled {name}: value {value} is not valid: {_one_line(err)}") from None
         variants.append(Variant(name=axis.label(base_config, value), overrides=overrides,
                                 description=f"{axis.value_name}={value}: " + ", ".join(overrides)))
     return variants

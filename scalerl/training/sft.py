@@ -40,6 +40,7 @@ from scalerl.config import OptimConfig
 from scalerl.data.records import PromptRecord
 from scalerl.data.tokenize import encode_prompt
 from scalerl.inputs import CACHE_DIR_VAR
+from scalerl.ownership import check_output_dir_owned, mark_output_dir
 from scalerl.training.batch import pad_prompt_response
 from scalerl.training.forward import response_forward
 from scalerl.training.optim import build_optimizer, build_scheduler
@@ -52,6 +53,8 @@ logger = logging.getLogger(__name__)
 # 2: trained on one thread with a fixed precision (not the RL run's fp32_lm_head / dtype).
 SFT_RECIPE_VERSION = 2
 INFO_FILE = "sft_info.json"
+#: the kind an SFT output folder is marked with (`scalerl.ownership`)
+SFT_KIND = "sft"
 
 
 @dataclass(frozen=True)
@@ -232,15 +235,24 @@ def result_summary(result: SFTResult) -> dict[str, Any]:
             "seconds": result.seconds, "examples": result.examples}
 
 
-def save_sft_model(policy: Policy, path: Path, info: Mapping[str, Any]) -> None:
-    """`save_pretrained` model and tokenizer plus `sft_info.json`, atomically (temp dir + rename)."""
+def save_sft_model(policy: Policy, path: Path, info: Mapping[str, Any], flag: str = "--output") -> None:
+    """`save_pretrained` model and tokenizer plus `sft_info.json`, atomically (temp dir + rename).
+
+    `path` must be new, empty or an earlier SFT output (its `OWNER_FILE` marker says `sft`): only
+    then is it replaced; anything else is an `OwnershipError` naming `flag`, and nothing is deleted.
+    """
+    check_output_dir_owned(path, SFT_KIND, flag)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         policy.save_pretrained(tmp)
         (tmp / INFO_FILE).write_text(json.dumps(dict(info), indent=2))
-        if path.exists():
+        mark_output_dir(tmp, SFT_KIND)
+        if path.is_dir() and any(path.iterdir()):
+            # Checked again just before: only an SFT output of ours is replaced (an empty folder is
+            # renamed over as it is).
+            check_output_dir_owned(path, SFT_KIND, flag)
             shutil.rmtree(path)
         os.replace(tmp, path)
     except BaseException:

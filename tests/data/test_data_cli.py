@@ -65,3 +65,32 @@ def test_check_tokenizes_and_checks_lengths_by_default(
     assert _run(["data", "check", str(path), "--default-task", "math", "--skip"]) == 0
     text = capsys.readouterr().out
     assert "prompt tokens (tiny)" in text and "1 fit max_prompt_tokens=256" in text
+
+
+@pytest.mark.parametrize("rows", [
+    [{"prompt": "1+1?", "answer": "2"}],  # no task column: train's default task (math) applies to both
+    [{"prompt": "1+1?"}],  # no answer: both reject it
+    [{"prompt": "1+1?", "answer": "2", "task": "nope"}],  # an unknown task: both reject it
+])
+def test_data_check_and_train_accept_the_same_files(
+    rows: list[dict[str, str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One function loads the file for both (`scalerl.assembly.inputs.load_prompt_data`), from the
+    same defaults, so `data check` and `train` cannot drift apart."""
+    from scalerl.assembly.inputs import check_run_inputs
+    from scalerl.config import RunConfig
+
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    try:
+        _run(["data", "check", str(path)])
+        check_ok = True
+    except ValueError:
+        check_ok = False
+    try:
+        check_run_inputs(RunConfig.model_validate({"data": {"train_path": str(path)},
+                                                   "output_dir": str(tmp_path / "run")}))
+        train_ok = True
+    except ValueError:
+        train_ok = False
+    assert check_ok == train_ok

@@ -60,12 +60,40 @@ def test_a_failure_before_the_first_row_leaves_no_run_directory(
 ) -> None:
     import scalerl.assembly.build as assemble
     from scalerl.assembly.run import train_run
+    from scalerl.config import ConfigError
 
     def broken(*args: object, **kwargs: object) -> None:
-        raise ValueError("rewards.verifiers.x: cannot import")
+        raise ConfigError("rewards.verifiers.x: cannot import")  # bad input found while building
 
     monkeypatch.setattr(assemble, "train", broken)
     run_dir = tmp_path / "run"
     with pytest.raises(ValueError, match="cannot import"):
         train_run(tiny_run_config(str(tiny_model), run_dir), run_dir)
     assert not run_dir.exists()
+
+
+def test_an_internal_error_exits_1_with_its_traceback_logged_and_its_stop_recorded(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ValueError deep inside a run (a bug, a library's failure) is ours, not bad input: exit 1, the
+    traceback on stderr and in RUN_DIR/error.log, the stop and its cause in sessions.jsonl."""
+    import scalerl.training.trainer as trainer_mod
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ValueError("operands could not be broadcast together")  # what numpy says on a shape bug
+
+    monkeypatch.setattr(trainer_mod.Trainer, "step", broken)
+    run_dir = tmp_path / "run"
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(tiny_run_config(str(tiny_model), run_dir).model_dump(mode="json")))
+    assert main(["train", "-c", str(config), "eval.at_start=false"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "in broken" in err
+    assert "scalerl train: internal error (ValueError, not a problem with your input)" in err
+    assert "scalerl train: error:" not in err
+    log = (run_dir / "error.log").read_text()
+    assert log.startswith("Traceback") and "ValueError: operands could not be broadcast together" in log
+    stop = [json.loads(line) for line in (run_dir / "sessions.jsonl").read_text().splitlines()][-1]
+    assert stop["event"] == "stop" and stop["stop_reason"] == "internal_error" and stop["exit_status"] == 1
+    assert stop["error"] == "ValueError: operands could not be broadcast together"
+    assert stop["error_log"] == "error.log"

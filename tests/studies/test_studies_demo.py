@@ -14,6 +14,7 @@ from study_helpers import TINY_OVERRIDES, write_curve
 
 from scalerl.cli import demo as demo_cli
 from scalerl.config import ConfigError, RunConfig
+from scalerl.ownership import OWNER_FILE
 from scalerl.studies import demo
 from scalerl.studies.demo import MARKER_FILE, demo_config, fit_demo, load_settings, prepare_output_dir
 
@@ -62,7 +63,7 @@ def test_output_dir_is_replaced_only_if_it_holds_a_demo(tmp_path: Path) -> None:
     other = tmp_path / "mine"
     other.mkdir()
     (other / "precious.txt").write_text("keep")
-    with pytest.raises(ValueError, match="does not hold an earlier demo"):
+    with pytest.raises(ValueError, match=r"--output-dir: .*mine is not empty and was not made by scalerl"):
         prepare_output_dir(other)
     assert (other / "precious.txt").read_text() == "keep"
     old = tmp_path / "demo"
@@ -70,7 +71,7 @@ def test_output_dir_is_replaced_only_if_it_holds_a_demo(tmp_path: Path) -> None:
     (old / MARKER_FILE).write_text("{}")
     (old / "metrics.jsonl").write_text("old run\n")
     prepare_output_dir(old)
-    assert old.is_dir() and list(old.iterdir()) == []
+    assert old.is_dir() and [p.name for p in old.iterdir()] == [OWNER_FILE]  # claimed by the new demo
     prepare_output_dir(tmp_path / "new" / "dir")
     assert (tmp_path / "new" / "dir").is_dir()
 
@@ -181,8 +182,8 @@ def test_seeds_runs_each_seed_in_its_own_directory(tmp_path: Path, monkeypatch: 
     assert "3 seed(s)" in out.getvalue() and (tmp_path / "seeds" / "seeds.md").is_file()
     # A rerun replaces the whole set (the top directory carries the demo marker).
     assert demo.run_seeds(n_seeds=1, output_dir=tmp_path / "seeds", seed=0, out=io.StringIO()) == 0
-    assert sorted(p.name for p in (tmp_path / "seeds").iterdir()) == [MARKER_FILE, "seed-0", "seeds.json",
-                                                                       "seeds.md"]
+    assert sorted(p.name for p in (tmp_path / "seeds").iterdir()) == [OWNER_FILE, MARKER_FILE, "seed-0",
+                                                                       "seeds.json", "seeds.md"]
     with pytest.raises(ValueError, match="--seeds must be >= 1"):
         demo.run_seeds(n_seeds=0, output_dir=tmp_path / "x")
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from scalerl.data.loaders import write_jsonl
 from scalerl.data.records import PromptRecord
+from scalerl.data.rejects import DataError
 from scalerl.data.synthetic.arithmetic import (
     DEFAULT_MATH_DIFFICULTY,
     MATH_LEVELS,
@@ -38,12 +39,12 @@ def _mixed(n: int, seed: int, difficulty: int | tuple[int, int] | None) -> list[
     One `difficulty` range serves both tasks; its top is capped at the code task's last level.
     """
     if n < 0:
-        raise ValueError(f"n: must be >= 0, got {n}")
+        raise DataError(f"n: must be >= 0, got {n}")
     lo, hi = (1, len(MATH_LEVELS)) if difficulty is None else (
         (difficulty, difficulty) if isinstance(difficulty, int) else tuple(difficulty)
     )
     if lo > CODE_LEVELS:
-        raise ValueError(f"difficulty: math+code needs lo <= {CODE_LEVELS} (the code levels), got {lo}")
+        raise DataError(f"difficulty: math+code needs lo <= {CODE_LEVELS} (the code levels), got {lo}")
     is_math = np.random.default_rng([seed, 0x6D6978]).random(n) < 0.5
     streams = {True: iter_math_task(seed, (lo, hi)), False: iter_code_task(seed, (lo, min(hi, CODE_LEVELS)))}
     out: list[PromptRecord] = []
@@ -51,7 +52,7 @@ def _mixed(n: int, seed: int, difficulty: int | tuple[int, int] | None) -> list[
         record = next(streams[m], None)
         if record is None:
             task = "math" if m else "code"
-            raise ValueError(f"n: not enough distinct {task} problems at difficulty {(lo, hi)} for n={n}")
+            raise DataError(f"n: not enough distinct {task} problems at difficulty {(lo, hi)} for n={n}")
         out.append(record)
     return out
 
@@ -69,7 +70,7 @@ def make_synthetic(
     """
     if task == "math+code":
         if weights is not None:
-            raise ValueError("weights: per-level weights apply to 'math' or 'code', not 'math+code'")
+            raise DataError("weights: per-level weights apply to 'math' or 'code', not 'math+code'")
         return _mixed(n, seed, difficulty)
     if task == "math":
         return make_math_task(n, seed, DEFAULT_MATH_DIFFICULTY if difficulty is None else difficulty, weights)
@@ -85,7 +86,7 @@ def make_synthetic(
 
         return make_tool_code_task(n, seed, DEFAULT_CODE_DIFFICULTY if difficulty is None else difficulty,
                                    weights)
-    raise ValueError(f"task: unknown synthetic task {task!r}; built-in tasks are {SYNTHETIC_TASKS}")
+    raise DataError(f"task: unknown synthetic task {task!r}; built-in tasks are {SYNTHETIC_TASKS}")
 
 
 def write_synthetic_jsonl(

@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from scalerl.data.records import PromptRecord
+from scalerl.data.rejects import DataError
 from scalerl.data.synthetic.draws import level_range, level_weights, unique_draws
 
 # Digits of each operand, per level (level = position + 1).
@@ -78,7 +79,7 @@ def _arrange(level: int, operands: list[int], rng: np.random.Generator) -> list[
 def addition_trace(operands: Sequence[int]) -> str:
     r"""The gold completion for summing `operands`: `<think>` column steps, then `\boxed{sum}`."""
     if len(operands) < 2 or any(x < 0 for x in operands):
-        raise ValueError(f"operands: need two or more non-negative integers, got {list(operands)}")
+        raise DataError(f"operands: need two or more non-negative integers, got {list(operands)}")
     reversed_digits = [str(x)[::-1] for x in operands]
     width = max(len(d) for d in reversed_digits)
     steps, partial, carry = [], "", 0
@@ -141,12 +142,12 @@ def make_math_task(
     completion, for SFT warm-starts), `["difficulty"]` and `["operands"]`.
     """
     if n < 0:
-        raise ValueError(f"n: must be >= 0, got {n}")
+        raise DataError(f"n: must be >= 0, got {n}")
     out: list[PromptRecord] = []
     for record in iter_math_task(seed, difficulty, weights):
         if len(out) == n:
             break
         out.append(record)
     if len(out) < n:
-        raise ValueError(f"n: only {len(out)} distinct math problems exist at difficulty {difficulty!r}")
+        raise DataError(f"n: only {len(out)} distinct math problems exist at difficulty {difficulty!r}")
     return out

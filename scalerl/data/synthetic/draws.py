@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from scalerl.config import level_shares
+from scalerl.data.rejects import DataError
 
 # Below this size a level's whole space is shuffled once; above it, repeats are rejected on draw.
 ENUMERATE_BELOW = 200_000
@@ -22,7 +23,7 @@ def level_range(difficulty: int | tuple[int, int], n_levels: int, what: str) -> 
     """The 1-based levels named by `difficulty` (one level, or an inclusive (lo, hi) range)."""
     lo, hi = (difficulty, difficulty) if isinstance(difficulty, int) else tuple(difficulty)
     if not 1 <= lo <= hi <= n_levels:
-        raise ValueError(f"{what} difficulty: need 1 <= lo <= hi <= {n_levels}, got {difficulty!r}")
+        raise DataError(f"{what} difficulty: need 1 <= lo <= hi <= {n_levels}, got {difficulty!r}")
     return list(range(lo, hi + 1))
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from scalerl.data.records import PromptRecord
+from scalerl.data.rejects import DataError
 from scalerl.data.synthetic.draws import level_range, level_weights, unique_draws
 
 N_TESTS = 4
@@ -154,12 +155,12 @@ def make_code_task(
     completion) and `["difficulty"]`.
     """
     if n < 0:
-        raise ValueError(f"n: must be >= 0, got {n}")
+        raise DataError(f"n: must be >= 0, got {n}")
     out: list[PromptRecord] = []
     for record in iter_code_task(seed, difficulty, weights):
         if len(out) == n:
             break
         out.append(record)
     if len(out) < n:
-        raise ValueError(f"n: only {len(out)} distinct code problems exist at difficulty {difficulty!r}")
+        raise DataError(f"n: only {len(out)} distinct code problems exist at difficulty {difficulty!r}")
     return out

@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from scalerl.data.records import PromptRecord
+from scalerl.data.rejects import DataError
 from scalerl.data.synthetic.arithmetic import addition_trace
 from scalerl.data.synthetic.draws import level_range, level_weights, unique_draws
 
@@ -61,7 +62,7 @@ def make_tool_math_task(
 ) -> list[PromptRecord]:
     """`n` distinct long additions (the first `n` of `iter_tool_math_task(seed, ...)`)."""
     if n < 0:
-        raise ValueError(f"n: must be >= 0, got {n}")
+        raise DataError(f"n: must be >= 0, got {n}")
     out: list[PromptRecord] = []
     for record in iter_tool_math_task(seed, difficulty, weights):
         if len(out) == n:
