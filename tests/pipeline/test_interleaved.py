@@ -335,5 +335,5 @@ def test_simulated_trainer_time_needs_the_interleaved_schedule() -> None:
     simulated = PipelineConfig(schedule="interleaved", decode_steps_per_train_step=4)
     assert simulated.decode_steps_per_train_step == 4
     assert PipelineConfig().schedule == "threaded"
-    with pytest.raises(ValidationError, match="decode_steps_per_train_step needs schedule: interleaved"):
+    with pytest.raises(ValidationError, match="decode_steps_per_train_step: needs schedule: interleaved"):
         PipelineConfig(decode_steps_per_train_step=4)
