@@ -36,39 +36,6 @@ class MissingInputError(InputError, FileNotFoundError):
     """An input file or folder that does not exist (also a `FileNotFoundError`)."""
 
 
-#: The exceptions that mean bad input (config, paths, data, options): (module, class). A command
-#: reports them in one line with exit status 2; anything else is a failure of scalerl or of a
-#: library (exit 1, with its traceback). By name, so that nothing is imported to classify an error
-#: (an exception of a module that was never imported cannot have been raised).
-INPUT_ERRORS: tuple[tuple[str, str], ...] = (
-    ("scalerl.inputs", "InputError"),  # OwnershipError, MissingInputError
-    ("scalerl.config", "ConfigError"),
-    ("scalerl.config", "CrossKeyError"),
-    ("scalerl.data.rejects", "DataError"),
-    ("scalerl.rollout.factory", "EngineUnavailableError"),
-    ("scalerl.rollout.vllm_engine", "UnsupportedModelError"),
-    ("scalerl.training.checkpoint", "CorruptCheckpointError"),
-    ("scalerl.scaling.validation", "CurveError"),
-)
-
-
-def input_error_types() -> tuple[type[BaseException], ...]:
-    """The classes of `INPUT_ERRORS` among the modules imported so far."""
-    import sys
-
-    found = []
-    for module, name in INPUT_ERRORS:
-        cls = getattr(sys.modules.get(module), name, None)
-        if isinstance(cls, type) and issubclass(cls, BaseException):
-            found.append(cls)
-    return tuple(found)
-
-
-def is_input_error(err: BaseException) -> bool:
-    """True when `err` is bad input (one of `INPUT_ERRORS`), not a failure of ours."""
-    return isinstance(err, input_error_types())
-
-
 def check_path(path: str | os.PathLike[str], key: str) -> Path:
     """`path` must exist (a file or a folder)."""
     p = Path(path).expanduser()
@@ -188,7 +155,6 @@ def check_device(device: str | None, key: str = "--device") -> None:
 
 __all__ = [
     "CACHE_DIR_VAR",
-    "INPUT_ERRORS",
     "InputError",
     "MissingInputError",
     "check_cache_dir",
@@ -197,6 +163,4 @@ __all__ = [
     "check_output_dir",
     "check_path",
     "could_be_hub_id",
-    "input_error_types",
-    "is_input_error",
 ]

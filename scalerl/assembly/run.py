@@ -25,9 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from scalerl.assembly.failures import is_input_error
 from scalerl.atomic import write_atomic
 from scalerl.config import RunConfig, build_config, config_to_yaml, override_layer, yaml_layer
-from scalerl.inputs import is_input_error
 from scalerl.ownership import claim_output_dir
 from scalerl.recipes import recipe_path
 

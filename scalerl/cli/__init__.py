@@ -22,7 +22,8 @@ import traceback
 from collections.abc import Sequence
 
 from scalerl import __version__
-from scalerl.inputs import InputError, is_input_error
+from scalerl.assembly.failures import is_input_error
+from scalerl.inputs import InputError
 
 #: subcommand -> (the module that registers it, the one-line help of `scalerl --help`).
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -115,10 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"scalerl {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as err:
-        # Two kinds of failure. Bad input (the exceptions `scalerl.inputs.INPUT_ERRORS` names, raised
-        # where input is validated): one line, exit 2. Anything else is ours (a bug of scalerl or a
-        # library's failure): the traceback, exit 1; a training run has also written it to its
-        # error.log and recorded the stop in sessions.jsonl.
+        # Two kinds of failure. Bad input (the exceptions `scalerl.assembly.failures.INPUT_ERRORS`
+        # names, raised where input is validated): one line, exit 2. Anything else is ours (a bug of
+        # scalerl or a library's failure): the traceback, exit 1; a training run has also written it
+        # to its error.log and recorded the stop in sessions.jsonl.
         if is_input_error(err):
             if debug_wanted(args):
                 traceback.print_exc(file=sys.stderr)
