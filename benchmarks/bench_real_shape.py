@@ -213,6 +213,138 @@ def report(out: dict[str, Any]) -> None:
               f"{by_len['chunked'][hi]['peak_gb'] - by_len['chunked'][lo]['peak_gb']:.3f} GB")
 
 
+def tailed_lengths(n: int, longest: int) -> list[int]:
+    """`n` response lengths with a long tail: `longest * 0.55^k`, at least 16 (mean/max 0.28 at
+    n=8: one long sample and many short ones, the shape of reasoning RL's length distribution)."""
+    return [max(16, round(longest * 0.55**k)) for k in range(n)]
+
+
+def tailed_groups(vocab: int, lengths: list[int], seed: int = 0) -> list[Any]:
+    """Two groups over `lengths` (halves), `PROMPT_TOKENS`-token prompts, random tokens; rewards alternate."""
+    import torch
+
+    from scalerl.data.records import PromptRecord
+    from scalerl.rollout.protocol import Completion
+    from scalerl.training.batch import ScoredGroup
+
+    g = torch.Generator().manual_seed(seed)
+    flat = -math.log(vocab)
+    groups = []
+    half = len(lengths) // 2
+    for gi, part in enumerate((lengths[:half], lengths[half:])):
+        prompt = torch.randint(8, vocab, (PROMPT_TOKENS,), generator=g).tolist()
+        comps = [
+            Completion(
+                request_id=f"p{gi}", sample_index=k, prompt_ids=prompt,
+                token_ids=torch.randint(8, vocab, (n,), generator=g).tolist(),
+                logprobs=(flat + 0.1 * torch.randn(n, generator=g)).tolist(),
+                versions=[0] * n, loss_mask=[True] * n, finish_reason="length", start_version=0,
+            )
+            for k, n in enumerate(part)
+        ]
+        groups.append(ScoredGroup(PromptRecord(id=f"p{gi}", task="bench", prompt="x"), comps,
+                                  [float(k % 2 == 0) for k in range(len(part))]))
+    return groups
+
+
+def trl_side(model_dir: Path, groups: list[Any], workdir: str) -> Any:
+    """A real `trl.GRPOTrainer` on the same model folder, and a function running its loss computation
+    (`_compute_loss`: its own model forward over right-padded completions, full logits, then the
+    DAPO token-level loss, the counterpart of scalerl's grpo + token aggregation) and backward on
+    `groups`. None if TRL is not installed."""
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        return None
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    comps = [c for g in groups for c in g.completions]
+    n, width = len(comps), max(c.num_tokens for c in comps)
+    trainer = GRPOTrainer(
+        model=str(model_dir), processing_class=AutoTokenizer.from_pretrained(model_dir),
+        reward_funcs=lambda prompts, completions, **_: [0.0] * len(completions),
+        args=GRPOConfig(output_dir=os.path.join(workdir, "trl"), per_device_train_batch_size=n,
+                        num_generations=n // len(groups), max_completion_length=width, beta=0.0,
+                        loss_type="dapo", report_to="none", use_cpu=True, bf16=False, seed=0),
+        train_dataset=Dataset.from_dict({"prompt": ["x"] * n}),
+    )
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    completion = torch.zeros((n, width), dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    for i, c in enumerate(comps):
+        completion[i, : c.num_tokens] = torch.tensor(c.token_ids)
+        mask[i, : c.num_tokens] = 1
+    inputs = {
+        "prompt_ids": torch.tensor([c.prompt_ids for c in comps]),
+        "prompt_mask": torch.ones((n, PROMPT_TOKENS), dtype=torch.long),
+        "completion_ids": completion, "completion_mask": mask,
+        "advantages": torch.tensor([1.0 if k % 2 == 0 else -1.0 for k in range(n)]),
+        "old_per_token_logps": None, "ref_per_token_logps": None, "num_items_in_batch": mask.sum(),
+    }
+
+    def run() -> float:
+        trainer.model.zero_grad(set_to_none=True)
+        loss = trainer._compute_loss(trainer.model, inputs)
+        loss.backward()
+        return float(loss.detach())
+
+    return run
+
+
+def throughput(args: argparse.Namespace, model_dir: Path, shape: Shape) -> dict[str, Any]:
+    """Tokens/s of one step's forward and backward on a long-tailed batch, side by side in this process:
+    packed token-budget micro-batches, the padded micro-batch of the same samples, and TRL's loss
+    computation on the same batch. Runs alternate (A, B, C, A, B, C, ...); medians reported."""
+    import statistics
+
+    import torch
+
+    from scalerl.config import AlgorithmConfig, ModelConfig, OptimConfig
+    from scalerl.training.policy import load_policy
+    from scalerl.training.trainer import Trainer
+
+    torch.manual_seed(0)
+    lengths = tailed_lengths(args.samples, args.longest)
+    groups = tailed_groups(shape.vocab, lengths)
+    tokens = sum(PROMPT_TOKENS + n for n in lengths)
+    print(f"throughput batch: {len(lengths)} samples, responses {lengths} (mean/max "
+          f"{statistics.mean(lengths) / max(lengths):.2f}), {tokens} real tokens", flush=True)
+    policy = load_policy(ModelConfig(name_or_path=str(model_dir)), device=args.device)
+    algo = AlgorithmConfig(loss_type="grpo", aggregation="token")
+    sides: dict[str, Any] = {}
+    for name, optim in {
+        "padded": OptimConfig(micro_batch_size=len(lengths), warmup_steps=0),
+        "packed": OptimConfig(micro_batch_tokens=tokens, warmup_steps=0),
+    }.items():
+        trainer = Trainer(policy, algo, optim, max_new_tokens=max(lengths))
+        sides[name] = lambda t=trainer: t.compute_gradients(groups)["loss"]
+    with tempfile.TemporaryDirectory(prefix="scalerl_trl_") as work:
+        trl_run = trl_side(model_dir, groups, work) if args.trl else None
+        if trl_run is not None:
+            sides["trl"] = trl_run
+        times: dict[str, list[float]] = {k: [] for k in sides}
+        for run in sides.values():  # warm-up, not timed
+            run()
+        for _ in range(args.reps):
+            for name, run in sides.items():
+                start = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - start)
+    rates = {k: tokens / statistics.median(v) for k, v in times.items()}
+    for k, r in rates.items():
+        print(f"{k:7s} {r:8.0f} tokens/s (median of {args.reps}; steps {[round(t, 2) for t in times[k]]} s)")
+    print(f"ratio tokens/s packed/padded: {rates['packed'] / rates['padded']:.2f} (target >= 1.5)")
+    if "trl" in rates:
+        print(f"ratio tokens/s packed/trl: {rates['packed'] / rates['trl']:.2f} (target >= 1.5)")
+    else:
+        print("trl: not measured (not installed, or --no-trl)")
+    return {"lengths": lengths, "tokens": tokens, "times_s": times, "tokens_per_s": rates}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny shape and lengths (seconds)")
@@ -228,6 +360,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per setting")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--part", choices=("memory", "throughput", "all"), default="all",
+                        help="memory: peak per response length (fresh processes); throughput: packed vs "
+                             "padded vs TRL tokens/s in one process")
+    parser.add_argument("--samples", type=int, default=8, help="throughput: samples in the batch")
+    parser.add_argument("--longest", type=int, default=512, help="throughput: the longest response")
+    parser.add_argument("--reps", type=int, default=3, help="throughput: timed runs per side")
+    parser.add_argument("--no-trl", dest="trl", action="store_false", help="throughput: skip TRL")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -243,8 +382,14 @@ def main(argv: list[str] | None = None) -> int:
         params = save_model(shape, Path(tmp))
         print(f"model: {shape} ({params / 1e6:.1f}M parameters), {SAMPLES} samples x ({PROMPT_TOKENS} "
               f"prompt + L response) tokens, one micro-batch, device {args.device}, {args.dtype}", flush=True)
-        out = measure(args, Path(tmp), params)
-    report(out)
+        out: dict[str, Any] = {"shape": asdict(shape), "params": params}
+        if args.part in ("memory", "all"):
+            out |= measure(args, Path(tmp), params)
+            report(out)
+        if args.part in ("throughput", "all"):
+            if args.quick:
+                args.samples, args.longest, args.reps = 4, 64, 1
+            out["throughput"] = throughput(args, Path(tmp), shape)
     if args.json is not None:
         args.json.write_text(json.dumps(out, indent=2))
     return 0

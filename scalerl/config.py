@@ -318,6 +318,13 @@ class OptimConfig(Section):
     warmup_steps: int = Field(5, ge=0)
     grad_clip: float | None = Field(1.0, gt=0.0)
     micro_batch_size: int = Field(64, gt=0, description="samples per forward/backward")
+    # Size micro-batches by tokens instead (training.packing): each forward/backward processes at most
+    # this many token slots (prompt + response; padding counts when not packed); a longer sample runs
+    # alone. Set, micro_batch_size is not used. FSDP ranks then get balanced token counts.
+    micro_batch_tokens: int | None = Field(None, ge=1, description="token budget per forward/backward")
+    # Pack a micro-batch's samples into one sequence without padding (position ids restart, attention
+    # stays inside each sample); null = packed exactly when micro_batch_tokens is set.
+    packing: bool | None = Field(None, description="pack samples without padding")
     max_consecutive_bad_steps: int = Field(5, gt=0)
     # Response tokens per LM-head chunk (training.forward): logits exist one chunk at a time; null =
     # as many as fit 2^27 float32 logits (883 at vocabulary 151,936; the whole micro-batch at 108).

@@ -1,14 +1,15 @@
 """`StepCollectives` for FSDP2 ranks: each rank trains its own rows; sums and merges are exact.
 
 Rank `r` of `W` takes the contiguous rows `[n r / W, n (r + 1) / W)` of the step's (kept) batch and
-runs them in micro-batches of `micro_batch_size`. Every forward and backward of a sharded model is
-a collective, so all ranks run the same number of passes: a rank with fewer micro-batches than the
-busiest one pads its plan with empty passes that learn nothing.
+runs them in micro-batches of `micro_batch_size`; with `micro_batch_tokens`, the rows are spread so
+that ranks hold balanced token counts, each rank's in token-budget micro-batches (`training.packing`).
+Every forward and backward of a sharded model is a collective, so all ranks run the same number of
+passes: a rank with fewer micro-batches than the busiest one pads its plan with empty passes that
+learn nothing.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
@@ -18,8 +19,9 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from scalerl.distributed.sharding import sharded_response_forward
-from scalerl.training.collectives import StepCollectives, micro_batches
+from scalerl.training.collectives import StepCollectives
 from scalerl.training.forward import ResponseForward
+from scalerl.training.packing import Lengths, MicroBatching, balance_rows
 
 T = TypeVar("T")
 
@@ -29,13 +31,25 @@ def row_slice(n_rows: int, rank: int, world_size: int) -> range:
     return range(n_rows * rank // world_size, n_rows * (rank + 1) // world_size)
 
 
-def lockstep_plan(n_rows: int, size: int, rank: int, world_size: int) -> list[list[int]]:
-    """Rank `rank`'s micro-batches (row indices), padded with empty passes to the busiest rank's count."""
-    if size < 1:
-        raise ValueError(f"size: expected >= 1, got {size}")
-    rows = row_slice(n_rows, rank, world_size)
-    mine = [[rows[i] for i in mb] for mb in micro_batches(len(rows), size)]
-    passes = max(math.ceil(len(row_slice(n_rows, r, world_size)) / size) for r in range(world_size))
+def rank_rows(lengths: Lengths, batching: MicroBatching, rank: int, world_size: int) -> list[int]:
+    """Rank `rank`'s rows: contiguous `row_slice`s when micro-batches are counted in samples;
+    balanced by tokens (`training.packing.balance_rows`) when they are sized by tokens."""
+    if batching.tokens is None:
+        return list(row_slice(len(lengths), rank, world_size))
+    return balance_rows(lengths, world_size)[rank]
+
+
+def lockstep_plan(lengths: Lengths, batching: MicroBatching, rank: int, world_size: int) -> list[list[int]]:
+    """Rank `rank`'s micro-batches (row indices), padded with empty passes to the busiest rank's count.
+
+    Every rank computes every rank's plan (all know the whole batch's lengths), so the pass counts
+    agree without a collective."""
+    plans = []
+    for r in range(world_size):
+        rows = rank_rows(lengths, batching, r, world_size)
+        plans.append([[rows[i] for i in mb] for mb in batching.plan([lengths[i] for i in rows])])
+    passes = max(len(p) for p in plans)
+    mine = plans[rank]
     return mine + [[] for _ in range(passes - len(mine))]
 
 
@@ -49,8 +63,8 @@ class RankCollectives(StepCollectives):
         self.world_size = world_size
         self.device = device
 
-    def micro_batch_plan(self, n_rows: int, size: int) -> list[list[int]]:
-        return lockstep_plan(n_rows, size, self.rank, self.world_size)
+    def micro_batch_plan(self, lengths: Lengths, batching: MicroBatching) -> list[list[int]]:
+        return lockstep_plan(lengths, batching, self.rank, self.world_size)
 
     def forward(self, model: torch.nn.Module, batch: Any, **kwargs: Any) -> ResponseForward:
         return sharded_response_forward(model, batch, **kwargs)

@@ -37,9 +37,11 @@ from scalerl.distributed.checkpoint import load_sharded_checkpoint, save_sharded
 from scalerl.distributed.collectives import RankCollectives
 from scalerl.distributed.group import ProcessGroupSpec, barrier, init_process_group
 from scalerl.distributed.sharding import shard_causal_lm
+from scalerl.models.lm_head import decoder_of
 from scalerl.telemetry.compute import ComputeMeter
 from scalerl.training.batch import ScoredGroup
 from scalerl.training.checkpoint import CheckpointState
+from scalerl.training.packing import MicroBatching, check_packed_attention
 from scalerl.training.policy import Policy, load_model, load_policy
 from scalerl.training.trainer import Trainer, TrainerSettings
 
@@ -79,6 +81,10 @@ class ShardedTrainerRank:
         # Built on the CPU (the same initial weights on every rank: a pretrained checkpoint or the
         # seeded tiny default), then sharded: each rank keeps only its shard on its device.
         loaded = load_policy(model, device="cpu")
+        if MicroBatching.from_optim(settings.optim).packed:
+            # Before sharding: the decoder of a sharded model cannot be called on its own.
+            vocab = int(loaded.model.get_input_embeddings().weight.shape[0])
+            check_packed_attention(decoder_of(loaded.model), vocab, "cpu")
         self.policy = Policy(
             model=shard_causal_lm(loaded.model, self.mesh),
             tokenizer=loaded.tokenizer,

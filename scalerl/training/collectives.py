@@ -12,21 +12,16 @@ batch's gradient, and the step's statistics are merged from every process's part
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
 from scalerl.training.forward import ResponseForward, response_forward
+from scalerl.training.packing import Lengths, MicroBatching
 
 T = TypeVar("T")
-
-
-def micro_batches(n: int, size: int) -> Iterator[list[int]]:
-    """Rows 0..n-1 in consecutive chunks of `size` (the last one shorter)."""
-    for start in range(0, n, size):
-        yield list(range(start, min(n, start + size)))
 
 
 class StepCollectives:
@@ -37,13 +32,14 @@ class StepCollectives:
     #: at once, and the remaining passes still run, learning nothing.
     lockstep: bool = False
 
-    def micro_batch_plan(self, n_rows: int, size: int) -> list[list[int]]:
-        """This process's micro-batches, as row indices into the step's batch of `n_rows` rows.
+    def micro_batch_plan(self, lengths: Lengths, batching: MicroBatching) -> list[list[int]]:
+        """This process's micro-batches, as row indices into the step's batch whose rows have the
+        `(prompt, response)` token counts `lengths` (`training.packing.MicroBatching.plan`).
 
         An empty list is a pass that learns nothing (only in lockstep: a process with fewer rows
         than its peers keeps pace with them).
         """
-        return list(micro_batches(n_rows, size))
+        return batching.plan(lengths)
 
     def forward(self, model: torch.nn.Module, batch: Any, **kwargs: Any) -> ResponseForward:
         """`training.forward.response_forward` of `model` on `batch`."""

@@ -37,9 +37,9 @@ from scalerl.config import AlgorithmConfig, CriticConfig, ModelConfig, OptimConf
 from scalerl.models.lm_head import decoder_of
 from scalerl.telemetry.compute import ComputeMeter, flop_params
 from scalerl.training.batch import TrainBatch
-from scalerl.training.collectives import micro_batches
 from scalerl.training.forward import TokenLayout
 from scalerl.training.optim import build_optimizer, build_scheduler
+from scalerl.training.packing import MicroBatching, check_packed_attention, response_states, row_lengths
 from scalerl.training.policy import Policy, load_model
 
 logger = logging.getLogger(__name__)
@@ -84,16 +84,10 @@ class ValueModel(nn.Module):
         # For `flop_params`: the embedding lookup does no matmul work.
         return self.backbone.get_input_embeddings()
 
-    def forward(self, batch: TokenLayout) -> Tensor:
-        """Values `[n, T]` (float32) at the response positions of `batch`; arbitrary at padding."""
-        p = batch.prompt_width
-        out = self.backbone(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-            use_cache=False,
-        )
-        hidden = out.last_hidden_state[:, p - 1 : -1]
+    def forward(self, batch: TokenLayout, packed: bool = False) -> Tensor:
+        """Values `[n, T]` (float32) at the response positions of `batch`; arbitrary at padding.
+        `packed`: the backbone runs on the real tokens packed into one sequence (`training.packing`)."""
+        hidden = response_states(self.backbone, batch, packed=packed)
         return self.head(hidden.float()).squeeze(-1)
 
 
@@ -115,6 +109,10 @@ def critic_lm(policy: Policy, critic: CriticConfig, model_cfg: ModelConfig | Non
     return copy.deepcopy(policy.model)
 
 
+def _vocab_rows(model: ValueModel) -> int:
+    return int(model.get_input_embeddings().weight.shape[0])
+
+
 class Critic:
     """`baseline: critic` (module docstring). An `AdvantageEstimator` (`training.advantage`)."""
 
@@ -134,6 +132,9 @@ class Critic:
         self.cfg = critic
         self.adv_norm = algorithm.adv_norm
         self.optim_cfg = optim
+        self.batching = MicroBatching.from_optim(optim)
+        if self.batching.packed:
+            check_packed_attention(model.backbone, _vocab_rows(model), self.device)
         self.lr = critic.lr_scale * optim.lr
         self.optimizer = build_optimizer(model, optim.model_copy(update={"lr": self.lr}))
         self.scheduler = build_scheduler(self.optimizer, optim.warmup_steps)
@@ -169,10 +170,10 @@ class Critic:
     def values(self, batch: TrainBatch) -> Tensor:
         """`V(s_t)` `[N, T]` of every response token (float32, CPU), micro-batched; 0 at padding."""
         out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
-        for rows in micro_batches(len(batch), self.optim_cfg.micro_batch_size):
+        for rows in self.batching.plan(row_lengths(batch)):
             mb = batch.select(rows).to(self.device)
             with self.autocast():
-                v = self.model(mb)
+                v = self.model(mb, packed=self.batching.packed)
             out[rows, : v.shape[1]] = torch.where(mb.token_mask, v, 0.0).float().cpu()
         if self.meter is not None:
             self.meter.add_logprob_pass(batch.num_tokens, self.n_params)
@@ -239,11 +240,11 @@ class Critic:
         self.optimizer.zero_grad(set_to_none=True)
         total, clipped, tokens = 0.0, 0, 0
         problem = None
-        for rows in micro_batches(len(batch), self.optim_cfg.micro_batch_size):
+        for rows in self.batching.plan(row_lengths(batch)):
             mb = batch.select(rows).to(self.device)
             width = mb.response_width
             with self.autocast():
-                v = self.model(mb)
+                v = self.model(mb, packed=self.batching.packed)
             per_token, active = value_loss(
                 v, old_values[rows, :width].to(self.device), returns[rows, :width].to(self.device),
                 mb.response_mask, self.cfg.value_clip,

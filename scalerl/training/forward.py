@@ -35,6 +35,7 @@ from scalerl.models.lm_head import (
     token_logprobs,
 )
 from scalerl.rollout.sampling import support_mask, support_sizes
+from scalerl.training.packing import response_states
 
 EntropyMode = Literal["none", "metric", "grad"]
 
@@ -271,6 +272,7 @@ def response_forward(
     entropy: EntropyMode = "none",
     support: SupportRecord | None = None,
     logit_chunk_tokens: int | None = None,
+    packed: bool = False,
 ) -> ResponseForward:
     """Log-probs of `batch`'s response tokens under `model` at the sampling `temperature`.
 
@@ -281,21 +283,17 @@ def response_forward(
     takes the unchunked path, every position's logits at once through plain autograd: the same
     bound on the block, and the arithmetic of the trainer before chunking, bit for bit (the tiny
     default, vocabulary 108, always does). Chunked, padding positions are not projected and get
-    log-prob 0; unchunked, they hold meaningless values. Mask them either way.
+    log-prob 0; unchunked, they hold meaningless values. Mask them either way. `packed` runs the
+    decoder on the batch's real tokens packed into one sequence (`training.packing`); the results
+    keep the padded `[n, T]` layout.
     """
     weight, bias = head_parameters(model, fp32_lm_head)
     chunk = logit_chunk_size(logit_chunk_tokens, int(weight.shape[0]))
-    p = batch.prompt_width
-    out = decoder_of(model)(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        use_cache=False,
-    )
-    hidden = out.last_hidden_state[:, p - 1 : -1]
+    decoder = decoder_of(model)
     softcap = final_logit_softcap(model)
     mask = batch.token_mask.bool()
     if int(mask.sum()) <= chunk:
+        hidden = response_states(decoder, batch, packed=packed)
         return _unchunked(hidden, weight, bias, batch, support, fp32_lm_head, softcap, temperature, entropy)
 
     codes = top_k = top_p = None
@@ -304,7 +302,8 @@ def response_forward(
     options = {"chunk": chunk, "fp32": fp32_lm_head, "softcap": softcap,
                "temperature": float(temperature), "entropy": entropy}
     lp, ent, mismatch, recomputed = ChunkedHeadLogprobs.apply(
-        hidden[mask], weight, bias, batch.response_ids[mask], codes, top_k, top_p, options
+        response_states(decoder, batch, packed=packed, at=mask), weight, bias, batch.response_ids[mask],
+        codes, top_k, top_p, options,
     )
 
     def spread(values: Tensor) -> Tensor:

@@ -9,7 +9,8 @@ is the order of operations of one step:
    a baseline and `adv_norm` on the outcome rewards, or the critic's GAE), optionally with the KL
    in the reward (per sequence, or per token as REINFORCE++);
 3. per-token aggregation weights computed once on the whole kept batch, then sliced per
-   micro-batch, so the loss and gradient do not depend on `micro_batch_size`;
+   micro-batch, so the loss and gradient do not depend on how the batch is split (`micro_batch_size`,
+   `micro_batch_tokens`) or laid out (padded or packed: `training.packing`);
 4. per micro-batch: forward, off-policy sequence mask, per-token policy loss, KL and entropy
    terms, `backward()` of the weighted sum (gradients accumulate);
 5. NaN/Inf anywhere (inputs, log-probs, loss, gradient norm) skips the update and counts a bad
@@ -49,6 +50,7 @@ from scalerl.algorithms.masks import off_policy_sequence_mask
 from scalerl.algorithms.objectives import per_token_policy_loss
 from scalerl.algorithms.stats import merge_policy_stats, reduce_token_stats
 from scalerl.config import AlgorithmConfig, OptimConfig
+from scalerl.models.lm_head import decoder_of
 from scalerl.telemetry.compute import ComputeMeter
 from scalerl.training.advantage import AdvantageEstimator, OutcomeAdvantages
 from scalerl.training.batch import ScoredGroup, TrainBatch, collate
@@ -57,6 +59,7 @@ from scalerl.training.collectives import StepCollectives
 from scalerl.training.critic import Critic
 from scalerl.training.forward import EntropyMode, ResponseForward, SupportRecord
 from scalerl.training.optim import build_optimizer, build_scheduler
+from scalerl.training.packing import MicroBatching, check_packed_attention, row_lengths
 from scalerl.training.policy import Policy
 
 logger = logging.getLogger(__name__)
@@ -129,6 +132,11 @@ class _StepStats:
     # Keep-sampling-mask: loss tokens whose sampler cut these logits put elsewhere / recomputed.
     support_mismatch: int = 0
     support_recomputed: int = 0
+    # Forward/backward passes with rows, and their real tokens against the token slots they ran
+    # (padding included): `padding_frac`, the share of the step's compute spent on padding.
+    passes: int = 0
+    real_tokens: int = 0
+    slot_tokens: int = 0
     parts: list[dict[str, float]] = field(default_factory=list)  # `reduce_token_stats` per micro-batch
     problem: str | None = None  # the first non-finite value met (lockstep steps only)
 
@@ -148,6 +156,9 @@ class _StepStats:
             mismatch=_MeanMax.merge([s.mismatch for s in per_rank]),
             support_mismatch=sum(s.support_mismatch for s in per_rank),
             support_recomputed=sum(s.support_recomputed for s in per_rank),
+            passes=sum(s.passes for s in per_rank),
+            real_tokens=sum(s.real_tokens for s in per_rank),
+            slot_tokens=sum(s.slot_tokens for s in per_rank),
             parts=[p for s in per_rank for p in s.parts],
             problem=problem,
         )
@@ -217,6 +228,12 @@ class Trainer:
         self.max_new_tokens = max_new_tokens
         self.meter = meter
         self.collectives = collectives if collectives is not None else StepCollectives()
+        self.batching = MicroBatching.from_optim(optim)
+        if self.batching.packed and not self.collectives.lockstep:
+            # Sharded ranks check before sharding (`scalerl.distributed.fsdp`): the decoder of a
+            # sharded model cannot be called on its own.
+            vocab = int(policy.model.get_input_embeddings().weight.shape[0])
+            check_packed_attention(decoder_of(policy.model), vocab, policy.device)
         self.optimizer = build_optimizer(policy.model, optim)
         self.scheduler = build_scheduler(self.optimizer, optim.warmup_steps)
         self.version = 0
@@ -281,6 +298,7 @@ class Trainer:
                 entropy=entropy,
                 support=support,
                 logit_chunk_tokens=self.optim_cfg.logit_chunk_tokens,
+                packed=self.batching.packed,
             )
 
     @torch.no_grad()
@@ -289,7 +307,7 @@ class Trainer:
         micro-batched, without gradient; 0 at padding."""
         model = model if model is not None else self.policy.model
         out = torch.zeros(batch.response_mask.shape, dtype=torch.float32, device=batch.input_ids.device)
-        for rows in self.collectives.micro_batch_plan(len(batch), self.optim_cfg.micro_batch_size):
+        for rows in self.collectives.micro_batch_plan(row_lengths(batch), self.batching):
             mb = batch.select(rows or [0]).to(self.device)
             lp = self._forward(model, mb, grad=False).logprobs
             if rows:
@@ -422,8 +440,12 @@ class Trainer:
         entropy_mode: EntropyMode = "grad" if self.algo.entropy_coef != 0 else "metric"
         local = _StepStats()
 
-        for rows in self.collectives.micro_batch_plan(len(batch), self.optim_cfg.micro_batch_size):
+        for rows in self.collectives.micro_batch_plan(row_lengths(batch), self.batching):
             mb = batch.select(rows or [0]).to(self.device)
+            if rows:
+                local.passes += 1
+                local.real_tokens += mb.num_tokens
+                local.slot_tokens += mb.num_tokens if self.batching.packed else int(mb.input_ids.numel())
             out = self._forward(model, mb, grad=True, entropy=entropy_mode)
             ref_lp = self._forward(self.reference, mb, grad=False).logprobs if use_kl_loss else None
             loss = None
@@ -452,6 +474,8 @@ class Trainer:
             logprob_mismatch_tokens=float(stats.mismatch.count),
             support_cut_mismatch_tokens=float(stats.support_mismatch),
             support_recomputed_tokens=float(stats.support_recomputed),
+            micro_batches=float(stats.passes),
+            padding_frac=1.0 - stats.real_tokens / stats.slot_tokens if stats.slot_tokens else 0.0,
             clip_frac_low=merged["clip_frac_low"],
             clip_frac_high=merged["clip_frac_high"],
             dual_clip_frac=merged["dual_clip_frac"],

@@ -43,6 +43,13 @@ def _cases() -> dict[str, tuple]:
         ref = run_config(**_objective(loss, agg, False), optim={"micro_batch_size": 64})
         cfg = run_config(**_objective(loss, agg, False), optim={"micro_batch_size": mbs})
         cases[f"mbs{mbs}-{loss}-{agg}"] = (cfg, ref, [("grad", 0), ("step", 0)])
+    # Token budgets on ranks (balanced by tokens), packed and padded, against one padded pass.
+    for name, optim in {"tokens30-packed": {"micro_batch_tokens": 30},
+                        "tokens1-packed": {"micro_batch_tokens": 1},
+                        "tokens60-padded": {"micro_batch_tokens": 60, "packing": False}}.items():
+        ref = run_config(**_objective("cispo", "prompt", False), optim={"micro_batch_size": 64})
+        cfg = run_config(**_objective("cispo", "prompt", False), optim=optim)
+        cases[name] = (cfg, ref, [("grad", 0), ("step", 0)])
     # KL to the (sharded) reference model: after one step the policy differs from it.
     for name, kw in {"kl-loss": {"kl_coef": 0.05}, "kl-reward": {"kl_coef": 0.05, "kl_in_reward": True},
                      "kl-unbiased": {"kl_coef": 0.05, "kl_estimator": "unbiased_k3"}}.items():
