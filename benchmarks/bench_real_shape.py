@@ -1,9 +1,11 @@
-"""The trainer at a real model shape: peak memory of one step against response length, chunked vs
-full-logit LM head (issue 23).
+"""The trainer at a real model shape (issue 23): (1) peak memory of one step against response length,
+chunked vs full-logit LM head; (2) tokens/s on a long-tailed batch, packed token-budget
+micro-batches vs the padded micro-batch vs TRL's GRPOTrainer loss computation, side by side.
 
     python benchmarks/bench_real_shape.py            # Qwen2.5-0.5B layer shape, 2 layers, CPU float32
     python benchmarks/bench_real_shape.py --quick    # a tiny shape, seconds (tests/benchmarks runs it)
-    python benchmarks/bench_real_shape.py --lengths 256 1024 4096 --max-gb 12
+    python benchmarks/bench_real_shape.py --lengths 256 1024 4096 --max-gb 12 --part memory
+    python benchmarks/bench_real_shape.py --part throughput --layers 4
 
 The model is random-init Qwen2 with Qwen2.5-0.5B's layer shape (hidden 896, 14 heads of 64, 2 KV
 heads, MLP 4864, vocabulary 151,936, tied embeddings as that model has them) but `--layers` layers
@@ -23,6 +25,14 @@ extrapolation is printed, never used as a measurement). Growth per 1k response t
 between the two longest measured lengths of each path; the ratio printed is chunked / full (target:
 <= 0.2, i.e. the chunked step grows by at most 1/5 of what the full-logit step grows; the decoder's
 own activations are inside both numbers).
+
+Throughput (`--part throughput`, one process, the sides alternating A, B, C, A, B, C after one
+untimed warm-up run each; medians): `--samples` responses of `longest * 0.55^k` tokens (at least 16;
+mean/max 0.28 at 8 samples) after 64-token prompts, in two groups; one forward and backward of the
+whole batch (`Trainer.compute_gradients`, grpo + token aggregation) as (a) one padded micro-batch,
+(b) packed with a token budget of the whole batch, and (c) TRL's `GRPOTrainer._compute_loss` (its own
+forward over right-padded completions with full logits, loss_type dapo, the same token-level loss)
+plus backward. tokens/s counts real tokens (prompt + response) for all three.
 
 `--device cuda --dtype bfloat16` is the GPU form (benchmarks/gpu/real_shape_gpu.py runs it at the
 0.5B and 1.5B shapes and adds tokens/s and MFU).
@@ -247,7 +257,8 @@ def tailed_groups(vocab: int, lengths: list[int], seed: int = 0) -> list[Any]:
     return groups
 
 
-def trl_side(model_dir: Path, groups: list[Any], workdir: str) -> Any:
+def trl_side(model_dir: Path, groups: list[Any], workdir: str, device: str = "cpu",
+             dtype: str = "float32") -> Any:
     """A real `trl.GRPOTrainer` on the same model folder, and a function running its loss computation
     (`_compute_loss`: its own model forward over right-padded completions, full logits, then the
     DAPO token-level loss, the counterpart of scalerl's grpo + token aggregation) and backward on
@@ -268,7 +279,8 @@ def trl_side(model_dir: Path, groups: list[Any], workdir: str) -> Any:
         reward_funcs=lambda prompts, completions, **_: [0.0] * len(completions),
         args=GRPOConfig(output_dir=os.path.join(workdir, "trl"), per_device_train_batch_size=n,
                         num_generations=n // len(groups), max_completion_length=width, beta=0.0,
-                        loss_type="dapo", report_to="none", use_cpu=True, bf16=False, seed=0),
+                        loss_type="dapo", report_to="none", use_cpu=device == "cpu",
+                        bf16=dtype == "bfloat16", seed=0),
         train_dataset=Dataset.from_dict({"prompt": ["x"] * n}),
     )
     trainer.model.train()
@@ -283,8 +295,10 @@ def trl_side(model_dir: Path, groups: list[Any], workdir: str) -> Any:
         "prompt_mask": torch.ones((n, PROMPT_TOKENS), dtype=torch.long),
         "completion_ids": completion, "completion_mask": mask,
         "advantages": torch.tensor([1.0 if k % 2 == 0 else -1.0 for k in range(n)]),
-        "old_per_token_logps": None, "ref_per_token_logps": None, "num_items_in_batch": mask.sum(),
     }
+    inputs = {k: v.to(trainer.model.device) for k, v in inputs.items()}
+    inputs |= {"old_per_token_logps": None, "ref_per_token_logps": None,
+               "num_items_in_batch": inputs["completion_mask"].sum()}
 
     def run() -> float:
         trainer.model.zero_grad(set_to_none=True)
@@ -313,7 +327,7 @@ def throughput(args: argparse.Namespace, model_dir: Path, shape: Shape) -> dict[
     tokens = sum(PROMPT_TOKENS + n for n in lengths)
     print(f"throughput batch: {len(lengths)} samples, responses {lengths} (mean/max "
           f"{statistics.mean(lengths) / max(lengths):.2f}), {tokens} real tokens", flush=True)
-    policy = load_policy(ModelConfig(name_or_path=str(model_dir)), device=args.device)
+    policy = load_policy(ModelConfig(name_or_path=str(model_dir), dtype=args.dtype), device=args.device)
     algo = AlgorithmConfig(loss_type="grpo", aggregation="token")
     sides: dict[str, Any] = {}
     for name, optim in {
@@ -323,16 +337,20 @@ def throughput(args: argparse.Namespace, model_dir: Path, shape: Shape) -> dict[
         trainer = Trainer(policy, algo, optim, max_new_tokens=max(lengths))
         sides[name] = lambda t=trainer: t.compute_gradients(groups)["loss"]
     with tempfile.TemporaryDirectory(prefix="scalerl_trl_") as work:
-        trl_run = trl_side(model_dir, groups, work) if args.trl else None
+        trl_run = trl_side(model_dir, groups, work, args.device, args.dtype) if args.trl else None
         if trl_run is not None:
             sides["trl"] = trl_run
         times: dict[str, list[float]] = {k: [] for k in sides}
+        losses: dict[str, float] = {}
+        sync = torch.cuda.synchronize if str(args.device).startswith("cuda") else (lambda: None)
         for run in sides.values():  # warm-up, not timed
             run()
         for _ in range(args.reps):
             for name, run in sides.items():
+                sync()
                 start = time.perf_counter()
-                run()
+                losses[name] = float(run())
+                sync()
                 times[name].append(time.perf_counter() - start)
     rates = {k: tokens / statistics.median(v) for k, v in times.items()}
     for k, r in rates.items():
@@ -342,7 +360,7 @@ def throughput(args: argparse.Namespace, model_dir: Path, shape: Shape) -> dict[
         print(f"ratio tokens/s packed/trl: {rates['packed'] / rates['trl']:.2f} (target >= 1.5)")
     else:
         print("trl: not measured (not installed, or --no-trl)")
-    return {"lengths": lengths, "tokens": tokens, "times_s": times, "tokens_per_s": rates}
+    return {"lengths": lengths, "tokens": tokens, "times_s": times, "tokens_per_s": rates, "loss": losses}
 
 
 def main(argv: list[str] | None = None) -> int:

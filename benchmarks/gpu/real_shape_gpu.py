@@ -1,5 +1,7 @@
 """The trainer at real model shapes on one CUDA GPU, bf16: peak memory, tokens/s and MFU of one
-`Trainer.step`, chunked vs full-logit LM head (benchmarks/bench_real_shape.py's measurement).
+`Trainer.step`, chunked vs full-logit LM head; tokens/s and MFU of packed token-budget micro-batches vs
+the padded micro-batch vs TRL's GRPOTrainer loss on a long-tailed batch (benchmarks/bench_real_shape.py's
+two measurements).
 
     python benchmarks/gpu/real_shape_gpu.py                     # 0.5B and 1.5B shapes, all layers
     python benchmarks/gpu/real_shape_gpu.py --sizes 0.5b --lengths 1024 4096
@@ -17,6 +19,11 @@ lengths) are skipped and printed as such.
 MFU = 6 N T / (step time x peak FLOP/s), N the parameter count (the tied embedding counted once),
 T the step's tokens; attention's own FLOPs and the chunked path's recomputation of the head are not
 counted as useful work. `--peak-tflops` is the GPU's dense bf16 peak (989 for an H100/H200 SXM).
+
+Throughput (`--samples` responses of `--longest * 0.55^k` tokens, mean/max 0.28 at 8, in one process,
+the sides alternating): tokens/s counts real tokens; the packed path uses the model's attention
+implementation with restarting position ids (sdpa's block-diagonal mask, or flash_attention_2's varlen
+kernel where flash-attn is installed).
 """
 
 from __future__ import annotations
@@ -41,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true", help="the tiny shape (a smoke run of every path)")
+    parser.add_argument("--samples", type=int, default=16, help="throughput: samples in the batch")
+    parser.add_argument("--longest", type=int, default=4096, help="throughput: the longest response")
+    parser.add_argument("--no-trl", dest="trl", action="store_false", help="throughput: skip TRL")
     args = parser.parse_args(argv)
     runs = [("quick", None)] if args.quick else [(size, 0) for size in args.sizes]
     with tempfile.TemporaryDirectory(prefix="scalerl_real_shape_gpu_") as tmp:
@@ -48,12 +58,17 @@ def main(argv: list[str] | None = None) -> int:
             out_json = Path(tmp) / f"{size}.json"
             common = ["--device", args.device, "--dtype", "bfloat16", "--max-gb", str(args.max_gb),
                       "--json", str(out_json), *(["--chunk", str(args.chunk)] if args.chunk else [])]
+            tput = ["--samples", str(args.samples), "--longest", str(args.longest),
+                    *([] if args.trl else ["--no-trl"])]
             if size == "quick":
                 brs.main(["--quick", *common])
             else:
                 brs.main(["--size", size, "--layers", str(layers), "--lengths", *map(str, args.lengths),
-                          *common])
+                          *tput, *common])
             out = json.loads(out_json.read_text())
+            for side, rate in out["throughput"]["tokens_per_s"].items():
+                mfu = 6 * out["params"] * rate / (args.peak_tflops * 1e12)
+                print(f"{size} throughput {side:7s} {rate:9.0f} tokens/s  MFU {100 * mfu:5.1f}%", flush=True)
             for path, rows in out["results"].items():
                 for r in rows:
                     tokens_per_s = r["tokens"] / r["step_s"]

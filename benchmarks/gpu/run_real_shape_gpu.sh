@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The trainer at real model shapes on one CUDA GPU (issue 23): one bf16 `Trainer.step` of 4 samples
 # at Qwen2.5-0.5B's and Qwen2.5-1.5B's full configurations (random init, nothing downloaded), response
-# lengths 1k / 4k / 8k, chunked vs full-logit LM head: peak memory, tokens/s, MFU. Needs a Python with
+# lengths 1k / 4k / 8k, chunked vs full-logit LM head: peak memory, tokens/s, MFU; then packed vs padded
+# vs TRL tokens/s and MFU on a long-tailed batch of 16 responses up to 4k tokens. Needs a Python with
 # CUDA torch and scalerl (pip install -e .); PYTHON picks the interpreter. About 5 minutes on an H200.
 #
 #     bash benchmarks/gpu/run_real_shape_gpu.sh 2>&1 | tee real_shape_gpu.txt

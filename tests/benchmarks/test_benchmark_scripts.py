@@ -386,7 +386,7 @@ def test_bench_real_shape_quick(cache_dir: Path, tmp_path: Path) -> None:
     """Peak memory is a property of the step, not of the load: the full-logit path's growth with
     response length must dwarf the chunked one's, and both paths must compute the same loss."""
     out = run_script("bench_real_shape.py", "--quick", "--json", str(tmp_path / "r.json"),
-                     cache_dir=cache_dir, timeout=360)  # 4 fresh processes: ~2 min on a loaded CPU
+                     cache_dir=cache_dir, timeout=600)  # 4 fresh processes + TRL: ~4 min on a loaded CPU
     for path in ("chunked", "full"):
         for length in (32, 256):
             row = rf"^{path}\s+L=\s*{length}\s+peak\s+({{N}}) GB\s+step\s+({{N}}) s\s+({{N}}) tokens/s$"
@@ -402,3 +402,12 @@ def test_bench_real_shape_quick(cache_dir: Path, tmp_path: Path) -> None:
         assert c["length"] == f["length"] and c["tokens"] == f["tokens"] == 4 * (64 + c["length"])
         assert c["skipped"] == f["skipped"] == 0.0
         assert c["loss"] == pytest.approx(f["loss"], rel=1e-5, abs=1e-7)
+    # Throughput side by side: packing changes the speed, never the loss.
+    for side in ("padded", "packed"):
+        positive(match(rf"^{side}\s+({{N}}) tokens/s", out)[1])
+    ratio = float(match(r"^ratio tokens/s packed/padded: ({N})", out)[1])
+    tput = json.loads((tmp_path / "r.json").read_text())["throughput"]
+    rates = tput["tokens_per_s"]
+    assert ratio == pytest.approx(rates["packed"] / rates["padded"], abs=5e-3)
+    assert tput["loss"]["packed"] == pytest.approx(tput["loss"]["padded"], rel=1e-5, abs=1e-6)
+    assert max(tput["lengths"]) > 3 * min(tput["lengths"])  # long-tailed, or packing has nothing to do
