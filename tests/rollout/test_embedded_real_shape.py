@@ -124,7 +124,8 @@ def test_generation_and_evaluation_allocate_one_row_of_logits_per_sequence() -> 
 # ------------------------------------------------------------------------------- real shape (slow)
 def _bench() -> Any:
     """`benchmarks/bench_real_shape.py`, imported from its file (its model builder is reused)."""
-    spec = importlib.util.spec_from_file_location("bench_real_shape", ROOT / "benchmarks" / "bench_real_shape.py")
+    path = ROOT / "benchmarks" / "bench_real_shape.py"
+    spec = importlib.util.spec_from_file_location("bench_real_shape", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses resolve their annotations through sys.modules
@@ -236,7 +237,7 @@ def test_engine_at_vocab_151936_holds_one_step_of_logits(tmp_path: Path) -> None
     print("\n".join(report))
     # The largest vocabulary-sized allocation is one row per slot, [batch, vocab].
     assert rows[lo]["max_vocab_rows"] == SLOTS, rows[lo]["vocab_shapes"]
-    for p, r in lengths:
+    for p, _ in lengths:
         row = rows[p]
         # Prefill and evaluation: the decoder's own activations, a small part of the prompt's logits.
         assert row["prefill_mb"] < 0.25 * full_logits_mb(p), report

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm)")
 
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from vllm_helpers import save_real_shape, vllm_device
 
 from scalerl.assembly.sections import sampling_params
@@ -54,15 +56,13 @@ def sampled(model_dir: Path) -> Iterator[tuple[object, list[Completion]]]:
     engine = VLLMEngine(str(model_dir), fp32_lm_head=True, seed=0, max_batch_size=8, max_model_len=128,
                         eos_token_ids=())
     try:
-        from transformers import AutoTokenizer
-
-        params = sampling_params(cfg, AutoTokenizer.from_pretrained(model_dir))
-        # No stop token: every sample is RESPONSE tokens, so the counts below are exact.
-        from dataclasses import replace
-
-        params = replace(params, stop_token_ids=(), seed=3)
+        # The recipe's training sampler, as the assembly builds it (return_support from
+        # keep_sampling_mask); no stop token, so every sample has RESPONSE tokens.
+        params = replace(sampling_params(cfg, AutoTokenizer.from_pretrained(model_dir)), stop_token_ids=(),
+                         seed=3)
         assert params.return_support and (params.top_k, params.top_p) == (0, 0.95)
-        completions = engine.generate([GenerationRequest(f"p{i}", ids, params) for i, ids in enumerate(PROMPTS)])
+        completions = engine.generate([GenerationRequest(f"p{i}", ids, params)
+                                       for i, ids in enumerate(PROMPTS)])
     finally:
         engine.close()
     yield cfg, completions
@@ -86,8 +86,6 @@ def top_p_reference(model: torch.nn.Module, c: Completion, top_p: float) -> tupl
 def test_top_p_support_is_recorded_compactly_and_matches_transformers(
     model_dir: Path, sampled: tuple[object, list[Completion]]
 ) -> None:
-    from transformers import AutoModelForCausalLM
-
     _, completions = sampled
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     assert model.config.vocab_size == VOCAB
@@ -120,9 +118,11 @@ def test_trainer_step_renormalises_over_the_vllm_support(
     policy = load_policy(cfg.model, device=vllm_device())
     trainer = Trainer(policy, cfg.algorithm, cfg.optim, temperature=cfg.generation.temperature,
                       max_new_tokens=RESPONSE)
-    groups = [ScoredGroup(PromptRecord(id=f"p{i}", task="t", prompt="x"),
-                          sorted((c for c in completions if c.request_id == f"p{i}"), key=lambda c: c.sample_index),
-                          [1.0, 0.0, 1.0, 0.0]) for i in range(len(PROMPTS))]
+    groups = []
+    for i in range(len(PROMPTS)):
+        group = sorted((c for c in completions if c.request_id == f"p{i}"), key=lambda c: c.sample_index)
+        record = PromptRecord(id=f"p{i}", task="t", prompt="x")
+        groups.append(ScoredGroup(record, group, [1.0, 0.0, 1.0, 0.0]))
     metrics = trainer.step(groups)
     tokens = sum(c.num_tokens for c in completions)
     lower = sum(s < 0 for c in completions for s in c.support or [])
