@@ -83,3 +83,10 @@ test-distributed: $(DIST_STAMP)
 .PHONY: test-kill-cycles
 test-kill-cycles: setup
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m kill_cycles tests/reliability
+
+# The engine at a real model shape (vocabulary 151,936, Qwen2.5-0.5B's layer shape, 2 layers): peak RSS
+# of generation and evaluation against full-sequence logits (marker real_shape, deselected from
+# `make test` by pyproject; minutes on CPU, ~2 GB per process). docs/training.md, "The engine side".
+.PHONY: test-real-shape
+test-real-shape: setup
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -s -m real_shape tests/rollout/test_embedded_real_shape.py

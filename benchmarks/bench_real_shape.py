@@ -75,8 +75,12 @@ PROMPT_TOKENS = 64
 SAMPLES = 4
 
 
-def save_model(shape: Shape, path: Path, seed: int = 0) -> int:
-    """A random-init Qwen2 of `shape` and a tokenizer covering its vocabulary; returns its size."""
+def save_model(shape: Shape, path: Path, seed: int = 0, init_std: float | None = None) -> int:
+    """A random-init Qwen2 of `shape` and a tokenizer covering its vocabulary; returns its size.
+
+    `init_std` replaces the config's `initializer_range` (0.02), the std of every weight matrix and
+    embedding: larger values give peaked next-token distributions (a small top-p support) instead
+    of near-flat ones."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -88,6 +92,7 @@ def save_model(shape: Shape, path: Path, seed: int = 0) -> int:
         num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
         max_position_embeddings=32768, rope_theta=1_000_000.0, tie_word_embeddings=shape.tied,
         pad_token_id=0, eos_token_id=1, bos_token_id=None,
+        **({} if init_std is None else {"initializer_range": init_std}),
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)

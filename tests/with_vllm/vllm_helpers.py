@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def vllm_device() -> str:
@@ -40,3 +46,26 @@ def digit_share(completion: str, record: object) -> float:
     """A dense verifier a random tiny model can learn in a few steps: the share of digits among the
     completion's characters (about 10 of the tiny tokenizer's ~108 tokens are digits)."""
     return sum(ch.isdigit() for ch in completion) / len(completion) if completion else 0.0
+
+
+def _bench_real_shape() -> Any:
+    """`benchmarks/bench_real_shape.py`, imported from its file (its model builder is reused)."""
+    name = "bench_real_shape"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses resolve their annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def save_real_shape(path: Path, *, layers: int = 2, init_std: float | None = None, seed: int = 0) -> Path:
+    """A random-init Qwen2 with Qwen2.5-0.5B's layer shape (hidden 896, 14 heads of 64, 2 KV heads,
+    MLP 4864, tied embeddings) and vocabulary 151,936, `layers` layers, and the tiny char tokenizer
+    padded to that vocabulary, saved to `path` (`bench_real_shape.save_model`; nothing downloaded)."""
+    bench = _bench_real_shape()
+    shape = bench.Shape(**{**asdict(bench.QWEN25_05B), "layers": layers})
+    bench.save_model(shape, path, seed=seed, init_std=init_std)
+    return path
