@@ -14,7 +14,7 @@ import argparse
 from collections import Counter
 from typing import Any
 
-from scalerl.cli.curation import register_curation
+from scalerl.cli.curation import field_pair, register_curation
 from scalerl.config import DataConfig
 from scalerl.data.loaders import FORMATS
 from scalerl.data.synthetic import SYNTHETIC_TASKS, write_synthetic_jsonl
@@ -22,13 +22,6 @@ from scalerl.data.tokenize import TEMPLATES
 
 DEFAULTS = DataConfig()  # train's: `data check` starts from the same settings
 DEFAULT_MAX_PROMPT_TOKENS = DEFAULTS.max_prompt_tokens
-
-
-def _field_pair(text: str) -> tuple[str, str]:
-    key, sep, column = text.partition("=")
-    if not sep or not key or not column:
-        raise argparse.ArgumentTypeError(f"expected FIELD=COLUMN (e.g. prompt=question), got {text!r}")
-    return key, column
 
 
 def _load_tokenizer(name: str) -> Any:
@@ -103,7 +96,7 @@ def register(subparsers: Any) -> None:
 
     check = sub.add_parser("check", help="load a prompt file or folder and report bad rows and lengths")
     check.add_argument("path", metavar="PATH", help="JSONL/JSON/Parquet/CSV/TSV file, or a folder")
-    check.add_argument("--field-map", type=_field_pair, action="append", default=[], metavar="FIELD=COL",
+    check.add_argument("--field-map", type=field_pair, action="append", default=[], metavar="FIELD=COL",
                        help="read record FIELD from column COL (repeatable), e.g. prompt=question")
     check.add_argument("--default-task", default=DEFAULTS.default_task,
                        help="task for rows without a task column (config key data.default_task; default "

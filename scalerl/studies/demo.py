@@ -10,6 +10,7 @@ run; `run_seeds` repeats it over seeds and reports the spread. Settings are in `
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import sys
 import time
@@ -29,6 +30,8 @@ from scalerl.scaling.io import read_run_dir
 from scalerl.scaling.plot import FitPlotItem, plot_fits
 from scalerl.scaling.report import interval, jsonable, num, render_fit, run_to_dict
 from scalerl.studies.study import check_overrides
+
+logger = logging.getLogger(__name__)
 
 SETTINGS_FILE = Path(__file__).resolve().parent / "demo.yaml"
 MARKER_FILE = "demo.json"
@@ -262,8 +265,10 @@ def run_demo(
     overrides: list[str] | None = None,
     device: str | None = None,
     out: Any = None,
+    say: Any = logger.info,
 ) -> int:
-    """The whole demo (see the module docstring); returns the exit status."""
+    """The whole demo (see the module docstring); returns the exit status. `say`: where the
+    training run's lines go (`scalerl demo` passes stderr)."""
     from scalerl.assembly.inputs import check_run_inputs
     from scalerl.assembly.run import prepare_model, train_run
 
@@ -280,8 +285,8 @@ def run_demo(
     prepare_output_dir(run_dir)
     write_json_atomic(run_dir / MARKER_FILE, {"kind": "scalerl demo", "settings": str(loaded.path),
                                              "quick": quick, "seed": cfg.seed})
-    cfg = prepare_model(cfg)
-    code = train_run(cfg, run_dir, device=device)
+    cfg = prepare_model(cfg, say=say)
+    code = train_run(cfg, run_dir, device=device, say=say)
     if code:
         return code
     fit = loaded.settings.fit
