@@ -92,8 +92,8 @@ def check_verifiers(cfg: RunConfig, tasks_in: Mapping[str, Sequence[str]]) -> No
             where = "; ".join(f"task {task!r} in {', '.join(keys)}" for task, keys in missing.items())
             first = next(iter(missing))
             raise ConfigError(f"rewards.verifiers: no verifier for {where} (known: "
-                              f"{', '.join(sorted(known))}); set rewards.verifiers.{first}=package.module:function, or give those "
-                              "prompts a known task")
+                              f"{', '.join(sorted(known))}); set rewards.verifiers.{first}="
+                              "package.module:function, or give those prompts a known task")
         check_code_sandbox(cfg, list(tasks_in.get("code", ())), sandbox=router.sandbox)
         if cfg.agentic.environment is not None:
             from scalerl.agentic.setup import environment_factory
