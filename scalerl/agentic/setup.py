@@ -61,7 +61,7 @@ def environment_factory(
     try:
         factory: Any = import_object(spec, "agentic.environment")
     except ValueError as err:  # the user's path: bad input
-        raise ConfigError(f"agentic.environment: {err}") from None
+        raise ConfigError(str(err)) from None  # it names agentic.environment and the path
     if not callable(factory):
         raise ConfigError(f"agentic.environment: {spec!r} is not callable")
     return (lambda: factory(box)), box

@@ -39,7 +39,7 @@ def load_skyrl_env(path: str) -> type:
     try:
         cls = import_object(path, "agentic.environment")
     except ValueError as err:
-        raise ConfigError(f"agentic.environment: {err}") from None
+        raise ConfigError(str(err)) from None  # it names agentic.environment and the path
     if not (isinstance(cls, type) and issubclass(cls, BaseTextEnv)):
         raise ConfigError(f"agentic.environment: {path!r} is not a skyrl_gym BaseTextEnv subclass")
     return cls
