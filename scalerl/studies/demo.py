@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from scalerl.atomic import write_atomic, write_json_atomic
 from scalerl.config import RunConfig, build_config, load_yaml, override_layer, yaml_layer
 from scalerl.inputs import InputError
-from scalerl.ownership import check_output_dir_owned, claim_output_dir, owner_of
+from scalerl.ownership import check_output_dir_owned, claim_output_dir
 from scalerl.recipes import recipe_path
 from scalerl.scaling.analysis import FitOptions, RunAnalysis, analyze_curve
 from scalerl.scaling.io import read_run_dir
@@ -127,16 +127,10 @@ def demo_config(
     return build_config(layers)
 
 
-def _earlier_demo(path: Path) -> bool:
-    """An older scalerl's demo folder: it holds `demo.json` but no ownership marker."""
-    return (path / MARKER_FILE).is_file() and owner_of(path) is None
-
-
 def prepare_output_dir(path: Path) -> None:
     """Make `path` ready for a fresh demo: create it, or clear a previous demo's; refuse otherwise
     (`scalerl.ownership`: a folder that is not new, empty or a demo's is never touched)."""
-    if not _earlier_demo(path):
-        check_output_dir_owned(path, DEMO_KIND, "--output-dir")
+    check_output_dir_owned(path, DEMO_KIND, "--output-dir")  # an earlier scalerl's demo is adopted
     if path.is_dir() and any(path.iterdir()):
         # An earlier demo (finished or interrupted) in its own directory: replaced as a whole, so its
         # metrics, checkpoints and report cannot mix with the new run's.
