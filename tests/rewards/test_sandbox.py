@@ -501,7 +501,7 @@ def test_unprivileged_user_gets_the_user_namespace_mode() -> None:
     script = textwrap.dedent(f"""
         import importlib.util, sys
         sys.path[:0] = {site!r}
-        # config.py (pydantic), cgroup.py and sandbox.py load alone, not the package.
+        # config.py (pydantic), cgroup.py, sandbox_init.py and sandbox.py load alone, not the package.
         def load(name, path):
             spec = importlib.util.spec_from_file_location(name, path)
             module = sys.modules[name] = importlib.util.module_from_spec(spec)
@@ -509,6 +509,7 @@ def test_unprivileged_user_gets_the_user_namespace_mode() -> None:
             return module
         load("scalerl.config", {str(REPO / "scalerl/config.py")!r})
         load("scalerl.rewards.cgroup", {str(REPO / "scalerl/rewards/cgroup.py")!r})
+        load("scalerl.rewards.sandbox_init", {str(REPO / "scalerl/rewards/sandbox_init.py")!r})
         sbx = load("sbx", {str(REPO / "scalerl/rewards/sandbox.py")!r})
         Sandbox, SandboxConfig = sbx.Sandbox, sbx.SandboxConfig
         sb = Sandbox(SandboxConfig(python={SYSTEM_PYTHON!r}, max_parallel=1))
