@@ -68,6 +68,28 @@ def check_code_sandbox(cfg: RunConfig, code_prompts_in: list[str], sandbox: Sand
     sandbox.require_isolation(" and ".join(needs))
 
 
+def _check_known_tasks(known: Sequence[str], tasks_in: Mapping[str, Sequence[str]]) -> None:
+    missing = {task: keys for task, keys in sorted(tasks_in.items()) if task not in known}
+    if missing:
+        where = "; ".join(f"task {task!r} in {', '.join(keys)}" for task, keys in missing.items())
+        first = next(iter(missing))
+        raise ConfigError(f"rewards.verifiers: no verifier for {where} (known: {', '.join(sorted(known))}); "
+                          f"set rewards.verifiers.{first}=package.module:function, or give those prompts "
+                          "a known task")
+
+
+def check_prompt_tasks(tasks_in: Mapping[str, Sequence[str]]) -> None:
+    """Every task has a verifier under a run's default `rewards` (built-in or registered): what
+    `check_verifiers` checks of the tasks, for `scalerl data check`, which reads no run config."""
+    from scalerl.rewards.router import RewardRouter
+
+    router = RewardRouter(RunConfig().rewards)
+    try:
+        _check_known_tasks(router.tasks, tasks_in)
+    finally:
+        router.close()
+
+
 def check_verifiers(cfg: RunConfig, tasks_in: Mapping[str, Sequence[str]]) -> None:
     """Build the run's reward side from its config before any work; what the config gets wrong
     there is a `ConfigError` / `InputError` (exit 2) naming the key:
@@ -86,14 +108,7 @@ def check_verifiers(cfg: RunConfig, tasks_in: Mapping[str, Sequence[str]]) -> No
 
     router = RewardRouter(cfg.rewards)
     try:
-        known = set(router.tasks)
-        missing = {task: keys for task, keys in sorted(tasks_in.items()) if task not in known}
-        if missing:
-            where = "; ".join(f"task {task!r} in {', '.join(keys)}" for task, keys in missing.items())
-            first = next(iter(missing))
-            raise ConfigError(f"rewards.verifiers: no verifier for {where} (known: "
-                              f"{', '.join(sorted(known))}); set rewards.verifiers.{first}="
-                              "package.module:function, or give those prompts a known task")
+        _check_known_tasks(router.tasks, tasks_in)
         check_code_sandbox(cfg, list(tasks_in.get("code", ())), sandbox=router.sandbox)
         if cfg.agentic.environment is not None:
             from scalerl.agentic.setup import environment_factory
@@ -159,5 +174,5 @@ def check_run_inputs(cfg: RunConfig) -> None:
         check_prompt_lengths(load_records(cfg), d, build_tiny_tokenizer())
 
 
-__all__ = ["check_code_sandbox", "check_prompt_file", "check_prompt_lengths", "check_run_inputs",
-           "check_verifiers", "load_prompt_data"]
+__all__ = ["check_code_sandbox", "check_prompt_file", "check_prompt_lengths", "check_prompt_tasks",
+           "check_run_inputs", "check_verifiers", "load_prompt_data"]

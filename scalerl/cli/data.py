@@ -47,7 +47,7 @@ def _synth(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     # Exactly what a training run does with the same data settings (`scalerl.assembly.inputs`:
     # one function for both), from train's defaults (`DataConfig`) and the flags given.
-    from scalerl.assembly.inputs import check_prompt_lengths, load_prompt_data
+    from scalerl.assembly.inputs import check_prompt_lengths, check_prompt_tasks, load_prompt_data
 
     data = DEFAULTS.model_copy(update={
         "field_map": dict(args.field_map), "default_task": args.default_task, "format": args.format,
@@ -61,6 +61,7 @@ def _check(args: argparse.Namespace) -> int:
         print(loaded.rejects.summary())
     tasks = Counter(r.task for r in records)
     print("tasks: " + ", ".join(f"{task} {n}" for task, n in sorted(tasks.items())))
+    check_prompt_tasks({task: [args.path] for task in tasks})  # as a run with the default rewards does
     # Lengths are always checked, as a training run checks them (data.max_prompt_tokens).
     enc = check_prompt_lengths(records, data, _load_tokenizer(args.tokenizer))
     lengths = sorted(len(ids) for ids in enc.token_ids.values())
