@@ -11,6 +11,7 @@ found before any work, not an error hours into the run.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -140,16 +141,11 @@ def check_prompt_lengths(records: list[PromptRecord], data: DataConfig, tokenize
                         "data.template, or skip such prompts with data.on_bad_row=skip)") from None
 
 
-def check_run_inputs(cfg: RunConfig) -> None:
-    """Every input of a `RunConfig`: run directory, model and tokenizer (or the warm start's cache),
-    training prompts, extra evaluation sets, and the code sandbox's isolation where the run needs it."""
-    check_output_dir(cfg.output_dir)
-    if cfg.model.name_or_path is None:
-        check_cache_dir()
-    check_model_source(cfg.model.name_or_path, "model.name_or_path")
-    check_model_source(cfg.model.tokenizer, "model.tokenizer", need_config=False)
+def prompt_tasks(cfg: RunConfig) -> dict[str, list[str]]:
+    """task -> the config keys whose prompts hold it (`data.train_path` or the synthetic task, and
+    `eval.extra_sets.NAME`); the files are loaded, every row checked, as a run loads them."""
     d = cfg.data
-    tasks_in: dict[str, list[str]] = {}  # task -> the config keys whose prompts hold it
+    tasks_in: dict[str, list[str]] = {}
     if d.train_path is not None:
         records = _load_prompt_file(d.train_path, "data.train_path", field_map=d.field_map,
                                     default_task=d.default_task, format=d.format, on_error=d.on_bad_row)
@@ -164,7 +160,34 @@ def check_run_inputs(cfg: RunConfig) -> None:
                                     on_error=d.on_bad_row)
         for task in sorted({r.task for r in records}):
             tasks_in.setdefault(task, []).append(f"eval.extra_sets.{name}")
+    return tasks_in
+
+
+def check_study_inputs(configs: Sequence[RunConfig]) -> None:
+    """A study's runs, before its warm start: each distinct prompt set and reward side once
+    (`prompt_tasks`, `check_verifiers`), so a study whose variant names a broken verifier or tool
+    fails at once (exit 2), not as one failed run after another."""
+    seen: set[str] = set()
+    for cfg in configs:
+        key = json.dumps([cfg.data.model_dump(mode="json"), cfg.eval.extra_sets,
+                          cfg.rewards.model_dump(mode="json"), cfg.agentic.model_dump(mode="json")],
+                         sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            check_verifiers(cfg, prompt_tasks(cfg))
+
+
+def check_run_inputs(cfg: RunConfig) -> None:
+    """Every input of a `RunConfig`: run directory, model and tokenizer (or the warm start's cache),
+    training prompts, extra evaluation sets, and the code sandbox's isolation where the run needs it."""
+    check_output_dir(cfg.output_dir)
+    if cfg.model.name_or_path is None:
+        check_cache_dir()
+    check_model_source(cfg.model.name_or_path, "model.name_or_path")
+    check_model_source(cfg.model.tokenizer, "model.tokenizer", need_config=False)
+    tasks_in = prompt_tasks(cfg)
     check_verifiers(cfg, tasks_in)
+    d = cfg.data
     if cfg.model.name_or_path is None:
         # The embedded default's tokenizer is built here in a moment: the prompts' lengths are checked
         # before its warm start (minutes), not after it. Another model's are checked when it loads.
@@ -175,4 +198,4 @@ def check_run_inputs(cfg: RunConfig) -> None:
 
 
 __all__ = ["check_code_sandbox", "check_prompt_file", "check_prompt_lengths", "check_prompt_tasks",
-           "check_run_inputs", "check_verifiers", "load_prompt_data"]
+           "check_run_inputs", "check_study_inputs", "check_verifiers", "load_prompt_data", "prompt_tasks"]

@@ -127,6 +127,9 @@ def run_ablate(args: argparse.Namespace) -> int:
         return 0
     check_output_dir_owned(study_dir, ABLATE_KIND, "--output-dir")  # before the warm start
     check_device(args.device)
+    from scalerl.assembly.inputs import check_study_inputs
+
+    check_study_inputs([s.config for s in plan.specs])  # prompts and reward side, once each
     from scalerl.rollout.factory import check_engine_available  # torch: imported only when running
 
     for engine in sorted({s.config.generation.engine for s in plan.specs}):

@@ -120,6 +120,9 @@ CASES: list[Case] = [
          (*TRAIN, "agentic.environment=tools", "agentic.tools=[search]", "agentic.corpus_path=docs.jsonl"),
          r"agentic\.corpus_path: docs\.jsonl:2: no 'text' string",
          {"docs.jsonl": '{"text": "a"}\n{"nope": 1}\n'}),
+    Case("ablate-verifier-not-importable", "config",
+         ("ablate", "--loo", "rewards.verifiers.mine=nope.nope:f"),
+         r"scalerl ablate: error: rewards\.verifiers\.mine: verifier path 'nope\.nope:f': cannot import"),
     # -- prompt data, every loader format
     Case("data-missing", "data", (*TRAIN, "--data", "nope.jsonl"),
          r"data\.train_path: nope\.jsonl: no such file or directory"),
