@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/hostile_corpus.py                 # all programs, 2 at a time
     .venv/bin/python benchmarks/hostile_corpus.py --only fork_bomb,tree_memory
     .venv/bin/python benchmarks/hostile_corpus.py --weak          # what a weak sandbox costs the host
+    .venv/bin/python benchmarks/hostile_corpus.py --jail bwrap    # the same corpus in a bubblewrap jail
 
 Prints the active protections (as detected and logged by the sandbox) and who the programs run
 as on the host, then one Markdown row per program (outcome, contained or the evidence of escape,
@@ -19,6 +20,10 @@ a safety cgroup of 3 GB and 1000 tasks, so what the weak sandbox lets through re
 enclosure, which the checks treat as "the host". It prints what got through and the footprint
 (peak memory and tasks of everything the run started), and exits 1 if the safety bound was
 reached: then a program is not bounded by itself.
+
+`--jail bwrap` runs the same corpus, limits and checks with the jail made by bubblewrap instead of
+ours (`benchmarks/bwrap_jail.py`: everything but the jail is ours, cgroup and slot uids included);
+`--jail ours` (the default) is the sandbox `scalerl` uses.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import time
 from pathlib import Path
 
 from scalerl.rewards import cgroup as cg
-from scalerl.rewards.sandbox import Sandbox, SandboxConfig
+from scalerl.rewards.sandbox import Sandbox, SandboxConfig, SandboxUnavailableError
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the corpus is test support (tests/rewards/hostile.py), not in the package
@@ -48,6 +53,14 @@ WEAK_PYTHON = "/usr/bin/python3"  # the slot's uid cannot read a venv under /roo
 _NAMESPACES = ("pid", "net", "mnt", "ipc", "uts")
 _HOST_NS_VAR = "SCALERL_WEAK_HOST_NS"
 _OWNER_VAR = "SCALERL_WEAK_OWNER_PID"
+
+
+def _sandbox(jail: str, config: SandboxConfig) -> Sandbox:
+    if jail == "bwrap":
+        from bwrap_jail import BwrapSandbox  # benchmarks/ is this script's directory (sys.path[0])
+
+        return BwrapSandbox(config)
+    return Sandbox(config)
 
 
 def _config(args: argparse.Namespace) -> SandboxConfig:
@@ -166,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the programs and their goals, run nothing")
     parser.add_argument("--weak", action="store_true",
                         help="every program against a weak sandbox, inside a safety cgroup: the host's cost")
+    parser.add_argument("--jail", choices=("ours", "bwrap"), default="ours",
+                        help="who builds the jail: ours (scalerl's sandbox) or bwrap (bubblewrap; "
+                             "benchmarks/bwrap_jail.py)")
     parser.add_argument("--weak-inside", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.list:
@@ -175,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.parallel <= 16:
         print(f"error: --parallel: must be in 1..16, got {args.parallel}", file=sys.stderr)
         return 2
+    if args.weak and args.jail != "ours":
+        print("error: --weak: runs the weak sandbox, not a jail; drop --jail", file=sys.stderr)
+        return 2
     if args.weak:
         rest = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--weak"]
         return _weak(rest)
@@ -183,11 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.weak_inside:
         print("enclosure: the weak run has its own", _enter_enclosure(), "namespaces", flush=True)
         _become_init()
-    sandbox = Sandbox(_config(args))
+    sandbox = _sandbox(args.jail, _config(args))
     only = {name.strip() for name in args.only.split(",") if name.strip()} or None
     try:
         report = run_corpus(sandbox, ROOT, only=only, try_all=args.weak_inside)
-    except ValueError as exc:
+    except (ValueError, SandboxUnavailableError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print("protections:", report.protections)

@@ -29,6 +29,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from scalerl.assembly.run import stderr_say
 from scalerl.studies.accuracy import DEFAULT_RECIPES, run_accuracy
 from scalerl.studies.fitting import FitSettings
 
@@ -74,6 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_steps=args.max_steps, seeds=args.seeds, settings=settings, train=not args.no_train,
             device=args.device,
             command=command,
+            say=stderr_say,
         )
     except (ValueError, FileNotFoundError) as err:
         print(f"predictive_accuracy: error: {err}", file=sys.stderr)

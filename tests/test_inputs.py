@@ -162,8 +162,17 @@ def test_runs_that_execute_model_code_need_the_sandbox_isolation_first(tmp_path:
                                                 "agentic.tools=[calculator, python]"]))
     # a custom code verifier runs no model code in our sandbox; `isolation: none` is a choice
     check_run_inputs(load_config(overrides=[*broken, f"data.train_path={code}",
-                                            "rewards.verifiers.code=m:f"]))
+                                            "rewards.verifiers.code=operator:eq"]))
     if Path("/usr/bin/python3").exists():  # as root, the unisolated uid cannot read a venv under /root
         check_run_inputs(load_config(overrides=[*broken, "data.synthetic.task=code",
                                                 "rewards.sandbox.isolation=none",
                                                 "rewards.sandbox.python=/usr/bin/python3"]))
+
+
+def test_the_synthetic_tasks_record_tasks_are_the_ones_they_make() -> None:
+    from scalerl.assembly.inputs import SYNTHETIC_RECORD_TASKS
+    from scalerl.data.synthetic import SYNTHETIC_TASKS, make_synthetic
+
+    assert set(SYNTHETIC_RECORD_TASKS) == set(SYNTHETIC_TASKS)
+    for task, made in SYNTHETIC_RECORD_TASKS.items():
+        assert {r.task for r in make_synthetic(task, 200, 0, None, None)} == set(made), task

@@ -21,6 +21,7 @@ from scalerl.ownership import (
     check_output_dir_owned,
     check_output_file,
     claim_output_dir,
+    earlier_output,
     owner_of,
 )
 
@@ -148,3 +149,56 @@ def test_save_sft_model_never_deletes_a_folder_it_did_not_write(tmp_path: Path) 
     assert owner_of(out) == SFT_KIND and (out / "config.json").is_file()
     save_sft_model(policy, out, {"x": 2})  # an SFT output of its own: replaced
     assert json.loads((out / "sft_info.json").read_text()) == {"x": 2}
+
+
+# -- folders written by a scalerl from before the markers (`EARLIER_OUTPUTS`)
+
+EARLIER_STUDY = {"study.json": b'{"kind": "loo", "variants": [], "runs": []}\n',
+                 "runs/base/config.yaml": b"name: base\n", "runs/base/metrics.jsonl": b'{"step": 1}\n',
+                 "report.md": b"# study\n"}
+EARLIER_RUN = {"config.yaml": b"name: r\n", "metrics.jsonl": b'{"step": 1}\n', "checkpoints/step_1/x": b"\0"}
+EARLIER_SFT = {"sft_info.json": b'{"steps": 2}', "config.json": b"{}", "model.safetensors": b"\0" * 8}
+
+
+def test_an_earlier_study_is_adopted_by_ablate_and_marked_nothing_else_changes(tmp_path: Path) -> None:
+    study = tmp_path / "study"
+    _put(study, EARLIER_STUDY)
+    before = _snapshot(study)
+    assert earlier_output(study) is not None and earlier_output(study).kind == "ablate"  # type: ignore[union-attr]
+    assert claim_output_dir(study, "ablate", "--output-dir") == study
+    assert owner_of(study) == "ablate"
+    after = _snapshot(study)
+    assert set(after) == set(before) | {OWNER_FILE} and {k: after[k] for k in before} == before
+    assert earlier_output(study) is None  # marked now: an own folder, no longer an earlier one
+
+
+@pytest.mark.parametrize("files, looks_like, kind, flag, todo", [
+    (EARLIER_STUDY, "ablate", "train", "--output-dir", "scalerl train writes only into a new or empty"),
+    (EARLIER_RUN, "train", "train", "--output-dir", "to continue that run, pass it with --resume, or choose "
+                                                    "another --output-dir"),
+    (EARLIER_RUN, "train", "ablate", "--output-dir", "scalerl ablate writes only into"),
+    (EARLIER_SFT, "sft", "sft", "--output", "to replace that model, remove the folder yourself, or choose "
+                                            "another --output"),
+    (EARLIER_SFT, "sft", "train", "--output-dir", "choose another --output-dir"),
+])
+def test_other_earlier_outputs_are_refused_saying_what_they_look_like(
+        tmp_path: Path, files: dict[str, bytes], looks_like: str, kind: str, flag: str, todo: str) -> None:
+    folder = tmp_path / "old"
+    _put(folder, files)
+    before = _snapshot(tmp_path)
+    with pytest.raises(OwnershipError, match=rf"^{flag}: .*old is not empty and looks like the output of an "
+                                             rf"earlier scalerl {looks_like} \(it holds .*and no "
+                                             rf"\.scalerl-owner\.json\); ") as info:
+        claim_output_dir(folder, kind, flag)
+    assert todo in str(info.value)
+    assert _snapshot(tmp_path) == before
+
+
+def test_a_users_study_json_is_not_taken_for_a_study(tmp_path: Path) -> None:
+    folder = tmp_path / "mine"
+    _put(folder, {"study.json": b'{"title": "my own study"}', "notes.txt": b"x"})
+    before = _snapshot(tmp_path)
+    assert earlier_output(folder) is None
+    with pytest.raises(OwnershipError, match=r"mine is not empty and was not made by scalerl"):
+        claim_output_dir(folder, "ablate", "--output-dir")
+    assert _snapshot(tmp_path) == before

@@ -21,7 +21,7 @@ from scalerl.agentic.environment import Environment, ToolEnvironment
 from scalerl.agentic.rollout import TrajectoryEngine
 from scalerl.agentic.scoring import TrajectoryScorer
 from scalerl.agentic.tools import ToolBox, ToolSettings, tool_factories
-from scalerl.config import AgenticConfig
+from scalerl.config import AgenticConfig, ConfigError
 from scalerl.data.records import PromptRecord
 from scalerl.rewards.registry import import_object
 from scalerl.rewards.router import RewardRouter
@@ -42,10 +42,12 @@ class Agentic:
 def environment_factory(
     a: AgenticConfig, router: RewardRouter | None
 ) -> tuple[Callable[[], Environment], ToolBox]:
-    """The per-episode environment factory `agentic.environment` names (errors name the key)."""
+    """The per-episode environment factory `agentic.environment` names; a `ConfigError` naming the
+    key (`agentic.environment`, `agentic.tools[i]`, `agentic.corpus_path`) for what the config gets
+    wrong, so that `scalerl.assembly.inputs.check_verifiers` can run it before any work."""
     spec = a.environment
     if spec is None:
-        raise ValueError("agentic.environment: not set (agentic rollouts are off)")
+        raise ConfigError("agentic.environment: not set (agentic rollouts are off)")
     sandbox = router.sandbox if router is not None else None
     box = ToolBox(tool_factories(a.tools, ToolSettings(sandbox=sandbox, timeout_s=a.tool_timeout_s,
                                                        corpus_path=a.corpus_path)))
@@ -58,10 +60,10 @@ def environment_factory(
         return (lambda: SkyRLEnvironment(cls, max_turns=a.max_turns)), box
     try:
         factory: Any = import_object(spec, "agentic.environment")
-    except ValueError as err:
-        raise ValueError(f"agentic.environment: {err}") from None
+    except ValueError as err:  # the user's path: bad input
+        raise ConfigError(str(err)) from None  # it names agentic.environment and the path
     if not callable(factory):
-        raise ValueError(f"agentic.environment: {spec!r} is not callable")
+        raise ConfigError(f"agentic.environment: {spec!r} is not callable")
     return (lambda: factory(box)), box
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from scalerl.agentic.environment import StepResult
 from scalerl.agentic.messages import Message
+from scalerl.config import ConfigError
 from scalerl.data.records import PromptRecord
 from scalerl.rewards.registry import import_object
 
@@ -33,14 +34,14 @@ def load_skyrl_env(path: str) -> type:
     try:
         from skyrl_gym.envs.base_text_env import BaseTextEnv
     except ImportError as err:
-        raise ValueError("agentic.environment: 'skyrl:...' needs skyrl-gym: "
+        raise ConfigError("agentic.environment: 'skyrl:...' needs skyrl-gym: "
                          "pip install 'scalerl[agentic]'") from err
     try:
         cls = import_object(path, "agentic.environment")
     except ValueError as err:
-        raise ValueError(f"agentic.environment: {err}") from None
+        raise ConfigError(str(err)) from None  # it names agentic.environment and the path
     if not (isinstance(cls, type) and issubclass(cls, BaseTextEnv)):
-        raise ValueError(f"agentic.environment: {path!r} is not a skyrl_gym BaseTextEnv subclass")
+        raise ConfigError(f"agentic.environment: {path!r} is not a skyrl_gym BaseTextEnv subclass")
     return cls
 
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from scalerl.config import ConfigError
+from scalerl.inputs import InputError
 from scalerl.rewards.registry import import_object
 from scalerl.rewards.sandbox import Sandbox, SandboxResult
 
@@ -371,7 +373,7 @@ def tool_factories(names: Sequence[str], settings: ToolSettings) -> dict[str, To
             factory: ToolFactory = Calculator
         elif spec == "python":
             if settings.sandbox is None:
-                raise ValueError(f"{where}: the python tool needs a sandbox")
+                raise ConfigError(f"{where}: the python tool needs a sandbox")
             sandbox = settings.sandbox
             sandbox.require_isolation(f"the python tool ({where})")  # fail closed, before any episode
 
@@ -380,9 +382,16 @@ def tool_factories(names: Sequence[str], settings: ToolSettings) -> dict[str, To
                                          max_output_chars=settings.max_output_chars)
         elif spec == "search":
             if settings.corpus_path is None:
-                raise ValueError(f"{where}: the search tool needs agentic.corpus_path (a file or folder)")
+                raise ConfigError(f"{where}: the search tool needs agentic.corpus_path (a file or folder)")
             if index is None:
-                index = SearchIndex(load_corpus(settings.corpus_path))
+                try:
+                    index = SearchIndex(load_corpus(settings.corpus_path))
+                except (OSError, ValueError) as err:  # the corpus the config names: bad input
+                    text = str(err)
+                    raise InputError(text if text.startswith("agentic.corpus_path") else
+                                     f"agentic.corpus_path: {text}") from None
+                except ImportError as err:  # bm25s is an optional extra
+                    raise ConfigError(f"{where}: {err}") from None
             built = index
 
             def factory(built: SearchIndex = built) -> Tool:
@@ -391,21 +400,21 @@ def tool_factories(names: Sequence[str], settings: ToolSettings) -> dict[str, To
             try:
                 factory = import_object(spec, "tool")
             except ValueError as err:
-                raise ValueError(f"{where}: {err}") from None
+                raise ConfigError(f"{where}: {err}") from None
             if not callable(factory):
-                raise ValueError(f"{where}: {spec!r} is not callable (a tool class or factory)")
+                raise ConfigError(f"{where}: {spec!r} is not callable (a tool class or factory)")
         else:
-            raise ValueError(f"{where}: unknown tool {spec!r} (built-in: {', '.join(BUILTIN_TOOLS)}, "
+            raise ConfigError(f"{where}: unknown tool {spec!r} (built-in: {', '.join(BUILTIN_TOOLS)}, "
                              "or 'package.module:Factory')")
         try:
             probe = factory()
         except Exception as err:
-            raise ValueError(f"{where}: making {spec!r} failed: {type(err).__name__}: {err}") from None
+            raise ConfigError(f"{where}: making {spec!r} failed: {type(err).__name__}: {err}") from None
         if not isinstance(probe, Tool):
-            raise ValueError(f"{where}: {spec!r} did not make a tool (needs name, description, "
+            raise ConfigError(f"{where}: {spec!r} did not make a tool (needs name, description, "
                              "parameters, call, close)")
         if probe.name in factories:
-            raise ValueError(f"{where}: a second tool named {probe.name!r}")
+            raise ConfigError(f"{where}: a second tool named {probe.name!r}")
         probe.close()
         factories[probe.name] = factory
     return factories

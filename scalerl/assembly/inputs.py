@@ -3,20 +3,27 @@
 A training command (and `scalerl demo`) calls `check_run_inputs(cfg)` before the warm start, before
 the run directory is created: a missing file or a bad row then costs a second, not a warm start,
 and leaves nothing behind. The checks themselves are `scalerl.inputs`'s; every error is an
-`InputError` whose message starts with the config key and names the path.
+`InputError` (or `ConfigError`) whose message starts with the config key and names the path.
+`check_verifiers` builds the reward side (the router with its custom verifiers, the agentic
+environment and its tools) from the config, so that what the config gets wrong there is bad input
+found before any work, not an error hours into the run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from scalerl.config import DataConfig, RunConfig
+from scalerl.config import ConfigError, DataConfig, RunConfig
 from scalerl.data.loaders import LoadResult, load_prompts
 from scalerl.data.records import PromptRecord
 from scalerl.data.rejects import DataError
 from scalerl.data.tokenize import EncodedPrompts, check_template, encode_prompts, resolve_system_prompt
 from scalerl.inputs import InputError, check_cache_dir, check_model_source, check_output_dir, check_path
+
+if TYPE_CHECKING:
+    from scalerl.rewards.sandbox import Sandbox
 
 
 def _load_prompt_file(path: str, key: str, **load_kwargs: Any) -> list[Any]:
@@ -32,16 +39,19 @@ def check_prompt_file(path: str, key: str, **load_kwargs: Any) -> int:
     return len(_load_prompt_file(path, key, **load_kwargs))
 
 
-# Built-in synthetic tasks whose prompts are `task="code"` (scalerl/data/synthetic: "math+code"
-# mixes the two, "tool_code" is the code task with an interpreter trace).
-_SYNTHETIC_CODE_TASKS = frozenset({"code", "math+code", "tool_code"})
+# The record tasks each built-in synthetic task makes (scalerl/data/synthetic: "math+code" mixes
+# the two, "tool_*" are the tasks with a tool trace); tests/test_inputs.py checks it against them.
+SYNTHETIC_RECORD_TASKS: dict[str, tuple[str, ...]] = {
+    "math": ("math",), "code": ("code",), "math+code": ("math", "code"), "tool_math": ("math",),
+    "tool_code": ("code",)}
 
 
-def check_code_sandbox(cfg: RunConfig, code_prompts_in: list[str]) -> None:
+def check_code_sandbox(cfg: RunConfig, code_prompts_in: list[str], sandbox: Sandbox | None = None) -> None:
     """Fail closed before any work: a run that executes model-written code (code prompts scored by
     the built-in code verifier, or the agentic `python` tool) must get the isolation that
     `rewards.sandbox.isolation` asks for; else a `ConfigError` naming that key and what is missing.
-    `code_prompts_in`: the config keys whose prompts include code tasks."""
+    `code_prompts_in`: the config keys whose prompts include code tasks. `sandbox`: the one the
+    run's router holds (its detection is then reused), else one made from `rewards.sandbox`."""
     from scalerl.rewards.registry import VERIFIERS
 
     needs = []
@@ -52,9 +62,61 @@ def check_code_sandbox(cfg: RunConfig, code_prompts_in: list[str]) -> None:
         needs.append(f"the python tool (agentic.tools[{list(a.tools).index('python')}])")
     if not needs:
         return
-    from scalerl.rewards.sandbox import Sandbox
+    if sandbox is None:
+        from scalerl.rewards.sandbox import Sandbox
 
-    Sandbox(cfg.rewards.sandbox).require_isolation(" and ".join(needs))
+        sandbox = Sandbox(cfg.rewards.sandbox)
+    sandbox.require_isolation(" and ".join(needs))
+
+
+def _check_known_tasks(known: Sequence[str], tasks_in: Mapping[str, Sequence[str]]) -> None:
+    missing = {task: keys for task, keys in sorted(tasks_in.items()) if task not in known}
+    if missing:
+        where = "; ".join(f"task {task!r} in {', '.join(keys)}" for task, keys in missing.items())
+        first = next(iter(missing))
+        raise ConfigError(f"rewards.verifiers: no verifier for {where} (known: {', '.join(sorted(known))}); "
+                          f"set rewards.verifiers.{first}=package.module:function, or give those prompts "
+                          "a known task")
+
+
+def check_prompt_tasks(tasks_in: Mapping[str, Sequence[str]]) -> None:
+    """Every task has a verifier under a run's default `rewards` (built-in or registered): what
+    `check_verifiers` checks of the tasks, for `scalerl data check`, which reads no run config."""
+    from scalerl.rewards.router import RewardRouter
+
+    router = RewardRouter(RunConfig().rewards)
+    try:
+        _check_known_tasks(router.tasks, tasks_in)
+    finally:
+        router.close()
+
+
+def check_verifiers(cfg: RunConfig, tasks_in: Mapping[str, Sequence[str]]) -> None:
+    """Build the run's reward side from its config before any work; what the config gets wrong
+    there is a `ConfigError` / `InputError` (exit 2) naming the key:
+
+    * `rewards.verifiers.TASK`: a custom verifier path that does not import or is not callable as
+      `fn(completion, record)`;
+    * a task in the prompts with no verifier (built-in, registered or configured), naming the keys
+      whose prompts hold it (`tasks_in`: task -> config keys, e.g. `{"math": ["data.train_path"]}`);
+    * the code sandbox's isolation where model-written code will run (`check_code_sandbox`);
+    * `agentic.environment` (a tool set, a `skyrl:` class, a factory path) and `agentic.tools[i]`
+      (built-in names, factory paths, each made once), `agentic.corpus_path` for the search tool.
+
+    The objects built are thrown away (the run builds its own); the router's math workers start
+    lazily, so this costs imports and, with the sandbox, one probe run."""
+    from scalerl.rewards.router import RewardRouter
+
+    router = RewardRouter(cfg.rewards)
+    try:
+        _check_known_tasks(router.tasks, tasks_in)
+        check_code_sandbox(cfg, list(tasks_in.get("code", ())), sandbox=router.sandbox)
+        if cfg.agentic.environment is not None:
+            from scalerl.agentic.setup import environment_factory
+
+            environment_factory(cfg.agentic, router)
+    finally:
+        router.close()
 
 
 def load_prompt_data(path: str, data: DataConfig, split: str | None = None) -> LoadResult:
@@ -79,6 +141,42 @@ def check_prompt_lengths(records: list[PromptRecord], data: DataConfig, tokenize
                         "data.template, or skip such prompts with data.on_bad_row=skip)") from None
 
 
+def prompt_tasks(cfg: RunConfig) -> dict[str, list[str]]:
+    """task -> the config keys whose prompts hold it (`data.train_path` or the synthetic task, and
+    `eval.extra_sets.NAME`); the files are loaded, every row checked, as a run loads them."""
+    d = cfg.data
+    tasks_in: dict[str, list[str]] = {}
+    if d.train_path is not None:
+        records = _load_prompt_file(d.train_path, "data.train_path", field_map=d.field_map,
+                                    default_task=d.default_task, format=d.format, on_error=d.on_bad_row)
+        for task in sorted({r.task for r in records}):
+            tasks_in.setdefault(task, []).append("data.train_path")
+    else:
+        for task in SYNTHETIC_RECORD_TASKS[d.synthetic.task]:
+            tasks_in.setdefault(task, []).append(f"data.synthetic.task={d.synthetic.task}")
+    extra: Mapping[str, str] = cfg.eval.extra_sets
+    for name, path in extra.items():
+        records = _load_prompt_file(path, f"eval.extra_sets.{name}", default_task=d.default_task,
+                                    on_error=d.on_bad_row)
+        for task in sorted({r.task for r in records}):
+            tasks_in.setdefault(task, []).append(f"eval.extra_sets.{name}")
+    return tasks_in
+
+
+def check_study_inputs(configs: Sequence[RunConfig]) -> None:
+    """A study's runs, before its warm start: each distinct prompt set and reward side once
+    (`prompt_tasks`, `check_verifiers`), so a study whose variant names a broken verifier or tool
+    fails at once (exit 2), not as one failed run after another."""
+    seen: set[str] = set()
+    for cfg in configs:
+        key = json.dumps([cfg.data.model_dump(mode="json"), cfg.eval.extra_sets,
+                          cfg.rewards.model_dump(mode="json"), cfg.agentic.model_dump(mode="json")],
+                         sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            check_verifiers(cfg, prompt_tasks(cfg))
+
+
 def check_run_inputs(cfg: RunConfig) -> None:
     """Every input of a `RunConfig`: run directory, model and tokenizer (or the warm start's cache),
     training prompts, extra evaluation sets, and the code sandbox's isolation where the run needs it."""
@@ -87,22 +185,9 @@ def check_run_inputs(cfg: RunConfig) -> None:
         check_cache_dir()
     check_model_source(cfg.model.name_or_path, "model.name_or_path")
     check_model_source(cfg.model.tokenizer, "model.tokenizer", need_config=False)
+    tasks_in = prompt_tasks(cfg)
+    check_verifiers(cfg, tasks_in)
     d = cfg.data
-    code_in: list[str] = []
-    if d.train_path is not None:
-        records = _load_prompt_file(d.train_path, "data.train_path", field_map=d.field_map,
-                                    default_task=d.default_task, format=d.format, on_error=d.on_bad_row)
-        if any(r.task == "code" for r in records):
-            code_in.append("data.train_path")
-    elif d.synthetic.task in _SYNTHETIC_CODE_TASKS:
-        code_in.append(f"data.synthetic.task={d.synthetic.task}")
-    extra: Mapping[str, str] = cfg.eval.extra_sets
-    for name, path in extra.items():
-        records = _load_prompt_file(path, f"eval.extra_sets.{name}", default_task=d.default_task,
-                                    on_error=d.on_bad_row)
-        if any(r.task == "code" for r in records):
-            code_in.append(f"eval.extra_sets.{name}")
-    check_code_sandbox(cfg, code_in)
     if cfg.model.name_or_path is None:
         # The embedded default's tokenizer is built here in a moment: the prompts' lengths are checked
         # before its warm start (minutes), not after it. Another model's are checked when it loads.
@@ -112,5 +197,5 @@ def check_run_inputs(cfg: RunConfig) -> None:
         check_prompt_lengths(load_records(cfg), d, build_tiny_tokenizer())
 
 
-__all__ = ["check_code_sandbox", "check_prompt_file", "check_prompt_lengths", "check_run_inputs",
-           "load_prompt_data"]
+__all__ = ["check_code_sandbox", "check_prompt_file", "check_prompt_lengths", "check_prompt_tasks",
+           "check_run_inputs", "check_study_inputs", "check_verifiers", "load_prompt_data", "prompt_tasks"]

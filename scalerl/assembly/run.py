@@ -8,14 +8,16 @@ failed on its own, 128 + the signal for a stopped one). `prepare_model` replaces
 cached SFT warm start of the tiny model; `resolve_run_config` layers recipe, config files and
 overrides (or a resumed run's saved config).
 
-Its lines (what runs, why it stopped, where to continue) go to the `say` sink the caller gives;
-the default, `stderr_say`, writes them to stderr as `scalerl train` and the studies show them.
+Its lines (what runs, why it stopped, where to continue) go to the `say` sink the caller gives:
+the commands pass `stderr_say` (one line on stderr); a library caller that passes none gets
+`log_say`, the `scalerl.assembly.run` logger at INFO, so nothing is printed unless it asks.
 Nothing here exits: a failed run is a status, bad input an exception for the command to report.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sys
@@ -40,11 +42,18 @@ ERROR_LOG = "error.log"
 TRAIN_KIND = "train"
 
 Say = Callable[[str], None]
+_log = logging.getLogger(__name__)
 
 
 def stderr_say(message: str) -> None:
-    """The default sink: one line on stderr, flushed (interleaves with the progress bar)."""
+    """The commands' sink: one line on stderr, flushed (interleaves with the progress bar)."""
     print(message, file=sys.stderr, flush=True)
+
+
+def log_say(message: str) -> None:
+    """The library default: the line goes to this module's logger at INFO (silent unless the
+    application configures logging), never to a stream the caller did not hand over."""
+    _log.info("%s", message)
 
 
 def resolve_run_config(
@@ -69,7 +78,7 @@ def resolve_run_config(
     return cfg
 
 
-def prepare_model(cfg: RunConfig, say: Say = stderr_say) -> RunConfig:
+def prepare_model(cfg: RunConfig, say: Say = log_say) -> RunConfig:
     """The embedded default: replace 'no model' by the cached SFT warm start of the tiny model."""
     if cfg.model.name_or_path is not None:
         return cfg
@@ -118,7 +127,7 @@ def _drop_if_empty(run_dir: Path, fresh: bool) -> None:
 
 
 def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, device: str | None = None,
-              say: Say = stderr_say, owner: str | None = None) -> int:
+              say: Say = log_say, owner: str | None = None) -> int:
     """Train `cfg` in `run_dir` (resuming from the checkpoint `resume`); the exit status.
 
     `owner`: the kind of command that claims `run_dir` (`scalerl.ownership.claim_output_dir`: it must
@@ -146,7 +155,7 @@ def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, devi
     record_session(run_dir, {"event": "start", "resumed_from": str(resume) if resume else None})
     stop = StopRequest()
     try:
-        with stop_on_signals(stop), run_threads(cfg.model, device) as threads:
+        with stop_on_signals(stop, say=say), run_threads(cfg.model, device) as threads:
             if threads is not None:
                 say(f"train: {threads} CPU thread(s) for torch (scalerl/training/threads.py)")
             result = train(cfg, run_dir, resume=resume, device=device, stop=stop)
@@ -195,4 +204,4 @@ def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, devi
 
 __all__ = ["CONFIG_FILE", "ERROR_LOG", "METRICS_FILE", "SESSIONS_FILE", "TRAIN_KIND", "default_name",
            "finished_step",
-           "prepare_model", "record_session", "resolve_run_config", "stderr_say", "train_run"]
+           "log_say", "prepare_model", "record_session", "resolve_run_config", "stderr_say", "train_run"]

@@ -33,6 +33,7 @@ import argparse
 import sys
 from typing import Any
 
+from scalerl.assembly.run import stderr_say
 from scalerl.inputs import InputError, check_device
 from scalerl.ownership import check_output_dir_owned
 from scalerl.studies.ablate import ABLATE_KIND, plan_ablation, render_plan, run_ablation
@@ -126,6 +127,9 @@ def run_ablate(args: argparse.Namespace) -> int:
         return 0
     check_output_dir_owned(study_dir, ABLATE_KIND, "--output-dir")  # before the warm start
     check_device(args.device)
+    from scalerl.assembly.inputs import check_study_inputs
+
+    check_study_inputs([s.config for s in plan.specs])  # prompts and reward side, once each
     from scalerl.rollout.factory import check_engine_available  # torch: imported only when running
 
     for engine in sorted({s.config.generation.engine for s in plan.specs}):
@@ -133,13 +137,13 @@ def run_ablate(args: argparse.Namespace) -> int:
     if args.ray is None:
         if args.parallel not in (None, 1):
             raise InputError("--parallel: runs share this process without --ray; add --ray [ADDRESS]")
-        return run_ablation(plan, settings, device=args.device, budgets=budgets)
+        return run_ablation(plan, settings, device=args.device, budgets=budgets, say=stderr_say)
     from scalerl.studies.ray_runs import RayRuns
 
     with RayRuns(None if args.ray == "local" else args.ray, num_cpus=args.run_cpus,
                  num_gpus=args.run_gpus) as runs:
         return run_ablation(plan, settings, device=args.device, train_fn=runs.train,
-                            parallel=args.parallel or len(plan.specs), budgets=budgets)
+                            parallel=args.parallel or len(plan.specs), budgets=budgets, say=stderr_say)
 
 
 __all__ = ["add_fit_args", "fit_settings", "register", "run_ablate"]

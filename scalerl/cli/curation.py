@@ -153,7 +153,8 @@ def run_curate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _field_pair(text: str) -> tuple[str, str]:
+def field_pair(text: str) -> tuple[str, str]:
+    """`--field-map FIELD=COLUMN` (here and in `scalerl data check`): the (field, column) pair."""
     key, sep, column = text.partition("=")
     if not sep or not key or not column:
         raise argparse.ArgumentTypeError(f"expected FIELD=COLUMN (e.g. prompt=question), got {text!r}")
@@ -184,7 +185,7 @@ def register_curation(sub: Any) -> None:
     dif.add_argument("--system-prompt", help="a custom system prompt (overrides --think)")
     dif.add_argument("--max-prompt-tokens", type=_positive, metavar="N",
                      help="longest prompt in tokens (default: the run's data.max_prompt_tokens)")
-    dif.add_argument("--field-map", type=_field_pair, action="append", default=[], metavar="FIELD=COL",
+    dif.add_argument("--field-map", type=field_pair, action="append", default=[], metavar="FIELD=COL",
                      help="read record FIELD from column COL (repeatable)")
     dif.add_argument("--default-task", help="task for rows without a task column (default: the run's)")
     dif.add_argument("--split", help="split of a DatasetDict folder, or file-name prefix in a folder")

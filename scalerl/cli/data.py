@@ -14,7 +14,7 @@ import argparse
 from collections import Counter
 from typing import Any
 
-from scalerl.cli.curation import register_curation
+from scalerl.cli.curation import field_pair, register_curation
 from scalerl.config import DataConfig
 from scalerl.data.loaders import FORMATS
 from scalerl.data.synthetic import SYNTHETIC_TASKS, write_synthetic_jsonl
@@ -22,13 +22,6 @@ from scalerl.data.tokenize import TEMPLATES
 
 DEFAULTS = DataConfig()  # train's: `data check` starts from the same settings
 DEFAULT_MAX_PROMPT_TOKENS = DEFAULTS.max_prompt_tokens
-
-
-def _field_pair(text: str) -> tuple[str, str]:
-    key, sep, column = text.partition("=")
-    if not sep or not key or not column:
-        raise argparse.ArgumentTypeError(f"expected FIELD=COLUMN (e.g. prompt=question), got {text!r}")
-    return key, column
 
 
 def _load_tokenizer(name: str) -> Any:
@@ -54,7 +47,7 @@ def _synth(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     # Exactly what a training run does with the same data settings (`scalerl.assembly.inputs`:
     # one function for both), from train's defaults (`DataConfig`) and the flags given.
-    from scalerl.assembly.inputs import check_prompt_lengths, load_prompt_data
+    from scalerl.assembly.inputs import check_prompt_lengths, check_prompt_tasks, load_prompt_data
 
     data = DEFAULTS.model_copy(update={
         "field_map": dict(args.field_map), "default_task": args.default_task, "format": args.format,
@@ -68,6 +61,7 @@ def _check(args: argparse.Namespace) -> int:
         print(loaded.rejects.summary())
     tasks = Counter(r.task for r in records)
     print("tasks: " + ", ".join(f"{task} {n}" for task, n in sorted(tasks.items())))
+    check_prompt_tasks({task: [args.path] for task in tasks})  # as a run with the default rewards does
     # Lengths are always checked, as a training run checks them (data.max_prompt_tokens).
     enc = check_prompt_lengths(records, data, _load_tokenizer(args.tokenizer))
     lengths = sorted(len(ids) for ids in enc.token_ids.values())
@@ -103,7 +97,7 @@ def register(subparsers: Any) -> None:
 
     check = sub.add_parser("check", help="load a prompt file or folder and report bad rows and lengths")
     check.add_argument("path", metavar="PATH", help="JSONL/JSON/Parquet/CSV/TSV file, or a folder")
-    check.add_argument("--field-map", type=_field_pair, action="append", default=[], metavar="FIELD=COL",
+    check.add_argument("--field-map", type=field_pair, action="append", default=[], metavar="FIELD=COL",
                        help="read record FIELD from column COL (repeatable), e.g. prompt=question")
     check.add_argument("--default-task", default=DEFAULTS.default_task,
                        help="task for rows without a task column (config key data.default_task; default "

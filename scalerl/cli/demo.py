@@ -56,15 +56,16 @@ def register(subparsers: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from scalerl.assembly.run import stderr_say
     from scalerl.inputs import check_device
 
     check_device(args.device)
     if args.seeds is not None:
         return run_seeds(n_seeds=args.seeds, settings_path=args.settings, output_dir=args.output_dir,
                          quick=args.quick, seed=args.seed, max_time_s=args.max_time,
-                         overrides=args.overrides, device=args.device)
+                         overrides=args.overrides, device=args.device, say=stderr_say)
     return run_demo(settings_path=args.settings, output_dir=args.output_dir, quick=args.quick, seed=args.seed,
-                    max_time_s=args.max_time, overrides=args.overrides, device=args.device)
+                    max_time_s=args.max_time, overrides=args.overrides, device=args.device, say=stderr_say)
 
 
 __all__ = ["register"]

@@ -36,6 +36,7 @@ from scalerl.assembly.run import (
     finished_step,
     prepare_model,
     resolve_run_config,
+    stderr_say,
     train_run,
 )
 from scalerl.inputs import InputError, MissingInputError
@@ -137,7 +138,7 @@ def run_train(args: argparse.Namespace) -> int:
         if resume is None:
             print(f"train: {run_dir} has no checkpoint yet (stopped before its first one): starting it "
                   "again from step 0 with its saved config", file=sys.stderr)
-            cfg = prepare_model(cfg)
+            cfg = prepare_model(cfg, say=stderr_say)
         else:
             finished = finished_step(resume, cfg)
             if finished is not None:
@@ -152,10 +153,10 @@ def run_train(args: argparse.Namespace) -> int:
             )
         check_run_inputs(probe)  # before the warm start and before anything is written
         check_output_dir_owned(run_dir, TRAIN_KIND, "--output-dir")
-        cfg = prepare_model(probe)
+        cfg = prepare_model(probe, say=stderr_say)
         for stale in (SESSIONS_FILE, ERROR_LOG):  # a new run's history starts here (the folder is ours)
             (run_dir / stale).unlink(missing_ok=True)
-    return train_run(cfg, run_dir, resume=resume, device=args.device,
+    return train_run(cfg, run_dir, resume=resume, device=args.device, say=stderr_say,
                      owner=TRAIN_KIND if resume is None and args.resume is None else None)
 
 

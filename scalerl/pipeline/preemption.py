@@ -21,12 +21,13 @@ out, without a checkpoint. A second SIGTERM changes nothing (the first is alread
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
 
+logger = logging.getLogger(__name__)
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -67,15 +68,11 @@ def exit_status(signal_name: str) -> int:
     return 128 + int(signal.Signals[signal_name])
 
 
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 @contextlib.contextmanager
 def stop_on_signals(
     stop: StopRequest,
     signals: tuple[signal.Signals, ...] = STOP_SIGNALS,
-    say: Callable[[str], None] = _say,
+    say: Callable[[str], None] = logger.info,
 ) -> Iterator[StopRequest]:
     """While the block runs, SIGTERM / SIGINT request `stop` instead of killing the process.
 

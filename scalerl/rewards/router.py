@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from scalerl.config import RewardConfig, build_config
+from scalerl.config import ConfigError, RewardConfig, build_config
 from scalerl.data.records import PromptRecord
 from scalerl.rewards.code_verifier import CodeVerifier
 from scalerl.rewards.math_verifier import MathVerifier
@@ -78,8 +78,8 @@ class RewardRouter:
         for task, path in config.verifiers.items():
             try:
                 self._verifiers[task] = load_callable(path)
-            except ValueError as exc:
-                raise ValueError(f"rewards.verifiers.{task}: {exc}") from None
+            except ValueError as exc:  # the user's path: bad input (exit 2), not a failure of ours
+                raise ConfigError(f"rewards.verifiers.{task}: {exc}") from None
         self._lock = threading.Lock()
         self._counts: dict[str, dict[str, int]] = {}
         self._abandoned = 0
@@ -94,14 +94,15 @@ class RewardRouter:
         self._verifiers[task] = check_verifier(fn, task)
 
     def check_tasks(self, tasks: Iterable[str]) -> None:
-        """Fail fast before training: ValueError if any task has no verifier; with "code" among
+        """Fail fast before training: a `ConfigError` if any task has no verifier; with "code" among
         them (and the built-in code verifier), detect (and log) the sandbox's protections now: a
         `ConfigError` naming `rewards.sandbox.isolation` if the configured isolation cannot be had
         (the sandbox fails closed, `Sandbox.require_isolation`)."""
         wanted = set(tasks)
         missing = sorted(wanted - set(self._verifiers))
         if missing:
-            raise ValueError(f"no verifier for task(s) {missing} (known: {self.tasks})")
+            raise ConfigError(f"no verifier for task(s) {missing} (known: {self.tasks}); set "
+                              f"rewards.verifiers.{missing[0]}=package.module:function")
         if "code" in wanted and self._verifiers["code"] == self._verify_code:
             self.sandbox.require_isolation("the code task")
 

@@ -43,6 +43,7 @@ import json
 import logging
 import math
 import os
+import platform
 import queue
 import selectors
 import shutil
@@ -58,6 +59,7 @@ from typing import Any, Literal
 
 from scalerl.config import ConfigError, SandboxConfig
 from scalerl.rewards.cgroup import CgroupError, CgroupSupport, CgroupUsage, RunCgroup, locate, sweep_stale
+from scalerl.rewards.sandbox_init import SECCOMP_MACHINES
 
 logger = logging.getLogger(__name__)
 
@@ -96,11 +98,9 @@ class Protections:
         if self.private_tmp:
             active.append("private size-limited /tmp (and /dev/shm) as the only writable dirs; "
                           "host /run and network interfaces hidden")
-        if not any(w.startswith("no seccomp filter") for w in self.setup_warnings):
-            allow_list = os.uname().machine == "x86_64"  # sandbox_init.seccomp_program
-            active.append("seccomp: an allow-list of the syscalls a Python interpreter needs (sockets "
-                          "AF_INET/AF_INET6 only, no namespaces, ptrace, mount, bpf, io_uring, keyrings)"
-                          if allow_list else "seccomp: no Unix-domain sockets, no io_uring")
+        active.append(f"seccomp: an allow-list of the syscalls a Python interpreter needs on "
+                      f"{platform.machine()} (sockets AF_INET/AF_INET6 only, no namespaces, ptrace, "
+                      f"mount, bpf, io_uring, keyrings)")
         if self.dedicated_uid:
             active.append("dedicated unprivileged uid per slot")
         if self.cgroup is not None:
@@ -176,9 +176,10 @@ class SandboxUnavailableError(RuntimeError):
     """The configured isolation cannot be had here: no namespace mode works (`isolation: auto`),
     the named mode does not, or a required cgroup version does not. `key` names the setting."""
 
-    def __init__(self, message: str, key: str = "isolation") -> None:
+    def __init__(self, message: str, key: str = "isolation", hint: str | None = None) -> None:
         super().__init__(message)
         self.key = key
+        self.hint = hint  # what the user can do, when the default advice for `key` does not apply
 
 
 def _rlimits(config: SandboxConfig, wall_s: float) -> dict[str, tuple[int, int]]:
@@ -287,9 +288,10 @@ class Sandbox:
         except SandboxUnavailableError as exc:
             key = f"rewards.sandbox.{exc.key}"
             value = getattr(self.config, exc.key)
-            hint = ("set rewards.sandbox.isolation=none to run model-written code without network, "
-                    "filesystem or PID isolation" if exc.key == "isolation"
-                    else "set rewards.sandbox.cgroup=auto (rlimits where no cgroup can be made) or off")
+            default = ("set rewards.sandbox.isolation=none to run model-written code without network, "
+                       "filesystem or PID isolation" if exc.key == "isolation"
+                       else "set rewards.sandbox.cgroup=auto (rlimits where no cgroup can be made) or off")
+            hint = exc.hint or default
             raise ConfigError(f"{key}: {value!r} cannot be had here ({exc}); the sandbox is needed for "
                               f"{need}; fix what is missing, or {hint}") from None
 
@@ -301,6 +303,13 @@ class Sandbox:
         return ["namespaces"] if os.geteuid() == 0 else ["userns"]
 
     def _detect(self) -> Protections:
+        machine = platform.machine()
+        if machine not in SECCOMP_MACHINES:  # every mode loads the allow-list: none exists here
+            raise SandboxUnavailableError(
+                f"no seccomp allow-list for architecture {machine!r} (tables exist for "
+                f"{', '.join(SECCOMP_MACHINES)})",
+                hint="run the code verifier on an x86_64 or aarch64 machine (no isolation setting runs "
+                     "model-written code without the allow-list)")
         rejected: list[str] = []
         for mode in self._candidate_modes():
             dedicated = os.geteuid() == 0 and mode != "userns"

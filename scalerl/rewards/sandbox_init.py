@@ -210,11 +210,13 @@ def _write_files(directory: str, files: dict[str, bytes], uid: int | None, gid: 
 # args[i] at 16 + 8 i (low word first on these little-endian arches).
 _BPF_LD_ABS, _BPF_JEQ, _BPF_JGE, _BPF_JSET, _BPF_RET = 0x20, 0x15, 0x35, 0x45, 0x06
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
-_AF_UNIX, _AF_INET, _AF_INET6 = 1, 2, 10
-# arch: (AUDIT_ARCH_*, __NR_socket, x32 syscall bit or 0); io_uring_{setup,enter,register} are
-# 425-427 on every arch (the unified syscall table).
-_SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 0x40000000), "aarch64": (0xC00000B7, 198, 0)}
-_IO_URING = (425, 426, 427)
+_AF_INET, _AF_INET6 = 2, 10
+# arch: (AUDIT_ARCH_* of linux/audit.h, x32 syscall bit or 0). Only these two have a table: on any
+# other machine the sandbox does not start.
+_SECCOMP_ARCH = {"x86_64": (0xC000003E, 0x40000000), "aarch64": (0xC00000B7, 0)}
+# The calls checked by argument: socket, ioctl, clone, clone3 (asm/unistd_64.h; asm-generic/unistd.h)
+_SPECIAL_NR = {"x86_64": {"socket": 41, "ioctl": 16, "clone": 56, "clone3": 435},
+               "aarch64": {"socket": 198, "ioctl": 29, "clone": 220, "clone3": 435}}
 
 # The x86_64 allow-list: what CPython, its stdlib (files, threads, subprocess, multiprocessing's
 # fork start method, asyncio, sockets, signals, timers) and numpy use, found by `strace -f -c` of
@@ -283,7 +285,66 @@ _X86_64_ALLOWED: dict[str, int] = {  # name -> number (asm/unistd_64.h), by what
     "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67, "semget": 64, "semop": 65, "semctl": 66,
     "semtimedop": 220, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71,
 }
-_X86_64_SOCKET, _X86_64_CLONE, _X86_64_CLONE3, _X86_64_IOCTL = 41, 56, 435, 16
+# The x86_64 names with no syscall of their own in the generic table aarch64 uses (asm-generic/
+# unistd.h has only the *at, *2/*4, p* and epoll_pwait variants, and clone for fork/vfork); glibc
+# and CPython call the generic variants there, which are in the aarch64 table below.
+_X86_64_ONLY = frozenset({
+    "access", "alarm", "arch_prctl", "chmod", "chown", "creat", "dup2", "epoll_create", "epoll_wait",
+    "eventfd", "fork", "futimesat", "getdents", "getpgrp", "inotify_init", "lchown", "link", "lstat",
+    "mkdir", "mknod", "open", "pause", "pipe", "poll", "readlink", "rename", "rmdir", "select",
+    "signalfd", "stat", "symlink", "time", "unlink", "utime", "utimes", "vfork",
+})
+# The aarch64 allow-list: the same calls as x86_64's, numbered by the generic table
+# (include/uapi/asm-generic/unistd.h; `newfstatat` is its __NR3264_fstatat, `fstat` __NR3264_fstat).
+_AARCH64_ALLOWED: dict[str, int] = {
+    # files
+    "read": 63, "write": 64, "readv": 65, "writev": 66, "pread64": 67, "pwrite64": 68, "preadv": 69,
+    "pwritev": 70, "preadv2": 286, "pwritev2": 287, "openat": 56, "openat2": 437, "close": 57,
+    "close_range": 436, "lseek": 62, "fstat": 80, "newfstatat": 79, "statx": 291, "statfs": 43,
+    "fstatfs": 44, "faccessat": 48, "faccessat2": 439, "readlinkat": 78, "getdents64": 61, "fcntl": 25,
+    "dup": 23, "dup3": 24, "pipe2": 59, "fsync": 82, "fdatasync": 83, "ftruncate": 46, "truncate": 45,
+    "fallocate": 47, "renameat": 38, "renameat2": 276, "unlinkat": 35, "mkdirat": 34, "linkat": 37,
+    "symlinkat": 36, "fchmod": 52, "fchmodat": 53, "fchmodat2": 452, "fchown": 55, "fchownat": 54,
+    "utimensat": 88, "umask": 166, "getcwd": 17, "chdir": 49, "fchdir": 50, "flock": 32,
+    "copy_file_range": 285, "sendfile": 71, "splice": 76, "tee": 77, "fadvise64": 223, "readahead": 213,
+    "memfd_create": 279, "mknodat": 33, "getxattr": 8, "lgetxattr": 9, "fgetxattr": 10, "listxattr": 11,
+    "llistxattr": 12, "flistxattr": 13, "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14,
+    "lremovexattr": 15, "fremovexattr": 16,
+    # waiting
+    "pselect6": 72, "ppoll": 73, "epoll_create1": 20, "epoll_ctl": 21, "epoll_pwait": 22,
+    "epoll_pwait2": 441, "eventfd2": 19, "signalfd4": 74, "timerfd_create": 85, "timerfd_settime": 86,
+    "timerfd_gettime": 87, "inotify_init1": 26, "inotify_add_watch": 27, "inotify_rm_watch": 28,
+    # memory
+    "mmap": 222, "munmap": 215, "mprotect": 226, "mremap": 216, "madvise": 233, "brk": 214, "msync": 227,
+    "mincore": 232, "mlock": 228, "mlock2": 284, "munlock": 229, "mlockall": 230, "munlockall": 231,
+    "membarrier": 283, "get_mempolicy": 236, "mbind": 235,
+    # processes
+    "execve": 221, "execveat": 281, "exit": 93, "exit_group": 94, "wait4": 260, "waitid": 95, "kill": 129,
+    "tkill": 130, "tgkill": 131, "getpid": 172, "getppid": 173, "gettid": 178, "getuid": 174,
+    "geteuid": 175, "getgid": 176, "getegid": 177, "getresuid": 148, "getresgid": 150, "getgroups": 158,
+    "getpgid": 155, "getsid": 156, "setpgid": 154, "setsid": 157, "set_tid_address": 96,
+    "set_robust_list": 99, "get_robust_list": 100, "futex": 98, "futex_waitv": 449, "rseq": 293,
+    "prctl": 167, "sched_yield": 124, "sched_getaffinity": 123, "sched_setaffinity": 122,
+    "sched_getparam": 121, "sched_getscheduler": 120, "sched_get_priority_max": 125,
+    "sched_get_priority_min": 126, "sched_rr_get_interval": 127, "sched_getattr": 275, "getpriority": 141,
+    "setpriority": 140, "getrlimit": 163, "setrlimit": 164, "prlimit64": 261, "getrusage": 165,
+    "times": 153, "sysinfo": 179, "uname": 160, "capget": 90, "pidfd_open": 434, "pidfd_send_signal": 424,
+    # signals
+    "rt_sigaction": 134, "rt_sigprocmask": 135, "rt_sigreturn": 139, "rt_sigpending": 136,
+    "rt_sigtimedwait": 137, "rt_sigsuspend": 133, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240,
+    "sigaltstack": 132, "setitimer": 103, "getitimer": 102, "restart_syscall": 128,
+    # time
+    "clock_gettime": 113, "clock_getres": 114, "clock_nanosleep": 115, "nanosleep": 101,
+    "gettimeofday": 169, "timer_create": 107, "timer_settime": 110, "timer_gettime": 108,
+    "timer_getoverrun": 109, "timer_delete": 111, "getrandom": 278, "getcpu": 168,
+    # sockets
+    "socketpair": 199, "connect": 203, "bind": 200, "listen": 201, "accept": 202, "accept4": 242,
+    "sendto": 206, "recvfrom": 207, "sendmsg": 211, "recvmsg": 212, "sendmmsg": 269, "recvmmsg": 243,
+    "shutdown": 210, "getsockname": 204, "getpeername": 205, "setsockopt": 208, "getsockopt": 209,
+    # sysv_ipc
+    "shmget": 194, "shmat": 196, "shmctl": 195, "shmdt": 197, "semget": 190, "semop": 193, "semctl": 191,
+    "semtimedop": 192, "msgget": 186, "msgsnd": 189, "msgrcv": 188, "msgctl": 187,
+}
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWTIME (linux/sched.h)
 _CLONE_NEW_ANY = (0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
                   | 0x00000080)
@@ -322,58 +383,56 @@ def assemble(lines: list[Insn | str]) -> list[tuple[int, int, int, int]]:
     return out
 
 
-def _allow_list_program(arch: int, x32: int) -> list[tuple[int, int, int, int]]:
+def _allow_list_program(machine: str) -> list[tuple[int, int, int, int]]:
+    """The allow-list filter for `machine` (a key of `_SECCOMP_ARCH`)."""
+    arch, x32 = _SECCOMP_ARCH[machine]
+    special = _SPECIAL_NR[machine]
     deny, nosys = _RET_ERRNO | errno.EPERM, _RET_ERRNO | errno.ENOSYS
     ret = {name: (_BPF_RET, 0, 0, value) for name, value in (("allow", _RET_ALLOW), ("deny", deny),
                                                                ("nosys", nosys))}
-    lines: list[Insn | str] = [
-        (_BPF_LD_ABS, 0, 0, 4), (_BPF_JEQ, 1, 0, arch), ret["nosys"],  # a foreign arch's table
-        (_BPF_LD_ABS, 0, 0, 0), (_BPF_JGE, 0, 1, x32), ret["nosys"],  # the x32 ABI
+    lines: list[Insn | str] = [(_BPF_LD_ABS, 0, 0, 4), (_BPF_JEQ, 1, 0, arch), ret["nosys"],  # a foreign arch
+                               (_BPF_LD_ABS, 0, 0, 0)]
+    if x32:  # x86_64's x32 ABI: the same numbers with a high bit, another table
+        lines += [(_BPF_JGE, 0, 1, x32), ret["nosys"]]
+    lines += [
         # socket: internet families only
-        (_BPF_JEQ, 0, "ioctl", _X86_64_SOCKET), (_BPF_LD_ABS, 0, 0, 16),
+        (_BPF_JEQ, 0, "ioctl", special["socket"]), (_BPF_LD_ABS, 0, 0, 16),
         (_BPF_JEQ, "socket_ok", 0, _AF_INET), (_BPF_JEQ, "socket_ok", 0, _AF_INET6), ret["deny"],
         "socket_ok", ret["allow"],
-        "ioctl", (_BPF_JEQ, 0, "clone", _X86_64_IOCTL), (_BPF_LD_ABS, 0, 0, 24),
+        "ioctl", (_BPF_JEQ, 0, "clone", special["ioctl"]), (_BPF_LD_ABS, 0, 0, 24),
         *[(_BPF_JEQ, "ioctl_ok", 0, cmd) for cmd in _IOCTL_ALLOWED], ret["deny"],
         "ioctl_ok", ret["allow"],
-        "clone", (_BPF_JEQ, 0, "clone3", _X86_64_CLONE), (_BPF_LD_ABS, 0, 0, 16),
+        # clone's flags are its first argument on both arches (x86_64 and the generic table)
+        "clone", (_BPF_JEQ, 0, "clone3", special["clone"]), (_BPF_LD_ABS, 0, 0, 16),
         (_BPF_JSET, 0, 1, _CLONE_NEW_ANY), ret["deny"], ret["allow"],
-        "clone3", (_BPF_JEQ, 0, 1, _X86_64_CLONE3), ret["nosys"],
+        "clone3", (_BPF_JEQ, 0, 1, special["clone3"]), ret["nosys"],
     ]
-    for nr in sorted(_X86_64_ALLOWED.values()):
+    for nr in sorted(allowed_syscalls(machine).values()):
         lines += [(_BPF_JEQ, 0, 1, nr), ret["allow"]]
     lines.append(ret["deny"])
     return assemble(lines)
 
 
-def _deny_list_program(arch: int, nr_socket: int, x32: int) -> list[tuple[int, int, int, int]]:
-    """Refuse socket(AF_UNIX, ...) and io_uring; allow the rest (architectures without an allow-list)."""
-    deny, nosys = _RET_ERRNO | errno.EPERM, _RET_ERRNO | errno.ENOSYS
-    lines: list[Insn | str] = [(_BPF_LD_ABS, 0, 0, 4), (_BPF_JEQ, 0, "nosys", arch), (_BPF_LD_ABS, 0, 0, 0)]
-    if x32:
-        lines.append((_BPF_JGE, "nosys", 0, x32))
-    lines += [(_BPF_JEQ, "deny", 0, nr) for nr in _IO_URING]
-    lines += [(_BPF_JEQ, 0, "allow", nr_socket), (_BPF_LD_ABS, 0, 0, 16),
-              (_BPF_JEQ, "deny", "allow", _AF_UNIX), "deny", (_BPF_RET, 0, 0, deny),
-              "nosys", (_BPF_RET, 0, 0, nosys), "allow", (_BPF_RET, 0, 0, _RET_ALLOW)]
-    return assemble(lines)
+SECCOMP_MACHINES = tuple(_SECCOMP_ARCH)  # `platform.machine()` values the sandbox runs on
+
+
+def allowed_syscalls(machine: str) -> dict[str, int]:
+    """name -> number of every syscall the filter allows outright on `machine` (socket, ioctl and
+    clone are checked by argument on top). Raises KeyError for an arch without a table."""
+    return {"x86_64": _X86_64_ALLOWED, "aarch64": _AARCH64_ALLOWED}[machine]
 
 
 def seccomp_program(machine: str) -> list[tuple[int, int, int, int]] | None:
-    """The filter for `machine`, or None for an arch without a table.
+    """The filter for `machine` (`platform.machine()`), or None for an arch without a table: the
+    sandbox then refuses to run anything (`Sandbox` before starting, this init as a last guard).
 
-    x86_64: an allow-list of what a Python interpreter needs (above); anything else is refused
-    with EPERM. aarch64: a deny-list only (socket(AF_UNIX, ...) and io_uring), as no allow-list
-    has been built and tested there. Either way foreign-arch and x32 syscalls get ENOSYS, so the
-    table cannot be side-stepped, and pipes and `socketpair` (multiprocessing's fork start method,
-    asyncio) work.
+    x86_64 and aarch64: an allow-list of what a Python interpreter needs (above); anything else is
+    refused with EPERM, foreign-arch (and x32) syscalls with ENOSYS, so the table cannot be
+    side-stepped. Pipes and `socketpair` (multiprocessing's fork start method, asyncio) work.
     """
     if machine not in _SECCOMP_ARCH:
         return None
-    arch, nr_socket, x32 = _SECCOMP_ARCH[machine]
-    if machine == "x86_64":
-        return _allow_list_program(arch, x32)
-    return _deny_list_program(arch, nr_socket, x32)
+    return _allow_list_program(machine)
 
 
 def install_seccomp(program: list[tuple[int, int, int, int]]) -> None:
@@ -616,8 +675,10 @@ def main(spec_dir: str) -> int:
         os.write(status_fd, (json.dumps({"ok": False, "error": f"sandbox setup: {exc}"}) + "\n").encode())
         return 125
     seccomp = seccomp_program(os.uname().machine)
-    if seccomp is None:
-        problems.append(f"no seccomp filter for {os.uname().machine}: every syscall allowed")
+    if seccomp is None:  # the host refuses first (`Sandbox`); this guard keeps a direct start closed too
+        error = f"sandbox setup: no seccomp allow-list for architecture {os.uname().machine!r}"
+        os.write(status_fd, (json.dumps({"ok": False, "error": error}) + "\n").encode())
+        return 125
     result = supervise(spec, scratch, cgroup, seccomp)
     cgroup.close()
     if problems:

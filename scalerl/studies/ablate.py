@@ -10,6 +10,7 @@ table to `out`. The command is `scalerl ablate` (`scalerl.cli.ablate`).
 
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,8 @@ from scalerl.studies.variants import (
     loo_variants,
     parse_grid_args,
 )
+
+logger = logging.getLogger(__name__)
 
 #: the kind a study folder is marked with (`scalerl.ownership`)
 ABLATE_KIND = "ablate"
@@ -254,6 +257,7 @@ def run_ablation(
     out: Any = None,
     parallel: int = 1,
     budgets: list[float] | None = None,
+    say: Any = logger.info,
 ) -> int:
     """Prepare the shared model, run, fit, write the outputs, print the table. 1 if a run failed.
 
@@ -261,9 +265,10 @@ def run_ablation(
     over the study's compute range)."""
     stream = out or sys.stdout
     claim_output_dir(plan.study_dir, ABLATE_KIND, "--output-dir")  # new, empty or an earlier study's
-    specs = with_model(plan.specs, shared_model(plan.base_config))
+    specs = with_model(plan.specs, shared_model(plan.base_config, say=say))
     write_json_atomic(plan.study_dir / PLAN_FILE, jsonable(plan.to_dict()))
-    outcomes, run_fits = run_and_fit(specs, settings, device=device, train_fn=train_fn, parallel=parallel)
+    outcomes, run_fits = run_and_fit(specs, settings, device=device, train_fn=train_fn, parallel=parallel,
+                                    say=say)
     fits = analyze_study(run_fits, settings, order=[v.name for v in plan.variants])
     choices = None if plan.kind == "loo" else compute_optimal(fits, budgets)
     plot = write_plot(fits, plan.study_dir / PLOT_FILE)

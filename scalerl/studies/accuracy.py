@@ -11,6 +11,7 @@ The script is `benchmarks/predictive_accuracy.py`.
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +29,8 @@ from scalerl.studies.fitting import FitSettings, RunFit, StudyFits, analyze_stud
 from scalerl.studies.report import markdown_table, per_run_text, write_plot
 from scalerl.studies.runs import RunOutcome, RunSpec
 from scalerl.studies.study import check_overrides, make_spec, run_and_fit, run_name, shared_model, with_model
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_RECIPES: tuple[str, ...] = ("scalerl", "deepseek_grpo", "qwen_dapo", "dr_grpo", "gspo", "base")
 PAPER_TOLERANCE = 0.02
@@ -190,6 +193,7 @@ def run_accuracy(
     train_fn: Any = None,
     command: str = "",
     out: Any = None,
+    say: Any = logger.info,
 ) -> int:
     """Run (or reuse) every recipe, fit, write `accuracy.md`, `summary.json`, `curves.png`."""
     stream = out or sys.stdout
@@ -198,8 +202,9 @@ def run_accuracy(
     specs = plan_accuracy(recipes, runs, overrides, max_steps, seeds)
     outcomes: list[RunOutcome] | None = None
     if train:
-        specs = with_model(specs, shared_model(recipe_config(WARM_START_RECIPE, overrides, max_steps)))
-        outcomes, fits = run_and_fit(specs, settings, device=device, train_fn=train_fn)
+        base = recipe_config(WARM_START_RECIPE, overrides, max_steps)
+        specs = with_model(specs, shared_model(base, say=say))
+        outcomes, fits = run_and_fit(specs, settings, device=device, train_fn=train_fn, say=say)
     else:
         missing = [str(s.run_dir) for s in specs if not (s.run_dir / "metrics.jsonl").is_file()]
         if len(missing) == len(specs):

@@ -10,6 +10,7 @@ run; `run_seeds` repeats it over seeds and reports the spread. Settings are in `
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import sys
 import time
@@ -22,13 +23,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from scalerl.atomic import write_atomic, write_json_atomic
 from scalerl.config import RunConfig, build_config, load_yaml, override_layer, yaml_layer
 from scalerl.inputs import InputError
-from scalerl.ownership import check_output_dir_owned, claim_output_dir, owner_of
+from scalerl.ownership import check_output_dir_owned, claim_output_dir
 from scalerl.recipes import recipe_path
 from scalerl.scaling.analysis import FitOptions, RunAnalysis, analyze_curve
 from scalerl.scaling.io import read_run_dir
 from scalerl.scaling.plot import FitPlotItem, plot_fits
 from scalerl.scaling.report import interval, jsonable, num, render_fit, run_to_dict
 from scalerl.studies.study import check_overrides
+
+logger = logging.getLogger(__name__)
 
 SETTINGS_FILE = Path(__file__).resolve().parent / "demo.yaml"
 MARKER_FILE = "demo.json"
@@ -124,16 +127,10 @@ def demo_config(
     return build_config(layers)
 
 
-def _earlier_demo(path: Path) -> bool:
-    """An older scalerl's demo folder: it holds `demo.json` but no ownership marker."""
-    return (path / MARKER_FILE).is_file() and owner_of(path) is None
-
-
 def prepare_output_dir(path: Path) -> None:
     """Make `path` ready for a fresh demo: create it, or clear a previous demo's; refuse otherwise
     (`scalerl.ownership`: a folder that is not new, empty or a demo's is never touched)."""
-    if not _earlier_demo(path):
-        check_output_dir_owned(path, DEMO_KIND, "--output-dir")
+    check_output_dir_owned(path, DEMO_KIND, "--output-dir")  # an earlier scalerl's demo is adopted
     if path.is_dir() and any(path.iterdir()):
         # An earlier demo (finished or interrupted) in its own directory: replaced as a whole, so its
         # metrics, checkpoints and report cannot mix with the new run's.
@@ -262,8 +259,10 @@ def run_demo(
     overrides: list[str] | None = None,
     device: str | None = None,
     out: Any = None,
+    say: Any = logger.info,
 ) -> int:
-    """The whole demo (see the module docstring); returns the exit status."""
+    """The whole demo (see the module docstring); returns the exit status. `say`: where the
+    training run's lines go (`scalerl demo` passes stderr)."""
     from scalerl.assembly.inputs import check_run_inputs
     from scalerl.assembly.run import prepare_model, train_run
 
@@ -280,8 +279,8 @@ def run_demo(
     prepare_output_dir(run_dir)
     write_json_atomic(run_dir / MARKER_FILE, {"kind": "scalerl demo", "settings": str(loaded.path),
                                              "quick": quick, "seed": cfg.seed})
-    cfg = prepare_model(cfg)
-    code = train_run(cfg, run_dir, device=device)
+    cfg = prepare_model(cfg, say=say)
+    code = train_run(cfg, run_dir, device=device, say=say)
     if code:
         return code
     fit = loaded.settings.fit

@@ -19,12 +19,14 @@ from scalerl.distributed.cluster import connect
 
 
 def _train_task(config: dict[str, Any], run_dir: str, resume: str | None, device: str | None) -> int:
-    from scalerl.assembly.run import train_run
+    from scalerl.assembly.run import stderr_say, train_run
 
     # A run with `distributed.backend: ray` finds this worker connected already, so its actors
     # join the same cluster.
     cfg = RunConfig.model_validate(config)
-    return train_run(cfg, Path(run_dir), resume=None if resume is None else Path(resume), device=device)
+    # the worker's stderr reaches the driver's console (Ray forwards it), as `scalerl train`'s lines do
+    return train_run(cfg, Path(run_dir), resume=None if resume is None else Path(resume), device=device,
+                     say=stderr_say)
 
 
 class RayRuns:

@@ -20,9 +20,10 @@ run and the first differing keys, never a silent mix of old and new runs.
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import shutil
-import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +34,8 @@ from typing import Any, Literal
 from scalerl.atomic import write_atomic, write_json_atomic
 from scalerl.config import ConfigError, RunConfig, build_config, yaml_layer
 from scalerl.inputs import InputError
+
+logger = logging.getLogger(__name__)
 
 STATUS_FILE = "study_status.json"
 CONFIG_FILE = "config.yaml"
@@ -174,19 +177,15 @@ def _finished_before(run_dir: Path, checkpoint: Path, max_steps: int) -> bool:
 
 
 def _default_train(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None,
-                   device: str | None = None) -> int:
+                   device: str | None = None, say: Callable[[str], None]) -> int:
     from scalerl.assembly.run import train_run
     from scalerl.pipeline.preemption import STOP_SIGNALS, exit_status
 
-    code = train_run(cfg, run_dir, resume=resume, device=device)
+    code = train_run(cfg, run_dir, resume=resume, device=device, say=say)
     if code in {exit_status(sig.name) for sig in STOP_SIGNALS}:
         # SIGINT / SIGTERM stopped the run at a checkpoint: the study stops too (resumed next time).
         raise KeyboardInterrupt
     return code
-
-
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def execute_runs(
@@ -194,7 +193,7 @@ def execute_runs(
     *,
     device: str | None = None,
     train_fn: TrainFn | None = None,
-    say: Callable[[str], None] = _say,
+    say: Callable[[str], None] = logger.info,
     parallel: int = 1,
 ) -> list[RunOutcome]:
     """Train every run (see the module docstring); returns one outcome per run, in `specs` order.
@@ -205,7 +204,7 @@ def execute_runs(
     runs at once, from threads: for a `train_fn` that runs each on a cluster
     (`scalerl.studies.ray_runs`), whose scheduler queues what does not fit.
     """
-    train = train_fn or _default_train
+    train = train_fn or functools.partial(_default_train, say=say)
     check_reusable(specs)
     if parallel < 1:
         raise InputError(f"parallel: must be >= 1, got {parallel}")
@@ -257,7 +256,7 @@ def _execute_one(
             error = f"training exited with status {code}"
     except Exception as err:  # one broken run must not end the study; it is reported below
         error = f"{type(err).__name__}: {err}"
-        traceback.print_exc(file=sys.stderr)
+        say(traceback.format_exc().rstrip())  # where the run broke, through the caller's sink
     seconds = time.perf_counter() - start
     status: Literal["completed", "failed"] = "failed" if error else "completed"
     record = {"status": status, "action": action, "seconds": round(seconds, 3), "error": error,

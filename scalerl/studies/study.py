@@ -9,6 +9,7 @@ once from the study's base config and every run starts from that checkpoint.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +19,8 @@ from scalerl.inputs import InputError
 from scalerl.studies.fitting import FitSettings, RunFit, fit_run
 from scalerl.studies.runs import RunOutcome, RunSpec, execute_runs
 from scalerl.studies.variants import apply_variant, override
+
+logger = logging.getLogger(__name__)
 
 RUNS_DIR = "runs"
 SUMMARY_FILE = "summary.json"
@@ -67,13 +70,13 @@ def run_name(group: str, seed_index: int, seeds: int) -> str:
     return group if seeds == 1 else f"{group}-seed{seed_index}"
 
 
-def shared_model(base: RunConfig) -> str | None:
+def shared_model(base: RunConfig, say: Callable[[str], None] = logger.info) -> str | None:
     """The starting model for every run: the user's, or the embedded default warm-started once."""
     if base.model.name_or_path is not None:
         return base.model.name_or_path
     from scalerl.assembly.run import prepare_model
 
-    return prepare_model(base).model.name_or_path
+    return prepare_model(base, say=say).model.name_or_path
 
 
 def with_model(specs: Sequence[RunSpec], model: str | None) -> list[RunSpec]:
@@ -92,9 +95,10 @@ def run_and_fit(
     device: str | None = None,
     train_fn: Callable[..., int] | None = None,
     parallel: int = 1,
+    say: Callable[[str], None] = logger.info,
 ) -> tuple[list[RunOutcome], list[RunFit]]:
     """Train every run (skipping completed ones; `parallel` at once), then fit each completed run."""
-    outcomes = execute_runs(specs, device=device, train_fn=train_fn, parallel=parallel)
+    outcomes = execute_runs(specs, device=device, train_fn=train_fn, parallel=parallel, say=say)
     fits = [
         fit_run(o.run_dir, o.name, o.group, settings) if o.status == "completed"
         else RunFit(o.name, o.group, o.run_dir, error=f"run failed: {o.error}")

@@ -38,6 +38,7 @@ TESTED = {
     "simulate_scale.py",
     "bench_scaleout.py",
     "hostile_corpus.py",
+    "bwrap_jail.py",  # where bubblewrap is installed (test_bwrap_jail_against_ours)
     "band_calibration.py",
     "bench_prefix_cache.py",  # with vLLM: tests/with_vllm/test_vllm_bench.py
     "bench_real_shape.py",
@@ -349,7 +350,7 @@ def test_bench_scaleout_quick(cache_dir: Path) -> None:
 def test_hostile_corpus_subset(cache_dir: Path) -> None:
     """Three programs (the full corpus runs in tests/rewards/test_sandbox_corpus.py): the table has
     their rows, each contained, and the summary counts them."""
-    out = run_script("hostile_corpus.py", "--only", "fork_bomb,env_secret,write_outside",
+    out = run_script("hostile_corpus.py", "--jail", "ours", "--only", "fork_bomb,env_secret,write_outside",
                      cache_dir=cache_dir, timeout=100)
     assert match(r"^protections: sandbox mode '(\w+)'", out)[1] in ("namespaces", "userns", "none")
     for name in ("fork_bomb", "env_secret", "write_outside"):
@@ -411,3 +412,22 @@ def test_bench_real_shape_quick(cache_dir: Path, tmp_path: Path) -> None:
     assert ratio == pytest.approx(rates["packed"] / rates["padded"], abs=5e-3)
     assert tput["loss"]["packed"] == pytest.approx(tput["loss"]["padded"], rel=1e-5, abs=1e-6)
     assert max(tput["lengths"]) > 3 * min(tput["lengths"])  # long-tailed, or packing has nothing to do
+
+
+@pytest.mark.timeout(200)
+def test_bwrap_jail_against_ours(cache_dir: Path) -> None:
+    """The bubblewrap comparison (docs/reliability_sandbox.md): a corpus subset through the bwrap
+    jail, contained, and one interleaved A/B timing round, both jails' medians positive."""
+    import shutil
+
+    if shutil.which("bwrap") is None or os.geteuid() != 0:
+        pytest.skip("needs root and bwrap (apt-get install bubblewrap)")
+    out = run_script("hostile_corpus.py", "--jail", "bwrap", "--only", "env_secret,write_outside",
+                     cache_dir=cache_dir, timeout=100)
+    assert match(r"^protections: bwrap jail \(bubblewrap ", out)
+    m = match(r"^programs tried: (\d+); escapes: (\d+);", out)
+    assert (int(m[1]), int(m[2])) == (2, 0)
+    timing = run_script("bwrap_jail.py", "--runs", "1", cache_dir=cache_dir, timeout=100)
+    for name in ("print", "syscalls"):
+        row = match(rf"^\| {name} \| ({{N}}) \| ({{N}}) \| ({{N}}) \| ({{N}}) \|$", timing)
+        assert all(positive(row[i]) for i in range(1, 5))

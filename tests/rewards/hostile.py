@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerl.rewards.sandbox import Sandbox, SandboxConfig, SandboxResult
+from scalerl.rewards.sandbox_init import SECCOMP_MACHINES
 
 SECRET_VAR = "SCALERL_CORPUS_SECRET"
 # Time over the wall limit that counts as "outlived its limit": as the init measures the program
@@ -1039,8 +1040,8 @@ def _missing(sandbox: Sandbox, needs: str | None) -> str | None:
         return "no per-run cgroup here"
     if needs == "namespaces" and not prot.pid_namespace:
         return "no namespaces here"
-    if needs == "allow_list" and os.uname().machine != "x86_64":
-        return "no seccomp allow-list on this architecture (deny-list only)"
+    if needs == "allow_list" and os.uname().machine not in SECCOMP_MACHINES:
+        return "no seccomp allow-list on this architecture"
     return None
 
 

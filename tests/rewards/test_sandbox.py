@@ -439,6 +439,22 @@ def test_isolation_none_is_an_explicit_choice_and_says_so(caplog: pytest.LogCapt
     assert run(sb, "import os\nprint(sorted(os.environ))").stdout.count(b"SCALERL") == 0
 
 
+@pytest.mark.parametrize("isolation", ["auto", "none"])
+def test_an_architecture_without_a_seccomp_table_refuses_to_start(monkeypatch: pytest.MonkeyPatch,
+                                                                   isolation: str) -> None:
+    """No allow-list for the machine: nothing runs, whatever the isolation setting, and the check
+    before any work names the setting and the architecture."""
+    monkeypatch.setattr(sandbox_module.platform, "machine", lambda: "riscv64")
+    sb = Sandbox(SandboxConfig(isolation=isolation, max_parallel=1))  # type: ignore[arg-type]
+    with pytest.raises(SandboxUnavailableError, match="no seccomp allow-list for architecture 'riscv64'"):
+        sb.run_python({"p.py": "print(1)"}, "p.py")
+    assert sb.stats()["runs"] == 0
+    expected = (rf"^rewards\.sandbox\.isolation: '{isolation}' cannot be had here \(no seccomp allow-list "
+                r"for architecture 'riscv64'.*x86_64 or aarch64")
+    with pytest.raises(ConfigError, match=expected):
+        sb.require_isolation("the code task")
+
+
 def test_forced_mode_that_cannot_work_raises() -> None:
     sb = Sandbox(SandboxConfig(isolation="namespaces", unshare="/nonexistent/unshare"))
     with pytest.raises(SandboxUnavailableError, match="namespaces"):
@@ -485,7 +501,7 @@ def test_unprivileged_user_gets_the_user_namespace_mode() -> None:
     script = textwrap.dedent(f"""
         import importlib.util, sys
         sys.path[:0] = {site!r}
-        # config.py (pydantic), cgroup.py and sandbox.py load alone, not the package.
+        # config.py (pydantic), cgroup.py, sandbox_init.py and sandbox.py load alone, not the package.
         def load(name, path):
             spec = importlib.util.spec_from_file_location(name, path)
             module = sys.modules[name] = importlib.util.module_from_spec(spec)
@@ -493,6 +509,7 @@ def test_unprivileged_user_gets_the_user_namespace_mode() -> None:
             return module
         load("scalerl.config", {str(REPO / "scalerl/config.py")!r})
         load("scalerl.rewards.cgroup", {str(REPO / "scalerl/rewards/cgroup.py")!r})
+        load("scalerl.rewards.sandbox_init", {str(REPO / "scalerl/rewards/sandbox_init.py")!r})
         sbx = load("sbx", {str(REPO / "scalerl/rewards/sandbox.py")!r})
         Sandbox, SandboxConfig = sbx.Sandbox, sbx.SandboxConfig
         sb = Sandbox(SandboxConfig(python={SYSTEM_PYTHON!r}, max_parallel=1))

@@ -96,14 +96,56 @@ def test_the_table_cannot_be_side_stepped(x86: list[tuple[int, int, int, int]]) 
     assert verdict(x86, 0, arch=AARCH64) == ENOSYS
 
 
-def test_aarch64_keeps_the_deny_list() -> None:
+@pytest.fixture(scope="module")
+def arm() -> list[tuple[int, int, int, int]]:
     program = init.seccomp_program("aarch64")
-    assert program is not None
-    assert verdict(program, 198, 1, 1, arch=AARCH64) == EPERM  # socket(AF_UNIX)
-    assert verdict(program, 198, 2, 1, arch=AARCH64) == ALLOW
-    assert verdict(program, 425, arch=AARCH64) == EPERM  # io_uring
-    assert verdict(program, 117, arch=AARCH64) == ALLOW  # ptrace: allowed there (no allow-list yet)
+    assert program is not None and len(program) < 4096
+    return program
+
+
+def test_every_allowed_name_resolves_on_both_arches_or_is_x86_64_only() -> None:
+    x86_names, arm_names = set(init._X86_64_ALLOWED), set(init._AARCH64_ALLOWED)
+    assert arm_names | init._X86_64_ONLY == x86_names  # the same policy, by name
+    assert not arm_names & init._X86_64_ONLY
+    assert len(set(init._AARCH64_ALLOWED.values())) == len(init._AARCH64_ALLOWED)  # no two names, one number
+    # the generic table has no legacy calls: every x86_64-only name has its *at / 2 / p variant there
+    variants = {"open": "openat", "stat": "newfstatat", "lstat": "newfstatat", "access": "faccessat",
+                "pipe": "pipe2", "dup2": "dup3", "poll": "ppoll", "select": "pselect6", "fork": None,
+                "epoll_wait": "epoll_pwait", "unlink": "unlinkat", "rename": "renameat", "mkdir": "mkdirat"}
+    for legacy, modern in variants.items():
+        assert legacy in init._X86_64_ONLY and (modern is None or modern in arm_names), legacy
+
+
+@pytest.mark.parametrize("name, x86_nr, arm_nr", [  # asm/unistd_64.h, asm-generic/unistd.h
+    ("read", 0, 63), ("write", 1, 64), ("openat", 257, 56), ("close", 3, 57), ("exit_group", 231, 94),
+    ("mmap", 9, 222), ("execve", 59, 221), ("futex", 202, 98), ("rt_sigreturn", 15, 139),
+    ("newfstatat", 262, 79), ("getrandom", 318, 278), ("wait4", 61, 260), ("socketpair", 53, 199),
+])
+def test_well_known_numbers(name: str, x86_nr: int, arm_nr: int) -> None:
+    assert init.allowed_syscalls("x86_64")[name] == x86_nr
+    assert init.allowed_syscalls("aarch64")[name] == arm_nr
+
+
+def test_aarch64_allow_list(arm: list[tuple[int, int, int, int]]) -> None:
+    assert {n: nr for n, nr in init._AARCH64_ALLOWED.items() if verdict(arm, nr, arch=AARCH64) != ALLOW} == {}
+    for name, nr in (("ptrace", 117), ("unshare", 97), ("setns", 268), ("mount", 40), ("bpf", 280),
+                     ("io_uring_setup", 425), ("keyctl", 219), ("setuid", 146), ("seccomp", 277),
+                     ("perf_event_open", 241), ("process_vm_readv", 270), ("a syscall newer", 470)):
+        assert verdict(arm, nr, arch=AARCH64) == EPERM, name
+    assert verdict(arm, 198, 1, 1, arch=AARCH64) == EPERM  # socket(AF_UNIX)
+    assert verdict(arm, 198, 2, 1, arch=AARCH64) == ALLOW  # socket(AF_INET)
+    assert verdict(arm, 29, 0, 0x5401, arch=AARCH64) == ALLOW  # ioctl(TCGETS)
+    assert verdict(arm, 29, 0, 0x5412, arch=AARCH64) == EPERM  # ioctl(TIOCSTI)
+    assert verdict(arm, 220, 17, arch=AARCH64) == ALLOW  # clone(SIGCHLD): fork
+    assert verdict(arm, 220, 17 | CLONE_NEW["USER"], arch=AARCH64) == EPERM
+    assert verdict(arm, 435, arch=AARCH64) == ENOSYS  # clone3
+    assert verdict(arm, 63, arch=X86_64) == ENOSYS  # a foreign arch's table
+    assert verdict(arm, 0x40000000 | 63, arch=AARCH64) == EPERM  # no x32 bit there: just an unknown number
+
+
+def test_other_architectures_have_no_filter() -> None:
     assert init.seccomp_program("riscv64") is None
+    assert init.SECCOMP_MACHINES == ("x86_64", "aarch64")
 
 
 def test_labels_resolve_and_bad_jumps_are_refused() -> None:

@@ -175,3 +175,24 @@ def test_a_real_study_on_the_tiny_model(tmp_path: Path, tiny_model: str) -> None
         assert json.loads((run_dir / "study_status.json").read_text())["status"] == "completed"
         assert build_config([yaml_layer(run_dir / "config.yaml")]).model.name_or_path == tiny_model
     assert "no run could be fitted" in (tmp_path / "report.md").read_text()
+
+
+def test_scalerl_ablate_adopts_a_study_folder_of_an_earlier_scalerl(tmp_path: Path) -> None:
+    """A study written before the ownership markers (its own files, no .scalerl-owner.json) is marked
+    and continued: its completed runs are skipped and their files stay byte for byte."""
+    from scalerl.ownership import OWNER_FILE, owner_of
+
+    plan = plan_ablation("scalerl", grid=["pipeline.k=1,4"], study_dir=tmp_path,
+                         overrides=["model.name_or_path=some/model"])
+    assert run_ablation(plan, SETTINGS, train_fn=FakeTrain(k_curve), out=io.StringIO()) == 0
+    (tmp_path / OWNER_FILE).unlink()  # as an earlier scalerl left it
+
+    def run_files() -> dict[str, bytes]:
+        return {str(p.relative_to(tmp_path)): p.read_bytes() for p in (tmp_path / "runs").rglob("*")
+                if p.is_file()}
+
+    runs = run_files()
+    again = FakeTrain(k_curve)
+    assert run_ablation(plan, SETTINGS, train_fn=again, out=io.StringIO()) == 0
+    assert again.calls == [] and owner_of(tmp_path) == "ablate"
+    assert run_files() == runs

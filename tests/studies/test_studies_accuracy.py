@@ -108,7 +108,7 @@ def test_every_recipe_starts_from_the_demo_recipes_warm_start_whatever_the_order
     `--recipes` (dr_grpo first gave another model than scalerl first)."""
     asked: list[RunConfig] = []
 
-    def fake_shared_model(cfg: RunConfig) -> str:
+    def fake_shared_model(cfg: RunConfig, say: Any = None) -> str:
         asked.append(cfg)
         return "warm/start"
 

@@ -4,6 +4,7 @@ study directory reused with other settings."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,15 @@ def quiet(_: str) -> None:
     pass
 
 
+def test_a_library_caller_that_passes_no_sink_gets_log_records_not_stderr(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="scalerl.studies.runs"):
+        execute_runs([spec(tmp_path, "a")], train_fn=FakeTrain())
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out == ""
+    assert [r.getMessage() for r in caplog.records][-1].startswith("[1/1] a: completed in ")
+
+
 def test_runs_in_order_then_skips_completed(tmp_path: Path) -> None:
     specs = [spec(tmp_path, n) for n in ("a", "b", "c")]
     train = FakeTrain()
@@ -49,10 +59,13 @@ def test_runs_in_order_then_skips_completed(tmp_path: Path) -> None:
 def test_a_failure_is_reported_and_the_study_goes_on(tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     specs = [spec(tmp_path, n) for n in ("a", "b", "c")]
-    outcomes = execute_runs(specs, train_fn=FakeTrain(fail={"b"}), say=quiet)
+    said: list[str] = []
+    outcomes = execute_runs(specs, train_fn=FakeTrain(fail={"b"}), say=said.append)
     assert [o.status for o in outcomes] == ["completed", "failed", "completed"]
     assert outcomes[1].error == "RuntimeError: boom in b"
-    assert "boom in b" in capsys.readouterr().err  # the traceback is shown
+    tracebacks = [line for line in said if line.startswith("Traceback (most recent call last)")]
+    assert len(tracebacks) == 1 and "RuntimeError: boom in b" in tracebacks[0]  # shown, through the sink
+    assert capsys.readouterr().err == ""  # and only there
     status = read_status(specs[1].run_dir)
     assert status is not None and status["status"] == "failed" and "boom" in status["error"]
     # The rerun retries only the failed run; its partial log (no checkpoint) is cleared first.
