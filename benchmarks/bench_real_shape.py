@@ -267,7 +267,8 @@ def trl_side(model_dir: Path, groups: list[Any], workdir: str, device: str = "cp
     """A real `trl.GRPOTrainer` on the same model folder, and a function running its loss computation
     (`_compute_loss`: its own model forward over right-padded completions, full logits, then the
     DAPO token-level loss, the counterpart of scalerl's grpo + token aggregation) and backward on
-    `groups`. None if TRL is not installed."""
+    `groups`; gradient checkpointing off as on scalerl's side (TRL's default is on). None if TRL is
+    not installed."""
     try:
         import trl  # noqa: F401
     except ImportError:
@@ -285,7 +286,9 @@ def trl_side(model_dir: Path, groups: list[Any], workdir: str, device: str = "cp
         args=GRPOConfig(output_dir=os.path.join(workdir, "trl"), per_device_train_batch_size=n,
                         num_generations=n // len(groups), max_completion_length=width, beta=0.0,
                         loss_type="dapo", report_to="none", use_cpu=device == "cpu",
-                        bf16=dtype == "bfloat16", seed=0),
+                        bf16=dtype == "bfloat16", seed=0,
+                        # TRL's default recomputes every activation in backward: a handicap here.
+                        gradient_checkpointing=False),
         train_dataset=Dataset.from_dict({"prompt": ["x"] * n}),
     )
     trainer.model.train()

@@ -75,6 +75,10 @@ class ModelConfig(Section):
     # ScaleRL Sec. 3.2: LM head and log-softmax in float32 in trainer *and* generator (A: 0.52 -> 0.61).
     fp32_lm_head: bool = True
     gradient_checkpointing: bool = False
+    # The trainer's attention kernel (transformers' `attn_implementation`); null = transformers' own
+    # choice (sdpa). Packed micro-batches (optim.packing) run through flash_attn_varlen under
+    # "flash_attention_2" (flash-attn installed, CUDA), through a block-diagonal mask under sdpa/eager.
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = None
     tiny: TinyModelConfig = TinyModelConfig()
     # The embedded default's base model: its random init and the seed of its SFT warm start. The
     # run's `seed` does not change it, so seeds of one run start from one model, as seeds of an RL

@@ -22,7 +22,7 @@ from transformers import (
     PreTrainedModel,
 )
 
-from scalerl.config import ModelConfig
+from scalerl.config import ConfigError, ModelConfig
 from scalerl.models.loading import load_pretrained_tokenizer
 from scalerl.models.tiny import TinyModelSpec, build_tiny_model, build_tiny_tokenizer
 
@@ -67,6 +67,11 @@ def load_model(cfg: ModelConfig, device: torch.device) -> PreTrainedModel:
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
+    if cfg.attn_implementation is not None:
+        try:
+            model.set_attn_implementation(cfg.attn_implementation)
+        except (ImportError, ValueError) as err:  # flash-attn missing, no CUDA, or not for this model
+            raise ConfigError(f"model.attn_implementation={cfg.attn_implementation!r}: {err}") from None
     return model.to(device)
 
 

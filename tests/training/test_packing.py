@@ -5,6 +5,7 @@ padded, count-sized step's for every objective setting."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 import random
 
 import pytest
@@ -238,3 +239,18 @@ def test_row_lengths_and_config_defaults(make_policy, make_groups):
     assert MicroBatching.from_optim(OptimConfig(micro_batch_tokens=512)).packed
     assert not MicroBatching.from_optim(OptimConfig(micro_batch_tokens=512, packing=False)).packed
     assert MicroBatching.from_optim(OptimConfig(packing=True)).packed
+
+
+def test_attention_implementation_is_a_key_and_packing_holds_under_each(make_groups):
+    """`model.attn_implementation` reaches the model; packing is exact under eager as under sdpa; a
+    kernel this machine cannot run is a config error naming the key, not a crash mid-run."""
+    from scalerl.config import ConfigError, ModelConfig
+    from scalerl.training.policy import load_policy
+
+    policy = load_policy(ModelConfig(attn_implementation="eager"), device="cpu")
+    assert policy.model.config._attn_implementation == "eager"
+    groups = make_groups(policy, n_groups=3, n=4, noise=0.4)
+    _assert_layouts_agree(policy, groups, AlgorithmConfig(aggregation="prompt"))
+    if importlib.util.find_spec("flash_attn") is None or not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="model.attn_implementation='flash_attention_2'"):
+            load_policy(ModelConfig(attn_implementation="flash_attention_2"), device="cpu")
