@@ -96,6 +96,7 @@ def ray_backend(config: RunConfig, run_path: Path, resume: str | Path | None) ->
                                    d.engine_num_gpus) for i in range(d.num_engines)]
         pool = EnginePool.launch(factories, d)
         closers.append(pool.close)
+        trainer.fingerprint_dtype = pool.weight_dtype  # every sync verified (rollout.fingerprint)
         channel = RayWeightChannel(pool, mode=d.weight_sync, backend=d.collective_backend,
                                    timeout_s=d.timeout_s)
         channel.publish(trainer.weights_for_engine(), trainer.version)

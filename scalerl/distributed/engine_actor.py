@@ -26,6 +26,7 @@ import torch
 
 from scalerl.distributed.weights import BucketMeta, WeightGroup
 from scalerl.rollout.factory import EngineSpec, build_engine
+from scalerl.rollout.fingerprint import Fingerprint
 from scalerl.rollout.protocol import Completion, Engine, GenerationRequest
 
 
@@ -130,8 +131,15 @@ class EngineWorker:
 
     # ------------------------------------------------------------------------------ remote methods
     def ready(self) -> dict[str, Any]:
-        """Where the actor runs (the controller waits on this with the start-up timeout)."""
-        return {"pid": os.getpid(), "version": self.engine.version, "name": self.name}
+        """Where the actor runs (the controller waits on this with the start-up timeout), and the
+        dtype its weights are held in (None: an engine that cannot fingerprint them)."""
+        return {"pid": os.getpid(), "version": self.engine.version, "name": self.name,
+                "weight_dtype": getattr(self.engine, "weight_dtype", None)}
+
+    def weight_fingerprints(self) -> dict[str, Fingerprint] | None:
+        """What the engine holds now (`scalerl.rollout.fingerprint`); None if it cannot tell."""
+        held_of = getattr(self.engine, "weight_fingerprints", None)
+        return held_of() if callable(held_of) else None
 
     def submit(self, requests: Sequence[GenerationRequest]) -> None:
         with self._cond:

