@@ -22,7 +22,7 @@ from scalerl.rollout.fingerprint import (
 from scalerl.rollout.vllm_engine import held_view
 
 
-def weights(seed: int = 0, shape: tuple[int, ...] = (64, 48)) -> torch.Tensor:
+def weights(seed: int = 0, shape: tuple[int, ...] = (32, 24)) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * 0.02
 
 
