@@ -51,16 +51,20 @@ def fingerprints_alone(repeats: int) -> None:
     for name, spec in SIZES.items():
         model = build_tiny_model(spec, vocab_size=len(tok), seed=0)
         engine = EmbeddedEngine(copy.deepcopy(model).eval(), max_batch_size=4)
-        state = {k: v.detach() for k, v in model.state_dict().items()}
-        params = sum(p.numel() for p in model.parameters())
-        send = median_s(lambda: state_fingerprints(state, torch.float32), repeats)
-        held = median_s(engine.weight_fingerprints, repeats)
-        expected, got = state_fingerprints(state, torch.float32), engine.weight_fingerprints()
-        cmp = median_s(lambda: verify(expected, got, engine="engine", version=0), repeats)
-        copy_s = median_s(lambda: {k: v.to("cpu", copy=True) for k, v in state.items()}, repeats)
-        print(f"{name}: {params / 1e6:.2f}M params, {len(state)} tensors: sender {send * 1e3:.2f} ms, "
-              f"engine {held * 1e3:.2f} ms, compare {cmp * 1e3:.3f} ms; the weights' CPU copy "
-              f"{copy_s * 1e3:.2f} ms")
+        print(measure(name, model, engine, repeats))
+
+
+def measure(name: str, model: torch.nn.Module, engine: EmbeddedEngine, repeats: int) -> str:
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    params = sum(p.numel() for p in model.parameters())
+    send = median_s(lambda: state_fingerprints(state, torch.float32), repeats)
+    held = median_s(engine.weight_fingerprints, repeats)
+    expected, got = state_fingerprints(state, torch.float32), engine.weight_fingerprints()
+    cmp = median_s(lambda: verify(expected, got, engine="engine", version=0), repeats)
+    copy_s = median_s(lambda: {k: v.to("cpu", copy=True) for k, v in state.items()}, repeats)
+    return (f"{name}: {params / 1e6:.2f}M params, {len(state)} tensors: sender {send * 1e3:.2f} ms, "
+            f"engine {held * 1e3:.2f} ms, compare {cmp * 1e3:.3f} ms; the weights' CPU copy "
+            f"{copy_s * 1e3:.2f} ms")
 
 
 def train_share(steps: int) -> None:

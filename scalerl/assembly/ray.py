@@ -92,9 +92,16 @@ def ray_backend(config: RunConfig, run_path: Path, resume: str | Path | None) ->
             initial_version=trainer.version,
         )
         device = "cuda" if d.engine_num_gpus > 0 else None
+        tp = config.generation.vllm.tensor_parallel_size if config.generation.engine == "vllm" else 1
+        if tp > 1:
+            # vLLM's Ray executor places the TP workers in the engine's placement group.
+            options = dict(spec.options)
+            options["engine_kwargs"] = {**options.get("engine_kwargs", {}),
+                                        "distributed_executor_backend": "ray"}
+            spec = replace(spec, options=options)
         factories = [EngineFactory(replace(spec, seed=spec.seed + i), device, d.engine_num_cpus,
-                                   d.engine_num_gpus) for i in range(d.num_engines)]
-        pool = EnginePool.launch(factories, d)
+                                   d.engine_num_gpus * tp) for i in range(d.num_engines)]
+        pool = EnginePool.launch(factories, d, tensor_parallel_size=tp)
         closers.append(pool.close)
         trainer.fingerprint_dtype = pool.weight_dtype  # every sync verified (rollout.fingerprint)
         channel = RayWeightChannel(pool, mode=d.weight_sync, backend=d.collective_backend,

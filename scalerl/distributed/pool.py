@@ -44,6 +44,21 @@ ENGINE_CONCURRENCY = 4  # poll + submit + weight update + spare, in parallel ins
 AFFINITY_KEYS = 1 << 16  # cache keys remembered for placement (one per recent episode group)
 
 
+def engine_bundles(tensor_parallel_size: int, num_cpus: float, num_gpus: float) -> list[dict[str, float]]:
+    """Placement-group bundles of one tensor-parallel engine: one per TP rank, each with
+    `num_gpus` GPUs (at least 1: a rank is a GPU), the first also the engine actor's CPUs."""
+    gpu = max(1.0, float(num_gpus))
+    return [{"GPU": gpu, "CPU": float(num_cpus)} if r == 0 else {"GPU": gpu}
+            for r in range(tensor_parallel_size)]
+
+
+def _release(ray: Any, actors: Sequence[Any], groups: Sequence[Any]) -> None:
+    for a in actors:
+        ray.kill(a)
+    for group in groups:
+        ray.util.remove_placement_group(group)
+
+
 class NoEngineLeftError(RuntimeError):
     """Every engine actor of the pool died."""
 
@@ -113,21 +128,39 @@ class EnginePool:
         self._ray = import_ray()
         # The engines' weight dtype (from `ready`), what senders fingerprint in; None: not verified.
         self.weight_dtype: str | None = None
+        self.placement_groups: list[Any] = []  # one per tensor-parallel engine, removed at close
 
     @classmethod
     def launch(
-        cls, factories: Sequence[Callable[[], Engine]], cfg: DistributedConfig, poll_s: float = 0.05
+        cls, factories: Sequence[Callable[[], Engine]], cfg: DistributedConfig, poll_s: float = 0.05,
+        tensor_parallel_size: int = 1,
     ) -> EnginePool:
-        """Start one actor per factory with `cfg`'s per-engine resources; wait until all are up."""
+        """Start one actor per factory with `cfg`'s per-engine resources; wait until all are up.
+
+        With `tensor_parallel_size` > 1 each engine spans that many GPUs: one STRICT_PACK placement
+        group per engine (`engine_bundles`: all its GPUs on one node), the engine actor in its first
+        bundle, holding no GPU itself, and vLLM's Ray executor placing its TP workers in the
+        group's bundles (it uses the placement group it is started in, which the actor's tasks
+        capture)."""
         from scalerl.distributed.engine_actor import EngineWorker
 
         ray = import_ray()
         remote = ray.remote(EngineWorker)
-        actors = [
-            remote.options(num_cpus=cfg.engine_num_cpus, num_gpus=cfg.engine_num_gpus,
-                           max_concurrency=ENGINE_CONCURRENCY).remote(factory, f"engine {i}")
-            for i, factory in enumerate(factories)
-        ]
+        groups: list[Any] = []
+        actors = []
+        for i, factory in enumerate(factories):
+            options: dict[str, Any] = {"num_cpus": cfg.engine_num_cpus, "num_gpus": cfg.engine_num_gpus,
+                                       "max_concurrency": ENGINE_CONCURRENCY}
+            if tensor_parallel_size > 1:
+                from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+                group = ray.util.placement_group(
+                    engine_bundles(tensor_parallel_size, cfg.engine_num_cpus, cfg.engine_num_gpus),
+                    strategy="STRICT_PACK", name=f"scalerl-engine-{i}")
+                groups.append(group)
+                options.update(num_gpus=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True))
+            actors.append(remote.options(**options).remote(factory, f"engine {i}"))
         try:
             ready = wait_all({f"engine {i}": a.ready.remote() for i, a in enumerate(actors)},
                              cfg.startup_timeout_s, "engine start-up")
@@ -135,16 +168,15 @@ class EnginePool:
             hint = ""
             if err.kind == "timeout":
                 hint = startup_hint("engines", cfg.engine_num_cpus, cfg.engine_num_gpus)
-            for a in actors:
-                ray.kill(a)
+            _release(ray, actors, groups)
             raise PeerError(err.peer, err.kind, f"{err}; {hint}" if hint else str(err)) from err
         except BaseException:
-            for a in actors:
-                ray.kill(a)
+            _release(ray, actors, groups)
             raise
         versions = [ready[f"engine {i}"]["version"] for i in range(len(actors))]
         pool = cls(actors, versions, timeout_s=cfg.timeout_s, poll_s=poll_s,
                    bucket_bytes=int(cfg.bucket_mb * (1 << 20)))
+        pool.placement_groups = groups
         dtypes = {ready[f"engine {i}"].get("weight_dtype") for i in range(len(actors))}
         pool.weight_dtype = dtypes.pop() if len(dtypes) == 1 else None
         return pool
@@ -361,3 +393,9 @@ class EnginePool:
             except Exception as err:  # already gone
                 logger.debug("killing %s: %s", m.name, err)
             m.alive = False
+        for group in self.placement_groups:
+            try:
+                self._ray.util.remove_placement_group(group)
+            except Exception as err:  # already removed with its job
+                logger.debug("removing a placement group: %s", err)
+        self.placement_groups = []

