@@ -9,7 +9,8 @@ One run, one engine actor SIGKILLed after the step-2 checkpoint, then a resume:
   loss finite;
 - the lag bound holds on every step (`version_lag_max <= k`, and some tokens are lagged: pipeline);
 - the killed engine is survived: the pool counts the death, the run finishes on the other engine;
-- `--resume` continues (2 engines again) with steps after the last one, no gap, no duplicate.
+- `--resume` continues (2 engines again) with steps after the last one, no gap, no duplicate;
+- every weight sync is verified on every engine (`weight_verify_*`, the Ray channel's check).
 
 Needs vLLM and Ray (the vLLM venv installs `.[distributed]`); skipped otherwise.
 """
@@ -37,6 +38,8 @@ from vllm_helpers import save_tiny  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 K = 2
+# Two start-ups of 2 trainer ranks + 2 vLLM engines: 4-5 min on a loaded 2-core machine.
+pytestmark = pytest.mark.slow
 STEPS, MORE = 6, 8
 
 
@@ -129,3 +132,6 @@ def test_vllm_engine_actors_learn_survive_a_kill_and_resume(cluster: Any, tmp_pa
     first, last = sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
     assert last > first + 0.1, [round(x, 3) for x in rewards]
     assert all(r["weight_syncs"] >= 1 for r in rows)
+    # Every sync verified on every live engine (the Ray channel's check), none unchecked.
+    assert all(r["weight_verify_checks"] >= 1 and r["weight_verify_unchecked"] == 0 for r in rows)
+    assert rows[-1]["weight_verify_tensors"] > 0
