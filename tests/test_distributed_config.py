@@ -22,6 +22,7 @@ def test_local_is_the_default_and_reads_nothing_else() -> None:
     (["pipeline.schedule=interleaved"], "pipeline.schedule"),
     (["distributed.weight_sync=collective", "distributed.collective_backend=nccl"],
      "distributed.collective_backend"),
+    (["distributed.weight_sync=collective", "distributed.engine_restarts=2"], "distributed.engine_restarts"),
 ])
 def test_bad_combinations_name_the_key(overrides: list[str], key: str) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

@@ -105,6 +105,7 @@ class RayWeightChannel:
             dtype = self.pool.weight_dtype
             expected = None if dtype is None else state_fingerprints(state, getattr(torch, dtype))
             self.pool.update_weights(state, version)
+        self.pool.last_expected = expected  # what a restarted engine is checked against
         self._verify(expected, version)
         self.last_seconds = time.perf_counter() - start
         self.publish_seconds += self.last_seconds
