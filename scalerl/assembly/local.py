@@ -12,6 +12,7 @@ from scalerl.assembly.backend import Backend
 from scalerl.assembly.sections import engine_spec, trainer_settings
 from scalerl.config import RunConfig
 from scalerl.inputs import InputError
+from scalerl.pipeline.local import EngineWeightChannel
 from scalerl.pipeline.snapshot import SNAPSHOT_FILE
 from scalerl.rollout import Engine
 from scalerl.rollout.factory import build_engine, close_engine
@@ -24,8 +25,9 @@ def _build_engine(config: RunConfig, trainer: Trainer, closers: list[Any]) -> En
     """The generation engine, holding the trainer's current weights at the trainer's version.
 
     The embedded engine gets a copy of the policy. vLLM loads from a directory (the model's, or a
-    temporary save of a policy built from `model.tiny`) and is then sent the trainer's weights: a
-    resumed trainer's differ from the directory's, and sending them always costs one update.
+    temporary save of a policy built from `model.tiny`) and is then sent the trainer's weights
+    through the channel (`local_backend`): a resumed trainer's differ from the directory's, and
+    sending them (verified) always costs one update.
     """
     policy = trainer.policy
     eos, pad = (int(policy.tokenizer.eos_token_id),), policy.pad_token_id
@@ -43,7 +45,6 @@ def _build_engine(config: RunConfig, trainer: Trainer, closers: list[Any]) -> En
                             initial_version=trainer.version)
     engine = build_engine(spec)
     closers.append(lambda: close_engine(engine))
-    engine.update_weights(trainer.weights_for_engine(), trainer.version)
     return engine
 
 
@@ -65,27 +66,37 @@ def local_backend(
     tokenizer = policy.tokenizer
     closers: list[Any] = []
     engine = _build_engine(config, trainer, closers)
+    # Every sync is verified (scalerl.rollout.fingerprint); the vLLM engine gets the trainer's weights
+    # before its first prompt, the first check of its loader.
+    channel = EngineWeightChannel(engine)
+    if config.generation.engine != "embedded":
+        channel.publish(trainer.weights_for_engine(), trainer.version)
 
     def checkpoint(step: int, state: dict[str, Any], snapshot: dict[str, Any] | None = None) -> None:
         files = {SNAPSHOT_FILE: snapshot} if snapshot is not None else None
         trainer.save(run_path, step, extra={"pipeline": state}, keep=config.checkpoint.keep, files=files)
 
     stats = getattr(engine, "stats", None)
-    wrap = (lambda sink: EngineFigures(sink, stats)) if hasattr(stats, "figures") else None
+    figures = stats.figures if hasattr(stats, "figures") else dict
     return Backend(trainer=trainer, engine=engine, tokenizer=tokenizer, meter=meter, start_step=start_step,
-                   resume_state=resume_state, checkpoint=checkpoint, wrap_metrics=wrap, closers=closers)
+                   resume_state=resume_state, checkpoint=checkpoint, channel=channel,
+                   wrap_metrics=lambda sink: EngineFigures(sink, figures, channel.metrics), closers=closers)
 
 
 class EngineFigures:
     """A metrics sink that adds the engine's cumulative figures (`stats.figures()`: vLLM's prompt
-    tokens and prefix-cache hits) to every step row."""
+    tokens and prefix-cache hits) and the weight channel's (syncs and their verification) to every
+    step row."""
 
-    def __init__(self, sink: Any, stats: Any) -> None:
+    def __init__(self, sink: Any, *figures: Any) -> None:
         self.sink = sink
-        self.stats = stats
+        self.figures = figures
 
     def log_step(self, step: int, metrics: Mapping[str, Any]) -> Any:
-        return self.sink.log_step(step, {**metrics, **self.stats.figures()})
+        row = dict(metrics)
+        for figures in self.figures:
+            row.update(figures())
+        return self.sink.log_step(step, row)
 
     def log_eval(self, step: int, metrics: Mapping[str, Any]) -> Any:
         return self.sink.log_eval(step, metrics)

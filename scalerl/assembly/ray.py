@@ -26,6 +26,7 @@ from scalerl.distributed.engine_actor import EngineFactory
 from scalerl.distributed.pool import EnginePool
 from scalerl.distributed.trainer import RayTrainer
 from scalerl.inputs import InputError
+from scalerl.rollout.vllm_versions import check_engine_devices, platform_device
 from scalerl.training.policy import load_tokenizer
 
 
@@ -65,6 +66,11 @@ def ray_backend(config: RunConfig, run_path: Path, resume: str | Path | None) ->
             "model.name_or_path: distributed engines load the model from a path every node can read "
             "(`scalerl train` sets it to the tiny model's warm start when none is given)"
         )
+    if config.generation.engine == "vllm":
+        # Checked here, before any actor starts (bad input, exit 2), and again in each engine actor
+        # (a node of another cluster may hold another vLLM build).
+        check_engine_devices(platform_device(), d.engine_num_gpus,
+                             config.generation.vllm.tensor_parallel_size)
     ray, started = connect(d)
     closers: list[Any] = []
     try:
@@ -86,9 +92,18 @@ def ray_backend(config: RunConfig, run_path: Path, resume: str | Path | None) ->
             initial_version=trainer.version,
         )
         device = "cuda" if d.engine_num_gpus > 0 else None
-        factories = [EngineFactory(replace(spec, seed=spec.seed + i), device) for i in range(d.num_engines)]
-        pool = EnginePool.launch(factories, d)
+        tp = config.generation.vllm.tensor_parallel_size if config.generation.engine == "vllm" else 1
+        if tp > 1:
+            # vLLM's Ray executor places the TP workers in the engine's placement group.
+            options = dict(spec.options)
+            options["engine_kwargs"] = {**options.get("engine_kwargs", {}),
+                                        "distributed_executor_backend": "ray"}
+            spec = replace(spec, options=options)
+        factories = [EngineFactory(replace(spec, seed=spec.seed + i), device, d.engine_num_cpus,
+                                   d.engine_num_gpus * tp) for i in range(d.num_engines)]
+        pool = EnginePool.launch(factories, d, tensor_parallel_size=tp)
         closers.append(pool.close)
+        trainer.fingerprint_dtype = pool.weight_dtype  # every sync verified (rollout.fingerprint)
         channel = RayWeightChannel(pool, mode=d.weight_sync, backend=d.collective_backend,
                                    timeout_s=d.timeout_s)
         channel.publish(trainer.weights_for_engine(), trainer.version)

@@ -12,6 +12,10 @@
   group is rebuilt among the survivors and the broadcast retried once.
 
 A plain mapping of tensors (a local trainer) goes through the object store from this process.
+
+After every sync each live engine's fingerprints of what it holds are compared with the sender's
+(`scalerl.rollout.fingerprint`: rank 0 fingerprints what it gathered, in the engines' weight dtype);
+a mismatch raises `WeightSyncError` naming the engine, the tensor and the version: the run stops.
 Every wait is bounded by `distributed.timeout_s`; `publish_seconds` / `last_seconds` time each sync.
 """
 
@@ -27,6 +31,7 @@ import torch
 from scalerl.distributed.cluster import PeerError, import_ray, wait_each
 from scalerl.distributed.pool import EngineMember, EnginePool
 from scalerl.distributed.weights import BucketMeta
+from scalerl.rollout.fingerprint import Fingerprint, SyncFigures, state_fingerprints, verify
 
 
 @dataclass
@@ -43,6 +48,7 @@ class RemoteWeights(Mapping[str, torch.Tensor]):
     refs: list[Any] | None
     rank0: Any
     timeout_s: float = 300.0
+    fingerprints: dict[str, Fingerprint] | None = None  # of what rank 0 sent (engines' dtype)
     _cache: dict[str, torch.Tensor] | None = None
 
     def _load(self) -> dict[str, torch.Tensor]:
@@ -83,22 +89,51 @@ class RayWeightChannel:
         self.publish_seconds = 0.0
         self.last_seconds = 0.0
         self.syncs = 0
+        self.verification = SyncFigures()
         self._group_members: tuple[int, ...] | None = None
         self._group_rank0: Any = None
 
     def publish(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         start = time.perf_counter()
         if isinstance(state, RemoteWeights):
+            expected = state.fingerprints
             if state.refs is not None:
                 self.pool.load_from_object_store(state.refs, version)
             else:
                 self._broadcast(state, version)
         else:
+            dtype = self.pool.weight_dtype
+            expected = None if dtype is None else state_fingerprints(state, getattr(torch, dtype))
             self.pool.update_weights(state, version)
+        self.pool.last_expected = expected  # what a restarted engine is checked against
+        self._verify(expected, version)
         self.last_seconds = time.perf_counter() - start
         self.publish_seconds += self.last_seconds
         self.syncs += 1
         self.published_version = version
+
+    def _verify(self, expected: Mapping[str, Fingerprint] | None, version: int) -> None:
+        """Every live engine's fingerprints against the sender's; a mismatch raises WeightSyncError
+        naming the engine, the tensor and the version. An engine that died meanwhile is dropped."""
+        start = time.perf_counter()
+        members = self.pool.live()
+        if expected is None:
+            self.verification.add(None, time.perf_counter() - start)
+            return
+        outcomes = wait_each({m.name: m.actor.weight_fingerprints.remote() for m in members}, self.timeout_s)
+        check = None
+        for m in members:
+            kind, held = outcomes[m.name]
+            if kind == "died":
+                self.pool.mark_dead(m, "died during the weight-sync check")
+                continue
+            if kind != "ok":
+                raise PeerError(m.name, kind,
+                                f"weight-sync check at version {version}: {m.name} {kind}: {held}")
+            if held is None:
+                continue
+            check = verify(expected, held, engine=m.name, version=version)
+        self.verification.add(check, time.perf_counter() - start)
 
     # ------------------------------------------------------------------------------ collective
     def _form_group(self, rank0: Any, members: Sequence[EngineMember]) -> None:
@@ -156,4 +191,4 @@ class RayWeightChannel:
 
     def metrics(self) -> dict[str, float]:
         return {"weight_sync_s": self.last_seconds, "weight_sync_s_total": self.publish_seconds,
-                "weight_syncs": float(self.syncs)}
+                "weight_syncs": float(self.syncs), **self.verification.metrics()}

@@ -26,6 +26,7 @@ import torch
 
 from scalerl.distributed.weights import BucketMeta, WeightGroup
 from scalerl.rollout.factory import EngineSpec, build_engine
+from scalerl.rollout.fingerprint import Fingerprint
 from scalerl.rollout.protocol import Completion, Engine, GenerationRequest
 
 
@@ -34,19 +35,38 @@ class EngineFactory:
     """Build an engine through the one engine factory, from plain picklable values.
 
     `device` ("cuda") puts the embedded engine's model there (Ray granted the actor a GPU, which it
-    sees as cuda:0); vLLM places itself.
+    sees as cuda:0); vLLM places itself. `num_cpus` / `num_gpus` are the actor's Ray reservation
+    (`distributed.engine_num_cpus` / `engine_num_gpus`): a vLLM engine checks them against its
+    platform before it is built (a CPU vLLM reserving GPUs, or a GPU vLLM given none, is a
+    `ConfigError` naming the key), and the engine's torch threads are capped at the reserved CPUs
+    (at least one), so engines sharing a node do not oversubscribe it.
     """
 
     spec: EngineSpec
     device: str | None = None
+    num_cpus: float | None = None
+    num_gpus: float | None = None  # None: 1 when `device` is "cuda", else 0
 
     def __call__(self) -> Engine:
+        if self.num_cpus is not None:
+            torch.set_num_threads(cpu_threads(self.num_cpus))
+        if self.spec.kind == "vllm":
+            from scalerl.rollout.vllm_versions import check_engine_devices, platform_device
+
+            gpus = self.num_gpus if self.num_gpus is not None else float(self.device == "cuda")
+            tp = int(self.spec.options.get("tensor_parallel_size", 1))
+            check_engine_devices(platform_device(), gpus, tp)
         if self.spec.kind == "embedded" and self.device is not None and self.spec.model_path is not None:
             from transformers import AutoModelForCausalLM
 
             model = AutoModelForCausalLM.from_pretrained(self.spec.model_path, dtype=torch.float32)
             return build_engine(self.spec, model=model.to(self.device))
         return build_engine(self.spec)
+
+
+def cpu_threads(num_cpus: float) -> int:
+    """Intra-op threads for an actor reserving `num_cpus` logical CPUs: floor, at least 1."""
+    return max(1, int(num_cpus))
 
 
 @dataclass
@@ -112,8 +132,15 @@ class EngineWorker:
 
     # ------------------------------------------------------------------------------ remote methods
     def ready(self) -> dict[str, Any]:
-        """Where the actor runs (the controller waits on this with the start-up timeout)."""
-        return {"pid": os.getpid(), "version": self.engine.version, "name": self.name}
+        """Where the actor runs (the controller waits on this with the start-up timeout), and the
+        dtype its weights are held in (None: an engine that cannot fingerprint them)."""
+        return {"pid": os.getpid(), "version": self.engine.version, "name": self.name,
+                "weight_dtype": getattr(self.engine, "weight_dtype", None)}
+
+    def weight_fingerprints(self) -> dict[str, Fingerprint] | None:
+        """What the engine holds now (`scalerl.rollout.fingerprint`); None if it cannot tell."""
+        held_of = getattr(self.engine, "weight_fingerprints", None)
+        return held_of() if callable(held_of) else None
 
     def submit(self, requests: Sequence[GenerationRequest]) -> None:
         with self._cond:

@@ -35,6 +35,7 @@ import torch
 from scalerl.config import DistributedConfig
 from scalerl.distributed.cluster import PeerError, classify, import_ray, startup_hint, wait_all, wait_each
 from scalerl.distributed.weights import bucket_state, plan_buckets
+from scalerl.rollout.fingerprint import WeightSyncError
 from scalerl.rollout.protocol import Completion, Engine, GenerationRequest
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,21 @@ logger = logging.getLogger(__name__)
 POLL_WAIT_S = 0.5  # how long an engine's poll waits for a completion before answering empty
 ENGINE_CONCURRENCY = 4  # poll + submit + weight update + spare, in parallel inside one actor
 AFFINITY_KEYS = 1 << 16  # cache keys remembered for placement (one per recent episode group)
+
+
+def engine_bundles(tensor_parallel_size: int, num_cpus: float, num_gpus: float) -> list[dict[str, float]]:
+    """Placement-group bundles of one tensor-parallel engine: one per TP rank, each with
+    `num_gpus` GPUs (at least 1: a rank is a GPU), the first also the engine actor's CPUs."""
+    gpu = max(1.0, float(num_gpus))
+    return [{"GPU": gpu, "CPU": float(num_cpus)} if r == 0 else {"GPU": gpu}
+            for r in range(tensor_parallel_size)]
+
+
+def _release(ray: Any, actors: Sequence[Any], groups: Sequence[Any]) -> None:
+    for a in actors:
+        ray.kill(a)
+    for group in groups:
+        ray.util.remove_placement_group(group)
 
 
 class NoEngineLeftError(RuntimeError):
@@ -53,6 +69,18 @@ class _Flight:
     request: GenerationRequest
     engine: int
     received: dict[int, Completion] = field(default_factory=dict)
+
+
+@dataclass
+class _Restart:
+    """A dead engine being started again: when the next attempt is due, its actor and ready ref."""
+
+    index: int
+    attempt: int
+    due: float
+    actor: Any = None
+    ready_ref: Any = None
+    started: float = 0.0
 
 
 @dataclass
@@ -80,6 +108,8 @@ class PoolCounters:
     samples_discarded: int = 0  # partial samples of those groups, generated again
     groups_completed: int = 0
     sticky_requests: int = 0  # requests sent to the engine holding their cache_key's context
+    engine_restarts: int = 0  # dead engines started again and rejoined (synced, verified)
+    engine_restart_failures: int = 0  # restart attempts whose actor did not come up
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -111,21 +141,51 @@ class EnginePool:
         self._lock = threading.RLock()  # bookkeeping: members, flights, counters
         self._step_lock = threading.RLock()  # one consumer of polls at a time (step / generate)
         self._ray = import_ray()
+        # The engines' weight dtype (from `ready`), what senders fingerprint in; None: not verified.
+        self.weight_dtype: str | None = None
+        self.placement_groups: list[Any] = []  # one per tensor-parallel engine, removed at close
+        # Restarts (`enable_restarts`): how to start engine i again, how many restarts are left.
+        self._spawn: Callable[[int], Any] | None = None
+        self.restarts_left = 0
+        self.restart_backoff_s = 0.0
+        self.startup_timeout_s = 600.0
+        self._restarting: dict[int, _Restart] = {}
+        # The last object-store sync (bucket refs, version) and the sender's fingerprints of it: what
+        # a restarted engine loads and is checked against before it rejoins.
+        self._last_sync: tuple[list[Any], int] | None = None
+        self.last_expected: Mapping[str, Any] | None = None
 
     @classmethod
     def launch(
-        cls, factories: Sequence[Callable[[], Engine]], cfg: DistributedConfig, poll_s: float = 0.05
+        cls, factories: Sequence[Callable[[], Engine]], cfg: DistributedConfig, poll_s: float = 0.05,
+        tensor_parallel_size: int = 1,
     ) -> EnginePool:
-        """Start one actor per factory with `cfg`'s per-engine resources; wait until all are up."""
+        """Start one actor per factory with `cfg`'s per-engine resources; wait until all are up.
+
+        With `tensor_parallel_size` > 1 each engine spans that many GPUs: one STRICT_PACK placement
+        group per engine (`engine_bundles`: all its GPUs on one node), the engine actor in its first
+        bundle, holding no GPU itself, and vLLM's Ray executor placing its TP workers in the
+        group's bundles (it uses the placement group it is started in, which the actor's tasks
+        capture)."""
         from scalerl.distributed.engine_actor import EngineWorker
 
         ray = import_ray()
         remote = ray.remote(EngineWorker)
-        actors = [
-            remote.options(num_cpus=cfg.engine_num_cpus, num_gpus=cfg.engine_num_gpus,
-                           max_concurrency=ENGINE_CONCURRENCY).remote(factory, f"engine {i}")
-            for i, factory in enumerate(factories)
-        ]
+        groups: list[Any] = []
+        actors = []
+        for i, factory in enumerate(factories):
+            options: dict[str, Any] = {"num_cpus": cfg.engine_num_cpus, "num_gpus": cfg.engine_num_gpus,
+                                       "max_concurrency": ENGINE_CONCURRENCY}
+            if tensor_parallel_size > 1:
+                from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+                group = ray.util.placement_group(
+                    engine_bundles(tensor_parallel_size, cfg.engine_num_cpus, cfg.engine_num_gpus),
+                    strategy="STRICT_PACK", name=f"scalerl-engine-{i}")
+                groups.append(group)
+                options.update(num_gpus=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True))
+            actors.append(remote.options(**options).remote(factory, f"engine {i}"))
         try:
             ready = wait_all({f"engine {i}": a.ready.remote() for i, a in enumerate(actors)},
                              cfg.startup_timeout_s, "engine start-up")
@@ -133,16 +193,26 @@ class EnginePool:
             hint = ""
             if err.kind == "timeout":
                 hint = startup_hint("engines", cfg.engine_num_cpus, cfg.engine_num_gpus)
-            for a in actors:
-                ray.kill(a)
+            _release(ray, actors, groups)
             raise PeerError(err.peer, err.kind, f"{err}; {hint}" if hint else str(err)) from err
         except BaseException:
-            for a in actors:
-                ray.kill(a)
+            _release(ray, actors, groups)
             raise
         versions = [ready[f"engine {i}"]["version"] for i in range(len(actors))]
-        return cls(actors, versions, timeout_s=cfg.timeout_s, poll_s=poll_s,
+        pool = cls(actors, versions, timeout_s=cfg.timeout_s, poll_s=poll_s,
                    bucket_bytes=int(cfg.bucket_mb * (1 << 20)))
+        pool.placement_groups = groups
+        if cfg.engine_restarts > 0 and tensor_parallel_size == 1:
+
+            def spawn(i: int) -> Any:
+                return remote.options(num_cpus=cfg.engine_num_cpus, num_gpus=cfg.engine_num_gpus,
+                                      max_concurrency=ENGINE_CONCURRENCY).remote(factories[i], f"engine {i}")
+
+            pool.enable_restarts(spawn, cfg.engine_restarts, cfg.engine_restart_backoff_s,
+                                 cfg.startup_timeout_s)
+        dtypes = {ready[f"engine {i}"].get("weight_dtype") for i in range(len(actors))}
+        pool.weight_dtype = dtypes.pop() if len(dtypes) == 1 else None
+        return pool
 
     # ------------------------------------------------------------------------------ bookkeeping
     def live(self) -> list[EngineMember]:
@@ -218,7 +288,85 @@ class EnginePool:
                 self.counters.samples_discarded += len(f.received)
                 del self._flights[f.request.request_id]
             self.counters.groups_reissued += len(orphans)
+            if self._spawn is not None and self.restarts_left > 0:
+                due = time.monotonic() + self.restart_backoff_s
+                self._restarting[member.index] = _Restart(member.index, 1, due)
             self._assign_locked([f.request for f in orphans])
+
+    # ------------------------------------------------------------------------------ restarts
+    def enable_restarts(self, spawn: Callable[[int], Any], restarts: int, backoff_s: float,
+                        startup_timeout_s: float) -> None:
+        """Restart dead engines: `spawn(i)` starts engine i's actor again, at most `restarts` times
+        in all; attempt a waits `backoff_s * 2**(a-1)` after the death or the failed attempt."""
+        self._spawn = spawn
+        self.restarts_left = int(restarts)
+        self.restart_backoff_s = float(backoff_s)
+        self.startup_timeout_s = float(startup_timeout_s)
+
+    def _advance_restarts(self) -> None:
+        """Move every pending restart on without blocking on a start-up: spawn when due, and when
+        the actor is up, load the last published weights, verify them, and rejoin (counted)."""
+        if not self._restarting:
+            return
+        now = time.monotonic()
+        for index, r in list(self._restarting.items()):
+            if r.actor is None:
+                if now >= r.due and self.restarts_left > 0 and self._spawn is not None:
+                    self.restarts_left -= 1
+                    r.actor, r.started = self._spawn(index), now
+                    r.ready_ref = r.actor.ready.remote()
+                continue
+            ready, _ = self._ray.wait([r.ready_ref], timeout=0)
+            if not ready:
+                if now - r.started > self.startup_timeout_s:
+                    self._restart_failed(r, f"no start-up within {self.startup_timeout_s:g} s")
+                continue
+            try:
+                info = self._ray.get(r.ready_ref)
+                self._rejoin(r, int(info["version"]))
+            except WeightSyncError:
+                raise
+            except Exception as err:
+                self._restart_failed(r, err)
+
+    def _restart_failed(self, r: _Restart, why: object) -> None:
+        logger.warning("engine %d: restart attempt %d failed (%s)", r.index, r.attempt, why)
+        try:
+            self._ray.kill(r.actor)
+        except Exception as err:  # already gone
+            logger.debug("killing a failed restart: %s", err)
+        self.counters.engine_restart_failures += 1
+        if self.restarts_left > 0:
+            self._restarting[r.index] = _Restart(r.index, r.attempt + 1,
+                                                 time.monotonic() + self.restart_backoff_s * 2 ** r.attempt)
+        else:
+            del self._restarting[r.index]
+
+    def _rejoin(self, r: _Restart, version: int) -> None:
+        """Sync the restarted actor to the last published weights (again if a newer publish came
+        meanwhile), verify them against the sender's fingerprints, then make it live."""
+        from scalerl.rollout.fingerprint import verify
+
+        name = f"engine {r.index}"
+        for _ in range(4):
+            with self._lock:
+                last = self._last_sync
+            if last is not None:
+                refs, version = last
+                self._ray.get(r.actor.update_weights.remote(version, *refs), timeout=self.timeout_s)
+                expected = self.last_expected
+                if expected is not None:
+                    held = self._ray.get(r.actor.weight_fingerprints.remote(), timeout=self.timeout_s)
+                    if held is not None:
+                        verify(expected, held, engine=f"{name} (restarted)", version=version)
+            with self._lock:
+                if self._last_sync is last:  # nothing newer was published meanwhile: rejoin now
+                    self.members[r.index] = EngineMember(r.index, name, r.actor, version)
+                    del self._restarting[r.index]
+                    self.counters.engine_restarts += 1
+                    logger.warning("%s restarted (attempt %d) at version %d", name, r.attempt, version)
+                    return
+        raise RuntimeError(f"{name}: weights were published faster than a restarted engine could load them")
 
     # ------------------------------------------------------------------------------ Engine protocol
     def submit(self, requests: Sequence[GenerationRequest]) -> None:
@@ -270,6 +418,7 @@ class EnginePool:
     def step(self) -> list[Completion]:
         """Wait up to `poll_s` for engines to answer; return the groups completed since last time."""
         with self._step_lock:
+            self._advance_restarts()
             with self._lock:
                 out, self._undelivered = self._undelivered, []
             self._ensure_polls()
@@ -311,8 +460,12 @@ class EnginePool:
         self.load_from_object_store(refs, version)
 
     def load_from_object_store(self, bucket_refs: Sequence[Any], version: int) -> None:
-        """Every live engine fetches the buckets from the object store and loads them in flight."""
-        members = self.live()
+        """Every live engine fetches the buckets from the object store and loads them in flight.
+        The refs are kept while restarts are enabled (what a restarted engine loads)."""
+        with self._lock:
+            if self._spawn is not None:
+                self._last_sync = (list(bucket_refs), int(version))
+            members = [m for m in self.members if m.alive]
         calls = {m.name: m.actor.update_weights.remote(version, *bucket_refs) for m in members}
         self.settle_sync(members, wait_each(calls, self.timeout_s), version, "weight sync")
 
@@ -341,6 +494,7 @@ class EnginePool:
             live = [m for m in self.members if m.alive]
             out = {f"pool_{k}": float(v) for k, v in self.counters.as_dict().items()}
             out["pool_engines_alive"] = float(len(live))
+            out["pool_engines_restarting"] = float(len(self._restarting))
             out["pool_version_spread"] = float(max(m.version for m in live) - min(m.version for m in live)
                                                ) if live else 0.0
             busy = sum(m.busy_s for m in self.members)
@@ -356,3 +510,16 @@ class EnginePool:
             except Exception as err:  # already gone
                 logger.debug("killing %s: %s", m.name, err)
             m.alive = False
+        for r in self._restarting.values():
+            if r.actor is not None:
+                try:
+                    self._ray.kill(r.actor)
+                except Exception as err:  # already gone
+                    logger.debug("killing a restarting engine: %s", err)
+        self._restarting.clear()
+        for group in self.placement_groups:
+            try:
+                self._ray.util.remove_placement_group(group)
+            except Exception as err:  # already removed with its job
+                logger.debug("removing a placement group: %s", err)
+        self.placement_groups = []

@@ -28,6 +28,7 @@ from scalerl.config import AlgorithmConfig, DistributedConfig, ModelConfig, Opti
 from scalerl.distributed.channel import RemoteWeights
 from scalerl.distributed.cluster import PeerError, free_port, import_ray, node_ip, startup_hint, wait_all
 from scalerl.distributed.weights import BucketMeta, WeightGroup, bucket_state, plan_buckets
+from scalerl.rollout.fingerprint import Fingerprint, state_fingerprints
 from scalerl.telemetry.compute import ComputeMeter, flop_params
 from scalerl.training.batch import ScoredGroup
 from scalerl.training.checkpoint import CheckpointState
@@ -111,19 +112,24 @@ class TrainerRankWorker:
         work = {k: after[k] - before[k] for k in ("trained_tokens", "trained_samples", "logprob_tokens")}
         return {"metrics": metrics, "work": work, "version": int(self.trainer.version)}
 
-    def gather(self, bucket_bytes: int, put: bool) -> tuple[list[BucketMeta], list[Any] | None] | None:
-        """All ranks gather the full weights (a collective); rank 0 keeps or puts them."""
+    def gather(self, bucket_bytes: int, put: bool, fingerprint_dtype: str | None = None
+               ) -> tuple[list[BucketMeta], list[Any] | None, dict[str, Fingerprint] | None] | None:
+        """All ranks gather the full weights (a collective); rank 0 keeps or puts them, and
+        fingerprints what it sends in the engines' weight dtype (`fingerprint_dtype`; None: none)."""
         state = self.trainer.full_state_dict()
         if self.rank != 0:
             return None
         assert state is not None
         buckets = plan_buckets(state, bucket_bytes)
+        prints = None
+        if fingerprint_dtype is not None:
+            prints = state_fingerprints(state, getattr(torch, fingerprint_dtype))
         if put:
             ray = import_ray()
             self._gathered = None
-            return buckets, [ray.put(bucket_state(state, b)) for b in buckets]
+            return buckets, [ray.put(bucket_state(state, b)) for b in buckets], prints
         self._gathered, self._gathered_buckets = state, buckets
-        return buckets, None
+        return buckets, None, prints
 
     def gathered_state(self) -> dict[str, torch.Tensor]:
         if self._gathered is None:
@@ -176,6 +182,9 @@ class RayTrainer:
             self.close()
             raise
         self.last_gather_s = 0.0
+        # The engines' weight dtype, set once they are up (the assembly: `pool.weight_dtype`): rank 0
+        # then fingerprints what it sends, and the channel checks every engine against it.
+        self.fingerprint_dtype: str | None = None
         self._version = infos[0].version
         self.resumed: CheckpointState | None = infos[0].resumed
         self.n_params = infos[0].n_params
@@ -235,10 +244,12 @@ class RayTrainer:
         """Every rank gathers (a collective on all ranks), then rank 0 holds the weights."""
         put = self.put_weights
         start = time.perf_counter()
-        results = self._all(lambda r, a: a.gather.remote(self.bucket_bytes, put), "weight gather")
+        dtype = self.fingerprint_dtype
+        results = self._all(lambda r, a: a.gather.remote(self.bucket_bytes, put, dtype), "weight gather")
         self.last_gather_s = time.perf_counter() - start
-        buckets, refs = results[0]
-        return RemoteWeights(self._version, buckets, refs, self.actors[0], self.timeout_s)
+        buckets, refs, prints = results[0]
+        return RemoteWeights(self._version, buckets, refs, self.actors[0], self.timeout_s,
+                             fingerprints=prints)
 
     # ------------------------------------------------------------------------------ checkpoints
     def save(

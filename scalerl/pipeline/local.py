@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import torch
 
 from scalerl.pipeline.interfaces import ReadyGroup
+from scalerl.rollout.fingerprint import SyncFigures, timed_verify
 from scalerl.rollout.protocol import Engine
 
 
@@ -52,15 +53,26 @@ class LocalGroupQueue:
 
 
 class EngineWeightChannel:
-    """Publishes weights straight into an engine in this process."""
+    """Publishes weights straight into an engine in this process, then verifies that the engine
+    holds them (`scalerl.rollout.fingerprint`: a mismatch raises `WeightSyncError`, the run stops)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.published_version: int | None = None
         self.publish_seconds = 0.0
+        self.last_seconds = 0.0
+        self.syncs = 0
+        self.verification = SyncFigures()
 
     def publish(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         start = time.perf_counter()
         self.engine.update_weights(state, version)
-        self.publish_seconds += time.perf_counter() - start
+        timed_verify(self.verification, self.engine, state, version)
+        self.last_seconds = time.perf_counter() - start
+        self.publish_seconds += self.last_seconds
+        self.syncs += 1
         self.published_version = version
+
+    def metrics(self) -> dict[str, float]:
+        return {"weight_sync_s": self.last_seconds, "weight_sync_s_total": self.publish_seconds,
+                "weight_syncs": float(self.syncs), **self.verification.metrics()}

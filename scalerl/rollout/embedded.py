@@ -51,6 +51,7 @@ from scalerl.models.lm_head import (
     token_logprobs,
 )
 from scalerl.rollout.base import Finished, SteppingEngine
+from scalerl.rollout.fingerprint import Fingerprint, state_fingerprints
 from scalerl.rollout.interruption import Action, InterruptionState, draw_think_budget, ends_with
 from scalerl.rollout.protocol import (
     Completion,
@@ -241,6 +242,19 @@ class EmbeddedEngine(SteppingEngine):
         for name, src in state.items():
             self._weight_targets[name].copy_(src)
         self._head_cache.invalidate()
+
+    # ----------------------------------------------------------------------------- sync verification
+    @property
+    def weight_dtype(self) -> str:
+        """The dtype the generation weights are held in (what a sender fingerprints against)."""
+        first = next(iter(self._weight_targets.values()))
+        return str(first.dtype).removeprefix("torch.")
+
+    def weight_fingerprints(self) -> dict[str, Fingerprint]:
+        """Fingerprints of every tensor the engine holds (`scalerl.rollout.fingerprint`), read
+        between two decode steps."""
+        with self._lock:
+            return state_fingerprints(self._weight_targets)
 
     def _validate(self, request: GenerationRequest) -> None:
         ids = request.prompt_ids

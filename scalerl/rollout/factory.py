@@ -60,8 +60,9 @@ class EngineSpec:
     `model_path` is a Hugging Face directory or hub name (required by vLLM, which loads from disk;
     optional for the embedded engine when a model object is passed). `dtype` and `max_model_len`
     matter to vLLM only (the embedded engine runs the model object as it is and has no length
-    limit of its own). `options` are engine-specific extras (for vLLM: `enforce_eager`,
-    `prefix_caching`, `block_size`, `kv_cache_bytes`, `engine_kwargs` for further `vllm.EngineArgs` fields).
+    limit of its own). `options` are engine-specific extras (for vLLM: `enforce_eager` (None: by
+    platform), `tensor_parallel_size`, `prefix_caching`, `block_size`, `kv_cache_bytes`,
+    `engine_kwargs` for further `vllm.EngineArgs` fields).
     """
 
     kind: EngineKind
@@ -95,7 +96,8 @@ def spec_from_config(
     longer than `max_new_tokens`).
     """
     g = generation
-    options: dict[str, Any] = {"enforce_eager": g.vllm.enforce_eager, "prefix_caching": g.vllm.prefix_caching}
+    options: dict[str, Any] = {"enforce_eager": g.vllm.enforce_eager, "prefix_caching": g.vllm.prefix_caching,
+                               "tensor_parallel_size": g.vllm.tensor_parallel_size}
     if g.vllm.block_size is not None:
         options["block_size"] = g.vllm.block_size
     if g.vllm.kv_cache_gib is not None:
@@ -146,7 +148,8 @@ def build_engine(spec: EngineSpec, model: nn.Module | None = None) -> Engine:
 
         options = dict(spec.options)
         kv_cache_bytes = options.pop("kv_cache_bytes", None)
-        enforce_eager = bool(options.pop("enforce_eager", True))
+        enforce_eager = options.pop("enforce_eager", None)  # None: by platform (vllm_versions)
+        tensor_parallel_size = int(options.pop("tensor_parallel_size", 1))
         prefix_caching = bool(options.pop("prefix_caching", True))
         block_size = options.pop("block_size", None)
         engine_kwargs = options.pop("engine_kwargs", None)
@@ -162,7 +165,8 @@ def build_engine(spec: EngineSpec, model: nn.Module | None = None) -> Engine:
             eos_token_ids=spec.eos_token_ids,
             initial_version=spec.initial_version,
             kv_cache_bytes=kv_cache_bytes,
-            enforce_eager=enforce_eager,
+            enforce_eager=None if enforce_eager is None else bool(enforce_eager),
+            tensor_parallel_size=tensor_parallel_size,
             prefix_caching=prefix_caching,
             block_size=block_size,
             engine_kwargs=engine_kwargs,

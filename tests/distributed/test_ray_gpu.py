@@ -42,7 +42,8 @@ def test_cuda_rank_exports_into_an_engine_on_the_gpu(ray_cluster: object, tmp_pa
                         "engine_num_gpus": 0.5, "timeout_s": 120, "startup_timeout_s": 600},
     })
     trainer = RayTrainer(cfg.model, trainer_settings(cfg), cfg.distributed)
-    options = {"gpu_memory_utilization": 0.3, "enforce_eager": True} if kind == "vllm" else {}
+    vllm_options = {"engine_kwargs": {"gpu_memory_utilization": 0.3}, "enforce_eager": True}
+    options = vllm_options if kind == "vllm" else {}
     spec = EngineSpec(kind=kind, model_path=model_dir, fp32_lm_head=True, seed=0,  # type: ignore[arg-type]
                       max_batch_size=4, eos_token_ids=(0,), options=options)
     pool = EnginePool.launch([EngineFactory(spec, device="cuda")], cfg.distributed)

@@ -184,3 +184,44 @@ def test_a_cache_key_stays_on_the_engine_that_holds_its_context(ray_cluster: obj
         assert pool.counters.sticky_requests == 2
     finally:
         pool.close()
+
+
+def _serve(pool: EnginePool, until: object, timeout_s: float = 180) -> None:
+    """Keep the pool stepping (it advances restarts there) until `until()` or the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while not until():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not reached in time"
+        pool.step()
+
+
+def test_a_dead_engine_is_restarted_rejoins_at_the_current_weights_and_restarts_are_bounded(
+    ray_cluster: object,
+) -> None:
+    import torch
+
+    ray = ray_cluster
+    base = {"max_batch_size": 4, "step_sleep": (0.001, 0.002), "max_len": 8}
+    dist = DIST.model_copy(update={"engine_restarts": 1, "engine_restart_backoff_s": 0.2})
+    pool = EnginePool.launch([functools.partial(FakeEngine, seed=s, **base) for s in (1, 2)], dist)
+    try:
+        pool.update_weights({"w": torch.ones(3)}, 5)
+        assert [m.version for m in pool.members] == [5, 5]
+        ray.kill(pool.members[1].actor)
+        params = SamplingParams(n=2, max_new_tokens=4)
+        # The death is seen by a poll; the engine restarts after the backoff and loads version 5.
+        _serve(pool, lambda: pool.counters.engine_deaths == 1)
+        assert pool.stats()["pool_engines_restarting"] == 1.0
+        _serve(pool, lambda: pool.counters.engine_restarts == 1)
+        assert pool.members[1].alive and pool.members[1].version == 5 and pool.version == 5
+        assert pool.restarts_left == 0 and pool.stats()["pool_engines_alive"] == 2.0
+        # It serves: a batch of requests lands on both engines again, every sample back.
+        requests = [GenerationRequest(f"r{i}", [1, 2, 3], params) for i in range(6)]
+        done = pool.generate(requests)
+        assert len(done) == 12 and pool.members[1].samples > 0
+        # Restarts exhausted: a second death is final, the run goes on with one engine.
+        ray.kill(pool.members[1].actor)
+        _serve(pool, lambda: pool.counters.engine_deaths == 2)
+        assert not pool._restarting and not pool.members[1].alive
+        assert len(pool.generate([GenerationRequest("last", [1, 2], params)])) == 2
+    finally:
+        pool.close()

@@ -35,9 +35,10 @@ def test_spec_from_config_reads_the_engine_settings() -> None:
                               eos_token_ids=(1,), pad_token_id=0, initial_version=4, dtype="bfloat16",
                               max_model_len=160,
                               options={"enforce_eager": False, "kv_cache_bytes": 2**29,
-                                       "prefix_caching": False, "block_size": 64})
+                                       "prefix_caching": False, "block_size": 64, "tensor_parallel_size": 1})
     default = engine_spec(RunConfig(), model_path=None, eos_token_ids=(1,), pad_token_id=0)
-    assert default.kind == "embedded" and default.options == {"enforce_eager": True, "prefix_caching": True}
+    assert default.kind == "embedded" and default.options == {"enforce_eager": None, "prefix_caching": True,
+                                                                "tensor_parallel_size": 1}
 
 
 def test_embedded_is_always_available_and_unknown_kinds_fail() -> None:
