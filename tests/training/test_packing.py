@@ -252,5 +252,5 @@ def test_attention_implementation_is_a_key_and_packing_holds_under_each(make_gro
     groups = make_groups(policy, n_groups=3, n=4, noise=0.4)
     _assert_layouts_agree(policy, groups, AlgorithmConfig(aggregation="prompt"))
     if importlib.util.find_spec("flash_attn") is None or not torch.cuda.is_available():
-        with pytest.raises(ConfigError, match="model.attn_implementation='flash_attention_2'"):
+        with pytest.raises(ConfigError, match=r"model\.attn_implementation='flash_attention_2'"):
             load_policy(ModelConfig(attn_implementation="flash_attention_2"), device="cpu")
