@@ -53,6 +53,7 @@ FLAG_KEYS: dict[str, str] = {
     "seed": "seed",
     "name": "name",
     "max_time_s": "max_time_s",
+    "stop_when_known": "forecast.stop_when_known",
 }
 
 
@@ -80,6 +81,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-time-s", "--max-time", dest="max_time_s", type=float, metavar="S",
                    help="also stop after S seconds of wall clock (default: no limit; --max-steps, "
                         "default 100, still applies)")
+    p.add_argument("--stop-when-known", type=float, metavar="W",
+                   help="stop at the first evaluation whose live forecast pins A to an interval "
+                        "narrower than W (hi - lo) with an unflagged fit (config forecast.stop_when_known)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda if available)")
     p.add_argument("--resume", nargs="?", const="latest", metavar="CHECKPOINT",
                    help="continue from a checkpoint (default: the run directory's latest)")
