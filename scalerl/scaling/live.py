@@ -218,7 +218,9 @@ class LiveForecast:
         self.rows.append(dict(row))
 
     def after_eval(self, row: Mapping[str, Any]) -> None:
-        """Record the logged eval row and start fitting the curve through it."""
+        """Record the logged eval row and start fitting the curve through it (a fit still in
+        flight is joined first: one fit at a time, each on a fixed set of rows)."""
+        self.join()
         self.rows.append(dict(row))
         self._start()
 
