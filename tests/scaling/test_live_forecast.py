@@ -9,7 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scalerl.assembly.forecast import FORECAST_KNOWN, PRUNED, STOP_REQUEST_FILE, ForecastingSink, StopAfterEval
+from scalerl.assembly.forecast import (
+    FORECAST_KNOWN,
+    PRUNED,
+    STOP_REQUEST_FILE,
+    ForecastingSink,
+    StopAfterEval,
+)
 from scalerl.cli import main
 from scalerl.config import ForecastConfig
 from scalerl.scaling.forms import sigmoid_reward
@@ -80,7 +86,8 @@ def test_eval_rows_carry_the_forecast_of_the_rows_before_them_and_fit_reproduces
         # `scalerl fit` on the folder, cut where that forecast's data ended: the same digits.
         assert main(["fit", str(run_dir), "--json", "--max-step", str(r["forecast_step"])]) == 0
         fit = json.loads(capsys.readouterr().out)["runs"][0]
-        assert fit["A"] == r["forecast_A"] and fit["intervals"]["A"] == [r["forecast_A_lo"], r["forecast_A_hi"]]
+        assert fit["A"] == r["forecast_A"]
+        assert fit["intervals"]["A"] == [r["forecast_A_lo"], r["forecast_A_hi"]]
         assert fit["B"] == r["forecast_B"] and fit["C_mid"] == r["forecast_C_mid"]
     # forecast.json holds the fit of the whole curve: plain `scalerl fit RUN_DIR`.
     final = json.loads((run_dir / FORECAST_FILE).read_text())
