@@ -282,6 +282,27 @@ def _run_identity(run_dir: Path) -> tuple[str, str | None]:
     return name, text("recipe")
 
 
+def read_rows(path: str | Path) -> list[dict[str, object]]:
+    """The complete JSON-object lines of a JSONL file another process may be writing: a last line
+    without its newline is still being written (left for the next read), and a line that is not a
+    JSON object is skipped (``read_jsonl`` is the strict reader that names it)."""
+    p = Path(path)
+    if not p.is_file():
+        return []
+    out = []
+    with p.open(encoding="utf-8") as fh:
+        for line in fh:
+            if not line.endswith("\n") or not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                out.append(row)
+    return out
+
+
 def run_label(run_dir: str | Path) -> str:
     """The label ``scalerl fit`` gives a run directory (``config.yaml``'s name, else the folder)."""
     return _run_identity(Path(run_dir))[0]

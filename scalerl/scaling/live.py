@@ -36,7 +36,7 @@ from typing import Any
 from scalerl.config import ForecastConfig
 from scalerl.scaling.analysis import FitOptions, RunAnalysis, analyze_curve
 from scalerl.scaling.compute_needed import compute_needed
-from scalerl.scaling.io import DEFAULT_Y, curve_from_rows
+from scalerl.scaling.io import DEFAULT_Y, Curve, curve_from_rows
 from scalerl.scaling.validation import CurveError
 
 FORECAST_FILE = "forecast.json"
@@ -130,6 +130,16 @@ def forecast_rows(rows: Sequence[Mapping[str, Any]], cfg: ForecastConfig, label:
         curve = curve_from_rows(rows, x=cfg.x, y=DEFAULT_Y, label=label, source=source)
     except CurveError:
         return None  # no eval row with the x column yet
+    return forecast_curve(curve, cfg, t0, c0)
+
+
+def forecast_curve(curve: Curve, cfg: ForecastConfig, t0: float | None = None,
+                   c0: float | None = None) -> Forecast | None:
+    """The forecast of one curve (any reader's: ``scalerl watch`` on other frameworks' logs);
+    None before ``cfg.min_evals`` points with x > 0. ``t0``/``c0``: when the work began
+    (``perf_counter``, ``thread_time``), for the logged fit time."""
+    t0 = time.perf_counter() if t0 is None else t0
+    c0 = time.thread_time() if c0 is None else c0
     positive = curve.x > 0
     n = int(positive.sum())
     if n < cfg.min_evals:
@@ -234,5 +244,5 @@ class LiveForecast:
         return forecast
 
 
-__all__ = ["FORECAST_FILE", "Forecast", "LiveForecast", "flag_reasons", "forecast_rows",
+__all__ = ["FORECAST_FILE", "Forecast", "LiveForecast", "flag_reasons", "forecast_curve", "forecast_rows",
            "remaining_to_pin"]

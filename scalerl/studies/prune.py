@@ -20,7 +20,6 @@ one step of a recipe costs about the same compute throughout).
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 from collections.abc import Mapping, Sequence
@@ -32,30 +31,12 @@ from scalerl.assembly.forecast import STOP_REQUEST_FILE, read_stop_request
 from scalerl.atomic import write_json_atomic
 from scalerl.scaling.compare import PAPER_SEED_MARGIN_A
 from scalerl.scaling.compute_needed import DEFAULT_HALF_WIDTH
+from scalerl.scaling.io import read_rows
 
 METRICS_FILE = "metrics.jsonl"
 SESSIONS_FILE = "sessions.jsonl"
 BELOW_LEADER = "below_leader"
 SETTLED = "settled"
-
-
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The complete JSON-object lines of a JSONL file another process may be writing (a last line
-    without its newline is still being written: left for the next read)."""
-    if not path.is_file():
-        return []
-    out = []
-    with path.open(encoding="utf-8") as fh:
-        for line in fh:
-            if not line.endswith("\n") or not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict):
-                out.append(row)
-    return out
 
 
 def _num(value: object) -> float | None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from scalerl.assembly.forecast import STOP_REQUEST_FILE
+from scalerl.scaling.io import read_rows
 from scalerl.studies.prune import (
     BELOW_LEADER,
     SETTLED,
@@ -16,7 +17,6 @@ from scalerl.studies.prune import (
     latest_forecast,
     prune_report,
     prune_text,
-    read_rows,
 )
 
 PER_STEP = 0.001  # compute per step of every synthetic run
