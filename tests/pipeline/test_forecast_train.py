@@ -66,3 +66,26 @@ def test_stop_when_known_stops_at_that_evaluation_with_its_checkpoint(
     assert json.dumps(state).count("forecast_known") >= 1
     stops = [json.loads(line) for line in (run_dir / "sessions.jsonl").read_text().splitlines()]
     assert stops[-1]["stop_reason"] == "forecast_known" and stops[-1]["exit_status"] == 0
+
+
+def test_a_stop_request_written_mid_run_stops_it_at_its_next_evaluation(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    """What `ablate --prune` does to a variant: `stop_request.json` appears while it trains."""
+    from scalerl.assembly import forecast
+
+    run_dir = tmp_path / "run"
+    logged = forecast.ForecastingSink.log_eval
+
+    def log_eval(self: forecast.ForecastingSink, step: int, metrics: dict) -> object:
+        row = logged(self, step, metrics)
+        if step == 2:  # the controller's decision lands while step 2's row is written
+            (run_dir / forecast.STOP_REQUEST_FILE).write_text('{"reason": "below_leader"}')
+        return row
+
+    monkeypatch.setattr(forecast.ForecastingSink, "log_eval", log_eval)
+    assert main(["train", "--recipe", "base", "-c", str(_config(tiny_model, run_dir, tmp_path, 9))]) == 0
+    assert max(r["step"] for r in _rows(run_dir)) == 2  # asked right after its step-2 evaluation
+    assert (run_dir / "checkpoints" / "step_000002").is_dir()
+    stops = [json.loads(line) for line in (run_dir / "sessions.jsonl").read_text().splitlines()]
+    assert stops[-1]["stop_reason"] == "pruned"
