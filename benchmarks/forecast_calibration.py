@@ -11,9 +11,10 @@ the full curve (all n points) the same way. Reported per curve:
 
 * `covered`: the share of prefixes whose A interval contains the full-curve A (all prefixes, and
   the unflagged ones only: those `--stop-when-known` may act on);
-* for each `--width W`: the first prefix that `--stop-when-known W` would stop at (unflagged, A
-  interval narrower than W), as the fraction of the curve's compute spent by then, and how far
-  its A is from the full-curve A.
+* for each `--width W`: where `--stop-when-known W` would stop (the first unflagged prefix of k
+  evaluations whose A interval is narrower than W; a live run logs that forecast on evaluation
+  k + 1 and stops there), as the fraction of the curve's compute spent by then, and how far that
+  forecast's A is from the full-curve A.
 
 numpy/scipy only (no torch).
 """
@@ -61,7 +62,9 @@ def replay(curve: Curve, widths: list[float], min_evals: int = 4) -> dict[str, o
     end = float(curve.x[-1])
     for w in widths:
         hit = next(((k, f) for k, f in rows if f.known(w)), None)
-        stops[w] = None if hit is None else (float(curve.x[hit[0] - 1]) / end, abs(hit[1].A - a_full), hit[0])  # type: ignore[operator]
+        # A live run logs the forecast of its first k evaluations on evaluation k + 1 and stops
+        # there: the compute spent is that of point k (0-based).
+        stops[w] = None if hit is None else (float(curve.x[hit[0]]) / end, abs(hit[1].A - a_full), hit[0])  # type: ignore[operator]
     return {"label": curve.label, "n": int(curve.x.size), "A_full": a_full, "full_status": full.status,
             "prefixes": len(rows), "covered": float(np.mean(inside)) if inside else None,
             "n_ok": len(ok), "covered_ok": float(np.mean(ok)) if ok else None, "stops": stops}
