@@ -13,6 +13,11 @@ stopped), `checkpoints/`, `.scalerl-owner.json` (the folder is a train run's: a 
 anything else is refused) and, if the run failed on our side (not bad input), `error.log` with the
 traceback; `scalerl fit RUN_DIR` fits its held-out curve.
 
+Every evaluation past the first four carries the live forecast of the curve so far (forecast_A
+[lo, hi], B, C_mid, status, compute to pin A: `scalerl.scaling.live`); `--stop-when-known W` stops
+at the first evaluation whose unflagged forecast pins A to an interval narrower than W, and
+`stop_request.json` in the run folder (what `scalerl ablate --prune` writes) stops it there too.
+
 SIGTERM or Ctrl-C: the run stops at the next safe point, writes a checkpoint and exits with
 128 + the signal number (143, 130); `--resume` continues it. `--resume` verifies the checkpoint's
 manifest and falls back to the previous one, with a warning, if the latest is corrupt; a run killed
