@@ -113,7 +113,7 @@ class PruneController:
     """Polls the runs' forecasts and writes their stop requests (see the module docstring).
 
     `runs` maps a run's name to its folder. `poll()` is one pass (what the background thread
-    repeats every `interval_s` seconds, and once more on `stop()`)."""
+    repeats every `interval_s` seconds until `stop()`)."""
 
     def __init__(self, runs: Mapping[str, Path], *, x: str = "compute_device_hours",
                  margin: float = PAPER_SEED_MARGIN_A, a_width: float = DEFAULT_HALF_WIDTH,

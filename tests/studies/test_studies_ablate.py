@@ -175,3 +175,18 @@ def test_a_real_study_on_the_tiny_model(tmp_path: Path, tiny_model: str) -> None
         assert json.loads((run_dir / "study_status.json").read_text())["status"] == "completed"
         assert build_config([yaml_layer(run_dir / "config.yaml")]).model.name_or_path == tiny_model
     assert "no run could be fitted" in (tmp_path / "report.md").read_text()
+
+
+def test_a_pruned_study_reports_every_run_and_the_compute_it_used(tmp_path: Path) -> None:
+    """`--prune` wiring: the controller watches every run; the summary, report and table say what
+    each used (these stand-in runs log no forecast, so none is stopped and nothing is saved)."""
+    plan = plan_ablation("scalerl", grid=["pipeline.k=1,4"], study_dir=tmp_path,
+                         overrides=["model.name_or_path=some/model"])
+    out = io.StringIO()
+    assert run_ablation(plan, SETTINGS, train_fn=FakeTrain(k_curve), out=out, prune_margin=0.02) == 0
+    prune = json.loads((tmp_path / "summary.json").read_text())["prune"]
+    assert [r["run"] for r in prune["runs"]] == ["k-1", "k-4"] and prune["n_pruned"] == 0
+    assert all(r["request"] is None for r in prune["runs"]) and prune["margin"] == 0.02
+    assert "## Pruning by forecast" in (tmp_path / "report.md").read_text()
+    assert "pruning by forecast (margin 0.02" in out.getvalue()
+    assert not any((tmp_path / "runs" / n / "stop_request.json").exists() for n in ("k-1", "k-4"))
