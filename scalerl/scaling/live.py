@@ -183,8 +183,11 @@ class LiveForecast:
         self._thread: threading.Thread | None = None
         self._result: Forecast | None = None
         self._error: BaseException | None = None
-        if any(r.get("kind") == "eval" for r in self.rows):
-            self._start()  # a resumed run: its logged curve is fitted before its next evaluation
+        evals = [i for i, r in enumerate(self.rows) if r.get("kind") == "eval"]
+        if evals:
+            # A resumed run: the fit its last evaluation started (on the rows up to that eval row,
+            # as the uninterrupted run's was) is redone before its next evaluation.
+            self._start(evals[-1] + 1)
 
     def _work(self, rows: list[dict[str, Any]]) -> None:
         try:
@@ -192,9 +195,9 @@ class LiveForecast:
         except BaseException as err:  # re-raised on the training thread by join(): a bug is ours
             self._error = err
 
-    def _start(self) -> None:
+    def _start(self, upto: int | None = None) -> None:
         self._result = None
-        snapshot = list(self.rows)
+        snapshot = list(self.rows[:upto])
         self._thread = threading.Thread(target=self._work, args=(snapshot,), name="scalerl-forecast",
                                         daemon=True)
         self._thread.start()

@@ -113,3 +113,18 @@ def test_the_stop_hook_stops_on_a_request_or_a_pinned_unflagged_forecast(tmp_pat
     assert StopAfterEval(ForecastConfig(), run_dir, live)(300) is None  # no stop rule set
     (run_dir / STOP_REQUEST_FILE).write_text('{"reason": "below the leader"}')
     assert StopAfterEval(ForecastConfig(), run_dir, None)(300) == PRUNED
+
+
+def test_a_resumed_run_logs_the_forecast_the_uninterrupted_one_did(tmp_path: Path) -> None:
+    """Resumed between two evaluations, the run refits the rows up to its last eval row (not the
+    step rows after it): its next eval row carries the same forecast."""
+    rows = write_run(tmp_path / "whole", eval_rows(7), ForecastConfig())
+    cut = next(i for i, r in enumerate(rows) if r["kind"] == "eval" and r["step"] == 60)
+    kept = [dict(r) for r in rows[: cut + 2]]  # eval row of step 60, then step 70's row (checkpointed)
+    kept[-1]["truncation_rate"] = 0.9  # a step after the eval: not in the uninterrupted fit
+    live = LiveForecast(ForecastConfig(), tmp_path / "whole", "whole", rows=kept)
+    fields = live.before_eval()
+    nxt = next(r for r in rows if r["kind"] == "eval" and r["step"] == 70)
+    timed = ("forecast_fit_s", "forecast_fit_cpu_s", "forecast_wait_s")
+    assert {k: v for k, v in fields.items() if k not in timed} == {
+        k: v for k, v in nxt.items() if k.startswith("forecast_") and k not in timed}
