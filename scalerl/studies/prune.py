@@ -12,8 +12,10 @@ its next evaluation: `stopped_by: pruned`), when its unflagged forecast says eit
 * `settled`: its A interval is narrower than `2 * a_width` (A is pinned to +-a_width: more
   compute would not change the answer).
 
-A run is never stopped on a flagged fit (data before ~2x C_mid, A on a bound, a misfit): such an
-interval does not mean what it says. `prune_report` tells, per run, when it stopped and why, and
+The leader and a settled run need an unflagged fit (data past ~2x C_mid, A off its bounds, no
+misfit); the run judged below the leader may be flagged: its own interval says how high it could
+go (an early fit's reaches far up and stops nothing), and a collapsed run (flagged `flat`) lies
+below the leader whatever its A. `prune_report` tells, per run, when it stopped and why, and
 the compute saved against running it to `max_steps` (estimated from its compute per step so far:
 one step of a recipe costs about the same compute throughout).
 """
@@ -82,11 +84,13 @@ def leader_of(forecasts: Sequence[RunForecast]) -> RunForecast | None:
 def prune_reason(f: RunForecast, leader: RunForecast | None, margin: float, a_width: float) -> str | None:
     """Why `f` may stop now (`settled` first, then `below_leader`), or None. See the module docstring:
     `A_hi - A_lo < 2 a_width`; `A_hi + margin < A_lo(leader)`."""
-    if not f.usable:
+    if f.A_lo is None or f.A_hi is None or f.status.startswith("failed"):
         return None
-    assert f.A_lo is not None and f.A_hi is not None
-    if f.A_hi - f.A_lo < 2.0 * a_width:
+    if f.usable and f.A_hi - f.A_lo < 2.0 * a_width:
         return SETTLED
+    # The leader's bound must be trustworthy (unflagged); the run's own interval may come from a
+    # flagged fit: a fit that cannot locate A has an interval reaching far up (it is not stopped),
+    # while a collapsed run (flagged flat) sits below the leader whatever A is.
     if (leader is not None and leader.name != f.name and leader.A_lo is not None
             and f.A_hi + margin < leader.A_lo):
         return BELOW_LEADER

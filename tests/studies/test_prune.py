@@ -52,17 +52,20 @@ def test_below_the_leader_by_more_than_the_margin_or_settled_is_stopped_and_noth
         "leader": make_run(tmp_path, "leader", [(0.70, 0.60, 0.80, "ok"), (0.70, 0.68, 0.73, "ok")]),
         "loser": make_run(tmp_path, "loser", [(0.50, 0.45, 0.55, "ok")]),
         "close": make_run(tmp_path, "close", [(0.64, 0.58, 0.67, "ok")]),  # 0.67 + 0.02 > 0.68: a chance
-        "flagged": make_run(tmp_path, "flagged", [(0.30, 0.20, 0.40, "flagged:before_2x_C_mid")]),
+        "early": make_run(tmp_path, "early", [(0.30, 0.20, 1.00, "flagged:before_2x_C_mid")]),
+        "collapsed": make_run(tmp_path, "collapsed", [(0.07, 0.05, 0.18, "flagged:A_at_bound,flat")]),
+        "narrow_flagged": make_run(tmp_path, "narrow_flagged", [(0.70, 0.695, 0.705, "flagged:misfit")]),
         "settled": make_run(tmp_path, "settled", [(0.66, 0.645, 0.675, "ok")], torn=True),
         "done": make_run(tmp_path, "done", [(0.40, 0.35, 0.45, "ok")], finished=True),
         "new": tmp_path / "new",  # not started yet: no folder
     }
     c = PruneController(runs, margin=0.02, a_width=0.02)
     new = c.poll()
-    assert {d.run: d.reason for d in new} == {"loser": BELOW_LEADER, "settled": SETTLED}
+    assert {d.run: d.reason for d in new} == {"loser": BELOW_LEADER, "settled": SETTLED,
+                                              "collapsed": BELOW_LEADER}
     request = json.loads((runs["loser"] / STOP_REQUEST_FILE).read_text())
     assert request["leader"] == "leader" and request["leader_lo"] == 0.68 and request["A_hi"] == 0.55
-    for name in ("leader", "close", "flagged", "done"):
+    for name in ("leader", "close", "early", "narrow_flagged", "done"):  # settled needs an ok fit
         assert not (runs[name] / STOP_REQUEST_FILE).exists(), name
     assert c.poll() == []  # each run is asked once
     # The torn last line is not read (it is being written); the complete rows are.
@@ -73,7 +76,7 @@ def test_below_the_leader_by_more_than_the_margin_or_settled_is_stopped_and_noth
 def test_no_leader_without_an_unflagged_forecast(tmp_path: Path) -> None:
     runs = {"a": make_run(tmp_path, "a", [(0.9, 0.5, 1.0, "flagged:A_at_bound")]),
             "b": make_run(tmp_path, "b", [(0.2, 0.1, 0.3, "ok")])}
-    assert PruneController(runs).poll() == []  # b's interval is wide and the only leader is b itself
+    assert PruneController(runs).poll() == []  # a flagged fit leads nobody; b is the only leader
 
 
 def test_the_report_counts_the_compute_saved_against_running_to_max_steps(tmp_path: Path) -> None:
