@@ -7,8 +7,8 @@ and stops a run, by writing `stop_request.json` into its folder (the run's drive
 its next evaluation: `stopped_by: pruned`), when its unflagged forecast says either
 
 * `below_leader`: its whole A interval lies below the leader's lower bound by more than the seed
-  margin, `A_hi + margin < A_lo(leader)` (the leader: the run whose unflagged forecast has the
-  highest A; the margin: the paper's +-0.02 from three seeds, ScaleRL A.5), or
+  margin, `A_hi + margin < A_lo(leader)` (the leader: the run whose newest unflagged forecast has
+  the highest A; the margin: the paper's +-0.02 from three seeds, ScaleRL A.5), or
 * `settled`: its A interval is narrower than `2 * a_width` (A is pinned to +-a_width: more
   compute would not change the answer).
 
@@ -64,14 +64,17 @@ class RunForecast:
         return self.status == "ok" and self.A_lo is not None and self.A_hi is not None
 
 
-def latest_forecast(name: str, rows: Sequence[Mapping[str, Any]], x: str) -> RunForecast | None:
-    """The newest forecast in a run's rows (None before its first)."""
+def latest_forecast(name: str, rows: Sequence[Mapping[str, Any]], x: str,
+                    usable: bool = False) -> RunForecast | None:
+    """The newest forecast in a run's rows (`usable`: the newest unflagged one; None: none yet)."""
     for row in reversed(rows):
         a = _num(row.get("forecast_A"))
         if row.get("kind") == "eval" and a is not None:
-            return RunForecast(name, int(row.get("step", 0)), _num(row.get(x)), a,
-                               _num(row.get("forecast_A_lo")), _num(row.get("forecast_A_hi")),
-                               str(row.get("forecast_status", "")))
+            f = RunForecast(name, int(row.get("step", 0)), _num(row.get(x)), a,
+                            _num(row.get("forecast_A_lo")), _num(row.get("forecast_A_hi")),
+                            str(row.get("forecast_status", "")))
+            if f.usable or not usable:
+                return f
     return None
 
 
@@ -134,9 +137,12 @@ class PruneController:
 
     def poll(self) -> list[PrunedRun]:
         """Read every run's newest forecast; request the stop of those that may stop. The new requests."""
-        forecasts = [f for name, d in self.runs.items()
-                     if (f := latest_forecast(name, read_rows(d / METRICS_FILE), self.x)) is not None]
-        leader = leader_of(forecasts)
+        rows = {name: read_rows(d / METRICS_FILE) for name, d in self.runs.items()}
+        forecasts = [f for name, r in rows.items() if (f := latest_forecast(name, r, self.x)) is not None]
+        # Each run's newest unflagged forecast competes for the lead: a last evaluation whose fit
+        # is flagged (a misfit after a jump) does not withdraw the bound the run had established.
+        leader = leader_of([f for name, r in rows.items()
+                            if (f := latest_forecast(name, r, self.x, usable=True)) is not None])
         new = []
         for f in forecasts:
             if f.name in self.pruned or _finished(self.runs[f.name]):

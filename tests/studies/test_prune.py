@@ -79,6 +79,17 @@ def test_no_leader_without_an_unflagged_forecast(tmp_path: Path) -> None:
     assert PruneController(runs).poll() == []  # a flagged fit leads nobody; b is the only leader
 
 
+def test_the_leader_keeps_its_last_unflagged_bound_when_its_newest_fit_is_flagged(
+    tmp_path: Path,
+) -> None:
+    lead = [(0.30, 0.28, 1.0, "ok"), (0.31, 0.28, 1.0, "flagged:misfit")]
+    runs = {"lead": make_run(tmp_path, "lead", lead),
+            "collapsed": make_run(tmp_path, "collapsed", [(0.07, 0.18, 0.18, "flagged:A_at_bound,flat")])}
+    new = PruneController(runs).poll()
+    assert [(d.run, d.reason, d.leader, d.leader_lo) for d in new] == [
+        ("collapsed", BELOW_LEADER, "lead", 0.28)]
+
+
 def test_the_report_counts_the_compute_saved_against_running_to_max_steps(tmp_path: Path) -> None:
     a = make_run(tmp_path, "a", [(0.7, 0.6, 0.8, "ok")] * 4)  # 20 steps of 40
     b = make_run(tmp_path, "b", [(0.5, 0.45, 0.55, "ok")] * 2)  # 10 steps of 40
