@@ -396,6 +396,23 @@ class LoggingConfig(Section):
     progress: bool = True
 
 
+class ForecastConfig(Section):
+    """The live forecast of a run (`scalerl.scaling.live`): the sigmoid refitted on the held-out
+    curve after each evaluation, logged on the next eval row (docs/scaling.md, "Live forecast")."""
+
+    enabled: bool = True
+    x: str = Field("compute_device_hours", min_length=1,
+                   description="eval-row column the fit uses as compute (as `scalerl fit --x`)")
+    min_evals: int = Field(4, ge=4, description="evaluations with compute > 0 before the first fit "
+                           "(4: the fit's own minimum, scaling.validation.MIN_POINTS)")
+    stop_when_known: float | None = Field(
+        None, gt=0.0, lt=1.0,
+        description="stop at the first evaluation whose forecast A interval (hi - lo) is narrower "
+                    "than this and whose fit is not flagged (stopped_by forecast_known)")
+    a_width: float = Field(0.02, gt=0.0, lt=1.0,
+                           description="target half-width on A for forecast_compute_to_pin")
+
+
 class SandboxConfig(Section):
     """The code sandbox (`scalerl.rewards.sandbox`): isolation and limits of every program run.
 
@@ -559,6 +576,7 @@ class RunConfig(Section):
     rewards: RewardConfig = RewardConfig()
     distributed: DistributedConfig = DistributedConfig()
     agentic: AgenticConfig = AgenticConfig()
+    forecast: ForecastConfig = ForecastConfig()
 
     @model_validator(mode="after")
     def _task_environment(self) -> RunConfig:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerl.assembly.backend import Backend
+from scalerl.assembly.forecast import ForecastingSink, StopAfterEval
 from scalerl.assembly.local import local_backend
 from scalerl.assembly.sections import (
     driver_settings,
@@ -40,6 +41,8 @@ from scalerl.pipeline.snapshot import SNAPSHOT_FILE
 from scalerl.rewards import RewardRouter
 from scalerl.rewards.groups import GroupScorer
 from scalerl.rollout import Engine
+from scalerl.scaling.io import run_label
+from scalerl.scaling.live import LiveForecast
 from scalerl.telemetry import RunTelemetry
 from scalerl.training.trainer import Trainer
 
@@ -188,13 +191,20 @@ def _build_training(
         )
         closers.append(telemetry.close)
 
-    metrics = telemetry
+    metrics: Any = telemetry
     if backend.wrap_metrics is not None and telemetry is not None:
         metrics = backend.wrap_metrics(telemetry)
+    live = None
+    if config.forecast.enabled and telemetry is not None and evaluator is not None:
+        # The live forecast (scaling.live): reads the rows as logged, never changes training.
+        live = LiveForecast(config.forecast, run_path, run_label(run_path), rows=telemetry.log.rows())
+        metrics = ForecastingSink(metrics, live)
+        closers.insert(0, live.close)  # before the log closes: forecast.json is the last fit
     components = Components(
         engine=engine, trainer=trainer, source=pool, scorer=scorer, encode=encode, decode=decode,
         params=params, evaluator=evaluator, metrics=metrics,
         checkpoint=backend.checkpoint if checkpoints else None, meter=meter, channel=backend.channel,
+        stop_after_eval=StopAfterEval(config.forecast, run_path, live),
     )
     snapshot = load_snapshot(resume) if resume is not None else None
     driver = Driver(driver_settings(config), components, start_step=start_step, resume_state=resume_state,

@@ -25,6 +25,11 @@ command skips completed runs and resumes or redoes the others (see `scalerl.stud
 that fails is reported and the study continues; the exit status is 1 if any run failed. Each run
 is then fitted on the first half of its compute (`--fit-fraction`) and the study writes
 `summary.json`, `report.md` (the Fig. 7 table) and `curves.png` (every fit, and the fixed-A view).
+
+`--prune` stops a run early, through `stop_request.json` in its folder (honoured at its next
+evaluation), once its live forecast of A lies below the leader's lower bound by more than
+`--prune-margin` (default 0.02) or is settled (interval < 2 x forecast.a_width); the report says
+when each run stopped, why, and the compute saved (`scalerl.studies.prune`).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from typing import Any
 from scalerl.assembly.run import stderr_say
 from scalerl.inputs import InputError, check_device
 from scalerl.ownership import check_output_dir_owned
+from scalerl.scaling.compare import PAPER_SEED_MARGIN_A
 from scalerl.studies.ablate import ABLATE_KIND, plan_ablation, render_plan, run_ablation
 from scalerl.studies.fitting import FitSettings
 from scalerl.studies.variants import COUPLED_AXES
@@ -103,6 +109,14 @@ def register(subparsers: Any) -> None:
                      help="with --ray: logical CPUs one run holds (default 1)")
     ray.add_argument("--run-gpus", type=float, default=0.0, metavar="G",
                      help="with --ray: GPUs one run holds (default 0)")
+    prune = p.add_argument_group("pruning by forecast (scalerl.studies.prune)")
+    prune.add_argument("--prune", action="store_true",
+                       help="stop a run once its live forecast of A lies below the leader's by more than "
+                            "--prune-margin, or is settled (+-forecast.a_width); the report shows when each "
+                            "stopped, why, and the compute saved")
+    prune.add_argument("--prune-margin", type=float, default=None, metavar="M",
+                       help="margin on A below the leader's lower bound (default 0.02, the paper's "
+                            "seed margin)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the variants and their overrides; run nothing")
     add_fit_args(p, None, "compute column to fit against (default compute_device_hours, the paper's axis; "
@@ -120,6 +134,15 @@ def run_ablate(args: argparse.Namespace) -> int:
                          config_files=args.config, seeds=args.seeds, study_dir=study_dir,
                          coupled=args.coupled, values=values)
     budgets = args.budget
+    margin = None
+    if args.prune_margin is not None and not args.prune:
+        raise InputError("--prune-margin sets the margin of --prune; add --prune")
+    if args.prune:
+        margin = PAPER_SEED_MARGIN_A if args.prune_margin is None else args.prune_margin
+        if not margin >= 0:
+            raise InputError(f"--prune-margin: must be >= 0, got {args.prune_margin}")
+        if not plan.base_config.forecast.enabled:
+            raise InputError("--prune reads the runs' live forecasts: forecast.enabled is false")
     if budgets is not None and plan.kind == "loo":
         raise InputError("--budget: the compute-optimal choice is for --grid and --coupled studies")
     print(render_plan(plan), file=sys.stderr if not args.dry_run else sys.stdout, flush=True)
@@ -137,13 +160,15 @@ def run_ablate(args: argparse.Namespace) -> int:
     if args.ray is None:
         if args.parallel not in (None, 1):
             raise InputError("--parallel: runs share this process without --ray; add --ray [ADDRESS]")
-        return run_ablation(plan, settings, device=args.device, budgets=budgets, say=stderr_say)
+        return run_ablation(plan, settings, device=args.device, budgets=budgets, say=stderr_say,
+                            prune_margin=margin)
     from scalerl.studies.ray_runs import RayRuns
 
     with RayRuns(None if args.ray == "local" else args.ray, num_cpus=args.run_cpus,
                  num_gpus=args.run_gpus) as runs:
         return run_ablation(plan, settings, device=args.device, train_fn=runs.train,
-                            parallel=args.parallel or len(plan.specs), budgets=budgets, say=stderr_say)
+                            parallel=args.parallel or len(plan.specs), budgets=budgets, say=stderr_say,
+                            prune_margin=margin)
 
 
 __all__ = ["add_fit_args", "fit_settings", "register", "run_ablate"]

@@ -13,6 +13,11 @@ stopped), `checkpoints/`, `.scalerl-owner.json` (the folder is a train run's: a 
 anything else is refused) and, if the run failed on our side (not bad input), `error.log` with the
 traceback; `scalerl fit RUN_DIR` fits its held-out curve.
 
+Every evaluation past the first four carries the live forecast of the curve so far (forecast_A
+[lo, hi], B, C_mid, status, compute to pin A: `scalerl.scaling.live`); `--stop-when-known W` stops
+at the first evaluation whose unflagged forecast pins A to an interval narrower than W, and
+`stop_request.json` in the run folder (what `scalerl ablate --prune` writes) stops it there too.
+
 SIGTERM or Ctrl-C: the run stops at the next safe point, writes a checkpoint and exits with
 128 + the signal number (143, 130); `--resume` continues it. `--resume` verifies the checkpoint's
 manifest and falls back to the previous one, with a warning, if the latest is corrupt; a run killed
@@ -54,6 +59,7 @@ FLAG_KEYS: dict[str, str] = {
     "seed": "seed",
     "name": "name",
     "max_time_s": "max_time_s",
+    "stop_when_known": "forecast.stop_when_known",
 }
 
 
@@ -81,6 +87,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-time-s", "--max-time", dest="max_time_s", type=float, metavar="S",
                    help="also stop after S seconds of wall clock (default: no limit; --max-steps, "
                         "default 100, still applies)")
+    p.add_argument("--stop-when-known", type=float, metavar="W",
+                   help="stop at the first evaluation whose live forecast pins A to an interval "
+                        "narrower than W (hi - lo) with an unflagged fit (config forecast.stop_when_known)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda if available)")
     p.add_argument("--resume", nargs="?", const="latest", metavar="CHECKPOINT",
                    help="continue from a checkpoint (default: the run directory's latest)")

@@ -18,6 +18,10 @@ under the checkpoint's weights. Where the schedule is single-threaded and the en
 itself, `snapshot()` also saves everything in flight (`snapshot.py`), and a resume from it
 (`resume_snapshot=`) continues exactly as the uninterrupted run would have.
 
+After each scheduled evaluation `Components.stop_after_eval(step)` may end the run there with
+its reason (`forecast_known`: the live forecast pinned A; `pruned`: a study stopped the variant);
+the run then writes its last checkpoint (it has just evaluated) and records the reason.
+
 Stopping from outside (`stop=`, a `preemption.StopRequest` set by SIGTERM / SIGINT) and the
 wall-clock limit are checked between steps and inside the batch source's waits; either way the run
 checkpoints where it stands. A stop by signal skips the final evaluation (the grace period is
@@ -94,12 +98,17 @@ class Components:
     meter: ComputeMeter | None = None
     channel: WeightChannel | None = None
     queue: GroupQueue | None = None
+    # Asked after each scheduled evaluation (its step): a reason to stop there ("forecast_known",
+    # "pruned"), or None to go on. The composition root wires it (the live forecast, a study's
+    # stop request); the driver only honours it: the run stops with that reason and checkpoints.
+    stop_after_eval: Callable[[int], str | None] | None = None
 
 
 @dataclass
 class RunResult:
     steps: int
-    stop_reason: str  # "max_steps", "max_time_s", "prompts_exhausted" or "signal"
+    # "max_steps", "max_time_s", "prompts_exhausted", "signal", or a reason `stop_after_eval` gave
+    stop_reason: str
     signal: str | None = None  # "SIGTERM" / "SIGINT" when stop_reason is "signal"
     last_step: dict[str, float] = field(default_factory=dict)
     last_eval: dict[str, float] = field(default_factory=dict)
@@ -385,6 +394,10 @@ class Driver:
                 self.noop_run.check(f"step {self.step}")
                 if self.c.evaluator is not None and self.step % cfg.eval.every == 0:
                     result.last_eval, self.evaluated_at = self._evaluate(), self.step
+                    asked = self.c.stop_after_eval(self.step) if self.c.stop_after_eval is not None else None
+                    if asked is not None:
+                        result.stop_reason = self._stopped_by = asked
+                        break
                 every = cfg.checkpoint_every
                 if self.c.checkpoint is not None and every and self.step % every == 0:
                     self._save()

@@ -30,7 +30,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path
@@ -161,7 +161,7 @@ def _build(
     )
 
 
-def _extras(row: dict[str, object], x_name: str, y_name: str) -> dict[str, float]:
+def _extras(row: Mapping[str, object], x_name: str, y_name: str) -> dict[str, float]:
     out = {}
     for key in EXTRA_COLUMNS:
         if key in (x_name, y_name) or _missing(row.get(key)):
@@ -195,7 +195,24 @@ def read_jsonl(
 ) -> Curve:
     """Curve from a JSONL log: rows having the y key are evaluations (see module docstring)."""
     p = Path(path)
-    rows_raw = [(n, obj) for n, obj in _iter_jsonl(p)]
+    return _curve_from_numbered([(n, obj) for n, obj in _iter_jsonl(p)], str(p), x, y, label or p.stem)
+
+
+def curve_from_rows(
+    rows: Sequence[Mapping[str, object]], x: str | None = None, y: str | None = None, label: str = "run",
+    source: str = "metrics.jsonl",
+) -> Curve:
+    """Curve from rows already in memory (a run's logged rows, in file order): the same rules and
+    the same numbers as ``read_jsonl`` on the file they were written to, so the live forecast
+    (``scaling.live``) and ``scalerl fit RUN_DIR`` fit identical data."""
+    return _curve_from_numbered(list(enumerate(rows, start=1)), source, x, y, label)
+
+
+def _curve_from_numbered(
+    rows_raw: Sequence[tuple[int, Mapping[str, object]]], source: str, x: str | None, y: str | None,
+    label: str,
+) -> Curve:
+    p = source
     keys = [k for _, obj in rows_raw for k in obj]
     y_name = pick_column(keys, y, Y_FALLBACKS, "y", str(p))
     evals = [(n, obj) for n, obj in rows_raw if not _missing(obj.get(y_name))]
@@ -213,11 +230,11 @@ def read_jsonl(
                 _extras(obj, x_name, y_name),
             )
         )
-    curve = _build(label or p.stem, str(p), x_name, y_name, rows)
+    curve = _build(label, p, x_name, y_name, rows)
     return replace(curve, truncation=_truncation(rows_raw))
 
 
-def _truncation(rows: Sequence[tuple[int, dict[str, object]]]) -> TruncationSeries | None:
+def _truncation(rows: Sequence[tuple[int, Mapping[str, object]]]) -> TruncationSeries | None:
     """Every row's numeric ``truncation_rate`` with its step (rows lacking a usable one are skipped:
     the rate is a diagnostic, never a reason to refuse a curve)."""
     found = []
@@ -263,6 +280,32 @@ def _run_identity(run_dir: Path) -> tuple[str, str | None]:
     if name in (None, "run"):
         name = run_dir.resolve().name
     return name, text("recipe")
+
+
+def read_rows(path: str | Path) -> list[dict[str, object]]:
+    """The complete JSON-object lines of a JSONL file another process may be writing: a last line
+    without its newline is still being written (left for the next read), and a line that is not a
+    JSON object is skipped (``read_jsonl`` is the strict reader that names it)."""
+    p = Path(path)
+    if not p.is_file():
+        return []
+    out = []
+    with p.open(encoding="utf-8") as fh:
+        for line in fh:
+            if not line.endswith("\n") or not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                out.append(row)
+    return out
+
+
+def run_label(run_dir: str | Path) -> str:
+    """The label ``scalerl fit`` gives a run directory (``config.yaml``'s name, else the folder)."""
+    return _run_identity(Path(run_dir))[0]
 
 
 def read_run_dir(path: str | Path, x: str | None = None, y: str | None = None) -> Curve:

@@ -21,9 +21,11 @@ from scalerl.config import RunConfig, build_config, override_layer, yaml_layer
 from scalerl.inputs import InputError
 from scalerl.ownership import claim_output_dir
 from scalerl.recipes import recipe_path
+from scalerl.scaling.io import DEFAULT_X
 from scalerl.scaling.report import jsonable, run_to_dict, table
 from scalerl.studies.fitting import FitSettings, RunFit, StudyFits, analyze_study
 from scalerl.studies.isocompute import BudgetChoice, choices_markdown, choices_text, compute_optimal
+from scalerl.studies.prune import PruneController, prune_report, prune_text
 from scalerl.studies.report import (
     PREDICTION_HEADER,
     fig7_markdown,
@@ -258,6 +260,7 @@ def run_ablation(
     parallel: int = 1,
     budgets: list[float] | None = None,
     say: Any = logger.info,
+    prune_margin: float | None = None,
 ) -> int:
     """Prepare the shared model, run, fit, write the outputs, print the table. 1 if a run failed.
 
@@ -267,19 +270,34 @@ def run_ablation(
     claim_output_dir(plan.study_dir, ABLATE_KIND, "--output-dir")  # new, empty or an earlier study's
     specs = with_model(plan.specs, shared_model(plan.base_config, say=say))
     write_json_atomic(plan.study_dir / PLAN_FILE, jsonable(plan.to_dict()))
-    outcomes, run_fits = run_and_fit(specs, settings, device=device, train_fn=train_fn, parallel=parallel,
-                                    say=say)
+    controller = None
+    if prune_margin is not None:  # --prune: stop runs whose forecast is known (studies/prune.py)
+        controller = PruneController({s.name: s.run_dir for s in specs}, x=settings.x or DEFAULT_X,
+                                     margin=prune_margin, a_width=plan.base_config.forecast.a_width).start()
+    try:
+        outcomes, run_fits = run_and_fit(specs, settings, device=device, train_fn=train_fn,
+                                         parallel=parallel, say=say)
+    finally:
+        if controller is not None:
+            controller.stop()
+    pruning = None if controller is None else prune_report(
+        controller, {s.name: s.config.max_steps for s in specs})
     fits = analyze_study(run_fits, settings, order=[v.name for v in plan.variants])
     choices = None if plan.kind == "loo" else compute_optimal(fits, budgets)
     plot = write_plot(fits, plan.study_dir / PLOT_FILE)
     report = report_markdown(plan, settings, outcomes, fits, plot, choices)
+    if pruning is not None:
+        report += "\n## Pruning by forecast\n\n```\n" + prune_text(pruning) + "\n```\n"
     write_atomic(plan.study_dir / REPORT_FILE, report)
     summary = summary_dict(plan, settings, outcomes, fits, plot, choices)
+    summary["prune"] = jsonable(pruning)
     write_json_atomic(plan.study_dir / SUMMARY_FILE, summary)
     failed = [o for o in outcomes if o.status == "failed"]
     parts = [fig7_text(fits), "", legend_text(fits, settings), "", per_run_text(fits, settings)]
     if choices is not None:
         parts += ["", choices_text(choices, _x_name(fits))]
+    if pruning is not None:
+        parts += ["", prune_text(pruning)]
     if failed:
         parts += ["", f"{len(failed)} of {len(outcomes)} runs failed:"]
         parts += [f"  {o.name}: {o.error}" for o in failed]

@@ -29,6 +29,14 @@ def eval_line(step: int, row: Mapping[str, Any]) -> str:
     if isinstance(n, (int, float)) and isinstance(k, (int, float)):
         took = f", {float(t):.0f} s" if isinstance(t, (int, float)) else ""
         line += f" ({int(n)} prompts x {int(k)} samples{took})"
+    a, lo, hi = row.get("forecast_A"), row.get("forecast_A_lo"), row.get("forecast_A_hi")
+    if isinstance(a, (int, float)):  # the live forecast (scaling.live), when the run has one
+        line += f"; forecast A {float(a):.3f}"
+        if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
+            line += f" [{float(lo):.3f}, {float(hi):.3f}]"
+        status = row.get("forecast_status")
+        if isinstance(status, str) and status != "ok":
+            line += f" ({status})"
     return line
 
 

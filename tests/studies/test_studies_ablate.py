@@ -196,3 +196,18 @@ def test_scalerl_ablate_adopts_a_study_folder_of_an_earlier_scalerl(tmp_path: Pa
     assert run_ablation(plan, SETTINGS, train_fn=again, out=io.StringIO()) == 0
     assert again.calls == [] and owner_of(tmp_path) == "ablate"
     assert run_files() == runs
+
+
+def test_a_pruned_study_reports_every_run_and_the_compute_it_used(tmp_path: Path) -> None:
+    """`--prune` wiring: the controller watches every run; the summary, report and table say what
+    each used (these stand-in runs log no forecast, so none is stopped and nothing is saved)."""
+    plan = plan_ablation("scalerl", grid=["pipeline.k=1,4"], study_dir=tmp_path,
+                         overrides=["model.name_or_path=some/model"])
+    out = io.StringIO()
+    assert run_ablation(plan, SETTINGS, train_fn=FakeTrain(k_curve), out=out, prune_margin=0.02) == 0
+    prune = json.loads((tmp_path / "summary.json").read_text())["prune"]
+    assert [r["run"] for r in prune["runs"]] == ["k-1", "k-4"] and prune["n_pruned"] == 0
+    assert all(r["request"] is None for r in prune["runs"]) and prune["margin"] == 0.02
+    assert "## Pruning by forecast" in (tmp_path / "report.md").read_text()
+    assert "pruning by forecast (margin 0.02" in out.getvalue()
+    assert not any((tmp_path / "runs" / n / "stop_request.json").exists() for n in ("k-1", "k-4"))

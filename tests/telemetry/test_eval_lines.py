@@ -24,3 +24,11 @@ def test_eval_rows_print_a_line_on_stderr(tmp_path: Path, capsys: pytest.Capture
 
 def test_eval_line_without_sizes() -> None:
     assert eval_line(0, {"val_pass_rate": 0.25}) == "eval at step 0: val_pass_rate 0.250"
+
+
+def test_eval_line_shows_the_live_forecast_and_its_flag() -> None:
+    row = {"val_pass_rate": 0.3, "forecast_A": 0.5, "forecast_A_lo": 0.4, "forecast_A_hi": 0.6,
+           "forecast_status": "flagged:few_points"}
+    assert eval_line(5, row) == ("eval at step 5: val_pass_rate 0.300; forecast A 0.500 [0.400, 0.600] "
+                                 "(flagged:few_points)")
+    assert eval_line(5, {**row, "forecast_status": "ok"}).endswith("forecast A 0.500 [0.400, 0.600]")
