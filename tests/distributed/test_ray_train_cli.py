@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from distributed.procs import ray_worker_pids
 from pipeline.test_kill_resume import MAX_STEPS, tiny_run_config
 
 from scalerl.assembly.warm_start import warm_start_default
@@ -108,17 +109,6 @@ def test_kill_then_resume_with_other_num_engines(
     assert final["source"]["order"] == pipeline_state(run_dir, kill_at)["source"]["order"]
 
 
-def _rank_pids() -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmd = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if cmd.startswith(b"ray::TrainerRankWorker"):
-                pids.append(int(entry.name))
-    return pids
 
 
 def test_dead_trainer_rank_stops_the_run_then_resume(
@@ -128,7 +118,7 @@ def test_dead_trainer_rank_stops_the_run_then_resume(
     write_config(ray_cluster, model_path, run_dir, config, mode="pipeline")
     proc = train(config)
     wait_for(ckpt(run_dir, 2), proc)
-    pids = _rank_pids()
+    pids = ray_worker_pids("TrainerRankWorker")
     assert len(pids) == 2, pids
     os.kill(random.Random().choice(pids), signal.SIGKILL)
     start = time.monotonic()

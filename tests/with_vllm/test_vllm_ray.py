@@ -33,6 +33,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm)")
 ray = pytest.importorskip("ray", reason="Ray is not installed (the distributed extra)")
 
+from distributed.procs import ray_worker_pids  # noqa: E402
 from vllm_helpers import save_tiny  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,17 +81,6 @@ def finish(proc: subprocess.Popen[bytes], timeout_s: float = 300) -> None:
     assert proc.returncode == 0, err.decode()[-4000:]
 
 
-def engine_pids() -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmd = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if cmd.startswith(b"ray::EngineWorker"):
-                pids.append(int(entry.name))
-    return pids
 
 
 def step_rows(run: Path) -> list[dict[str, Any]]:
@@ -110,7 +100,7 @@ def test_vllm_engine_actors_learn_survive_a_kill_and_resume(cluster: Any, tmp_pa
             raise AssertionError(proc.stderr.read().decode()[-4000:] if proc.stderr else "train exited")
         assert time.monotonic() < deadline, "no step-2 checkpoint within 300 s"
         time.sleep(0.2)
-    pids = engine_pids()
+    pids = ray_worker_pids("EngineWorker")
     assert len(pids) == 2, pids  # two vLLM engine actors on a CPU-only machine
     os.kill(pids[0], signal.SIGKILL)
     finish(proc)
