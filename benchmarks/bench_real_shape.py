@@ -335,7 +335,8 @@ def throughput(args: argparse.Namespace, model_dir: Path, shape: Shape) -> dict[
     tokens = sum(PROMPT_TOKENS + n for n in lengths)
     print(f"throughput batch: {len(lengths)} samples, responses {lengths} (mean/max "
           f"{statistics.mean(lengths) / max(lengths):.2f}), {tokens} real tokens", flush=True)
-    policy = load_policy(ModelConfig(name_or_path=str(model_dir), dtype=args.dtype), device=args.device)
+    policy = load_policy(ModelConfig(name_or_path=str(model_dir), dtype=args.dtype,
+                                     attn_implementation=args.attn), device=args.device)
     algo = AlgorithmConfig(loss_type="grpo", aggregation="token")
     sides: dict[str, Any] = {}
     for name, optim in {
@@ -393,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--longest", type=int, default=512, help="throughput: the longest response")
     parser.add_argument("--reps", type=int, default=3, help="throughput: timed runs per side")
     parser.add_argument("--no-trl", dest="trl", action="store_false", help="throughput: skip TRL")
+    parser.add_argument("--attn", choices=("eager", "sdpa", "flash_attention_2"), default=None,
+                        help="throughput: model.attn_implementation of scalerl's sides (null: transformers')")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:

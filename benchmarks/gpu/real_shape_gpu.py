@@ -29,6 +29,7 @@ kernel where flash-attn is installed).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import tempfile
@@ -53,13 +54,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-trl", dest="trl", action="store_false", help="throughput: skip TRL")
     args = parser.parse_args(argv)
     runs = [("quick", None)] if args.quick else [(size, 0) for size in args.sizes]
+    # Packed micro-batches through flash_attn_varlen where flash-attn is installed (sdpa's mask otherwise).
+    flash = importlib.util.find_spec("flash_attn") is not None and args.device.startswith("cuda")
+    print(f"attention for packed micro-batches: {'flash_attention_2' if flash else 'sdpa'}", flush=True)
     with tempfile.TemporaryDirectory(prefix="scalerl_real_shape_gpu_") as tmp:
         for size, layers in runs:
             out_json = Path(tmp) / f"{size}.json"
             common = ["--device", args.device, "--dtype", "bfloat16", "--max-gb", str(args.max_gb),
                       "--json", str(out_json), *(["--chunk", str(args.chunk)] if args.chunk else [])]
             tput = ["--samples", str(args.samples), "--longest", str(args.longest),
-                    *([] if args.trl else ["--no-trl"])]
+                    *([] if args.trl else ["--no-trl"]), *(["--attn", "flash_attention_2"] if flash else [])]
             if size == "quick":
                 brs.main(["--quick", *common])
             else:
