@@ -90,11 +90,27 @@ def _hidden_trees(python: str) -> dict[str, list[str]]:
     not traverse (a pyenv Python in /root), by that dir. The jail binds each back, read-only, into
     an empty tmpfs over the dir, so the rest of it stays hidden."""
     anchors: dict[str, list[str]] = {}
-    for tree in sorted({os.path.realpath(p) for p in _interpreter_trees(python) if os.path.isdir(p)}):
+    for tree in _trees(python):
         anchor = sandbox_init._hidden_ancestor(tree)
         if anchor is not None and anchor != tree:
             anchors.setdefault(anchor, []).append(tree)
     return anchors
+
+
+def _trees(python: str) -> list[str]:
+    return sorted({os.path.realpath(p) for p in _interpreter_trees(python) if os.path.isdir(p)})
+
+
+def _bind_back(anchor: str, trees: list[str]) -> list[str]:
+    """bwrap arguments binding `trees` (dirs or files) read-only back into the tmpfs at `anchor`; the
+    dirs on the way made 0755 (bwrap would make them 0700, and the slot uid could not pass)."""
+    argv: list[str] = []
+    for tree in trees:
+        parts = Path(tree).relative_to(anchor).parts
+        for depth in range(1, len(parts)):
+            argv += ["--perms", "0755", "--dir", str(Path(anchor, *parts[:depth]))]
+        argv += ["--ro-bind", tree, tree]
+    return argv
 
 
 class BwrapSandbox(Sandbox):
@@ -126,13 +142,11 @@ class BwrapSandbox(Sandbox):
             if os.path.isdir(hidden) and not os.path.islink(hidden):
                 argv += ["--tmpfs", hidden, "--remount-ro", hidden]
         for anchor, bound in _hidden_trees(self.python).items():
-            argv += ["--tmpfs", anchor]
-            for tree in bound:  # the dirs on the way: bwrap would make them 0700 (the uid could not pass)
-                parts = Path(tree).relative_to(anchor).parts
-                for depth in range(1, len(parts)):
-                    argv += ["--perms", "0755", "--dir", str(Path(anchor, *parts[:depth]))]
-                argv += ["--ro-bind", tree, tree]
-            argv += ["--remount-ro", anchor]
+            argv += ["--tmpfs", anchor, *_bind_back(anchor, bound), "--remount-ro", anchor]
+        # An interpreter under a dir the jail replaced by a tmpfs (a venv in /tmp, as on a CI clone).
+        for scratch in ("/tmp", "/var/tmp", "/run"):
+            needed = [*_trees(self.python), os.path.realpath(_INIT_SCRIPT)]  # and the init itself
+            argv += _bind_back(scratch, [t for t in needed if Path(t).is_relative_to(scratch)])
         argv += ["--size", str(_SHM_BYTES), "--perms", "1777", "--tmpfs", "/dev/shm",
                  "--ro-bind", f"{spec_dir}/spec.json", "/tmp/spec.json",
                  "--ro-bind", f"{spec_dir}/files", "/tmp/files", "--chdir", "/tmp"]

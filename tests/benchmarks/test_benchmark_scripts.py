@@ -42,6 +42,8 @@ TESTED = {
     "band_calibration.py",
     "bench_prefix_cache.py",  # with vLLM: tests/with_vllm/test_vllm_bench.py
     "bench_real_shape.py",
+    "bench_sync_check.py",
+    "forecast_calibration.py",
 }
 
 
@@ -431,3 +433,31 @@ def test_bwrap_jail_against_ours(cache_dir: Path) -> None:
     for name in ("print", "syscalls"):
         row = match(rf"^\| {name} \| ({{N}}) \| ({{N}}) \| ({{N}}) \| ({{N}}) \|$", timing)
         assert all(positive(row[i]) for i in range(1, 5))
+
+
+def test_forecast_calibration_replays_the_paper_curves(cache_dir: Path) -> None:
+    """Both digitized paper curves are replayed evaluation by evaluation: coverage is a share of the
+    prefixes tried (from min_evals = 4 to n - 1), and a stop, if any, is a fraction of the compute."""
+    out = run_script("forecast_calibration.py", cache_dir=cache_dir, timeout=300)
+    for curve, evals in (("paper 8B dense", 34), ("paper Scout MoE", 32)):
+        m = match(rf"^{re.escape(curve)} \(Fig\. 1a\)\s+(\d+)\s+({{N}}) \((\w+)\)\s+(\d+)% of (\d+)\s+"
+                  rf"(\d+)% of (\d+)\s+(.*)$", out)
+        assert int(m[1]) == evals and 0 < float(m[2]) < 1
+        assert int(m[5]) == evals - 4 and 0 <= int(m[4]) <= 100
+        assert int(m[7]) <= int(m[5]) and 0 <= int(m[6]) <= 100
+        stop = re.match(rf"(\d+)% \(k=(\d+), \|dA\| ({NUM})\)|never", m[8])
+        assert stop is not None, m[8]
+        if stop[1] is not None:
+            assert 0 < int(stop[1]) <= 100 and 4 <= int(stop[2]) < evals
+
+
+def test_bench_sync_check_measures_both_sides(cache_dir: Path) -> None:
+    """The sync check's cost: sender and engine fingerprints and the comparison, per model size,
+    beside the weights' CPU copy that every sync makes anyway."""
+    out = run_script("bench_sync_check.py", "--steps", "1", "--repeats", "3", "--skip-train",
+                     cache_dir=cache_dir, timeout=300)
+    for size in ("tiny", "20m"):
+        m = match(rf"^{size}: ({{N}})M params, (\d+) tensors: sender ({{N}}) ms, engine ({{N}}) ms, "
+                  rf"compare ({{N}}) ms; the weights' CPU copy ({{N}}) ms$", out)
+        assert positive(m[1]) and int(m[2]) > 0
+        assert all(positive(m[i]) for i in (3, 4, 5, 6))

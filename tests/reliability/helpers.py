@@ -91,8 +91,13 @@ def eval_steps(run_dir: Path) -> list[int]:
     return [r["step"] for r in read_rows(run_dir / "metrics.jsonl", "eval")]
 
 
+# Counters of this process's weight syncs (the channel's, from 0 at every start: a resumed process
+# publishes the restored weights once before its first step and counts from there).
+SESSION_KEYS = frozenset({"weight_syncs", "weight_verify_checks", "weight_verify_unchecked"})
+
+
 def deterministic(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in row.items() if not k.endswith(CLOCK_KEYS)}
+    return {k: v for k, v in row.items() if not k.endswith(CLOCK_KEYS) and k not in SESSION_KEYS}
 
 
 def sessions(run_dir: Path) -> list[dict[str, Any]]:
