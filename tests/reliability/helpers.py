@@ -17,7 +17,7 @@ HERE = Path(__file__).resolve().parent
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64,
         "max_position_embeddings": 256}
 # Wall-clock figures differ between two runs of the same seed; everything else in a row must not.
-CLOCK_KEYS = ("_s", "_per_s", "device_hours", "wall_hours", "busy_frac", "idle_frac")
+CLOCK_KEYS = ("_s", "_s_total", "_per_s", "device_hours", "wall_hours", "busy_frac", "idle_frac")
 
 
 def run_config(model: str, out: Path, mode: str, schedule: str = "threaded", **extra: Any) -> RunConfig:
