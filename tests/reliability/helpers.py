@@ -91,13 +91,13 @@ def eval_steps(run_dir: Path) -> list[int]:
     return [r["step"] for r in read_rows(run_dir / "metrics.jsonl", "eval")]
 
 
-# Counters of this process's weight syncs (the channel's, from 0 at every start: a resumed process
-# publishes the restored weights once before its first step and counts from there).
-SESSION_KEYS = frozenset({"weight_syncs", "weight_verify_checks", "weight_verify_unchecked"})
+# The weight channel's figures of this process (counted from 0 at every start, the last check's
+# tensors 0 until this process has checked a sync): a resumed process's differ from an uninterrupted one.
+SESSION_PREFIXES = ("weight_syncs", "weight_verify_")
 
 
 def deterministic(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in row.items() if not k.endswith(CLOCK_KEYS) and k not in SESSION_KEYS}
+    return {k: v for k, v in row.items() if not k.endswith(CLOCK_KEYS) and not k.startswith(SESSION_PREFIXES)}
 
 
 def sessions(run_dir: Path) -> list[dict[str, Any]]:
