@@ -31,7 +31,13 @@ import torch
 from scalerl.distributed.cluster import PeerError, import_ray, wait_each
 from scalerl.distributed.pool import EngineMember, EnginePool
 from scalerl.distributed.weights import BucketMeta
-from scalerl.rollout.fingerprint import Fingerprint, SyncFigures, state_fingerprints, verify
+from scalerl.rollout.fingerprint import (
+    Fingerprint,
+    SyncFigures,
+    channel_metrics,
+    state_fingerprints,
+    verify,
+)
 
 
 @dataclass
@@ -190,5 +196,4 @@ class RayWeightChannel:
                                                        "in a row during the broadcast")
 
     def metrics(self) -> dict[str, float]:
-        return {"weight_sync_s": self.last_seconds, "weight_sync_s_total": self.publish_seconds,
-                "weight_syncs": float(self.syncs), **self.verification.metrics()}
+        return channel_metrics(self.last_seconds, self.publish_seconds, self.syncs, self.verification)

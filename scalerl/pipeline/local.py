@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import torch
 
 from scalerl.pipeline.interfaces import ReadyGroup
-from scalerl.rollout.fingerprint import SyncFigures, timed_verify
+from scalerl.rollout.fingerprint import SyncFigures, channel_metrics, timed_verify
 from scalerl.rollout.protocol import Engine
 
 
@@ -74,5 +74,4 @@ class EngineWeightChannel:
         self.published_version = version
 
     def metrics(self) -> dict[str, float]:
-        return {"weight_sync_s": self.last_seconds, "weight_sync_s_total": self.publish_seconds,
-                "weight_syncs": float(self.syncs), **self.verification.metrics()}
+        return channel_metrics(self.last_seconds, self.publish_seconds, self.syncs, self.verification)

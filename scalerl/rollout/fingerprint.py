@@ -197,6 +197,12 @@ class SyncFigures:
                 "weight_verify_s_total": self.seconds}
 
 
+def channel_metrics(last_s: float, total_s: float, syncs: int, verification: SyncFigures) -> dict[str, float]:
+    """A weight channel's step-row keys (local and Ray channels alike): its syncs and their checks."""
+    return {"weight_sync_s": last_s, "weight_sync_s_total": total_s, "weight_syncs": float(syncs),
+            **verification.metrics()}
+
+
 def timed_verify(figures: SyncFigures, engine: Any, state: Mapping[str, torch.Tensor], version: int,
                  name: str = "engine") -> SyncCheck | None:
     """`verify_engine`, timed and counted in `figures` (a mismatch raises before counting)."""
