@@ -52,6 +52,7 @@ from scalerl.pipeline.shaping import LengthShaping
 from scalerl.pipeline.staleness import StalenessController
 from scalerl.pipeline.stats import IntervalMeter, batch_metrics
 from scalerl.rewards.groups import GroupScorer, Scorer
+from scalerl.rollout.fingerprint import channel_state, restore_channel_state
 from scalerl.rollout.protocol import Completion, Engine, GenerationRequest, SamplingParams
 from scalerl.telemetry.compute import ComputeMeter
 
@@ -244,6 +245,8 @@ class Driver:
             "interval_counters": self._interval.counters() if self._interval is not None else None,
             "stopped_by": self._stopped_by,
             "noop_run": self.noop_run.count,
+            # The weight channel's syncs and their checks so far (`fingerprint.channel_state`).
+            "channel": channel_state(self.channel) if hasattr(self.channel, "verification") else None,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -256,6 +259,8 @@ class Driver:
         if self.c.meter is not None and state.get("meter") is not None:
             self.c.meter.load_state_dict(state["meter"])
         self.noop_run.count = int(state.get("noop_run", 0))
+        if state.get("channel") is not None and hasattr(self.channel, "verification"):
+            restore_channel_state(self.channel, state["channel"])
         if state.get("interval_counters") is not None:
             self._resume_interval = {k: int(v) for k, v in state["interval_counters"].items()}
 

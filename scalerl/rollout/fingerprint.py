@@ -197,6 +197,37 @@ class SyncFigures:
                 "weight_verify_s_total": self.seconds}
 
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"checks": self.checks, "unchecked": self.unchecked, "verified_tensors": self.verified_tensors,
+                "unverified_tensors": self.unverified_tensors, "seconds": self.seconds}
+
+    def add_earlier(self, state: Mapping[str, Any]) -> None:
+        """Fold in the figures of the run's earlier sessions (a checkpoint's `state_dict()`): the counts
+        and seconds add up; the last check's tensors are this session's once it has checked a sync."""
+        checked_here = self.checks > 0
+        self.checks += int(state.get("checks", 0))
+        self.unchecked += int(state.get("unchecked", 0))
+        self.seconds += float(state.get("seconds", 0.0))
+        if not checked_here:
+            self.verified_tensors = int(state.get("verified_tensors", 0))
+            self.unverified_tensors = int(state.get("unverified_tensors", 0))
+
+
+def channel_state(channel: Any) -> dict[str, Any]:
+    """A weight channel's cumulative figures (`syncs`, `publish_seconds`, `verification`), for the
+    run's checkpoint, so that a resumed run counts on from there rather than from 0."""
+    return {"syncs": channel.syncs, "publish_seconds": channel.publish_seconds,
+            "verification": channel.verification.state_dict()}
+
+
+def restore_channel_state(channel: Any, state: Mapping[str, Any]) -> None:
+    """Add the earlier sessions' figures (`channel_state`) to this channel's: syncs this process has
+    already made (a vLLM engine's first load, before the pipeline resumes) stay counted."""
+    channel.syncs += int(state.get("syncs", 0))
+    channel.publish_seconds += float(state.get("publish_seconds", 0.0))
+    channel.verification.add_earlier(state.get("verification", {}))
+
+
 def channel_metrics(last_s: float, total_s: float, syncs: int, verification: SyncFigures) -> dict[str, float]:
     """A weight channel's step-row keys (local and Ray channels alike): its syncs and their checks."""
     return {"weight_sync_s": last_s, "weight_sync_s_total": total_s, "weight_syncs": float(syncs),

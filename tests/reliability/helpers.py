@@ -91,13 +91,8 @@ def eval_steps(run_dir: Path) -> list[int]:
     return [r["step"] for r in read_rows(run_dir / "metrics.jsonl", "eval")]
 
 
-# The weight channel's figures of this process (counted from 0 at every start, the last check's
-# tensors 0 until this process has checked a sync): a resumed process's differ from an uninterrupted one.
-SESSION_PREFIXES = ("weight_syncs", "weight_verify_")
-
-
 def deterministic(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in row.items() if not k.endswith(CLOCK_KEYS) and not k.startswith(SESSION_PREFIXES)}
+    return {k: v for k, v in row.items() if not k.endswith(CLOCK_KEYS)}
 
 
 def sessions(run_dir: Path) -> list[dict[str, Any]]:

@@ -12,7 +12,11 @@ import torch
 
 from scalerl.rollout.fingerprint import (
     SAMPLE,
+    SyncCheck,
+    SyncFigures,
     WeightSyncError,
+    channel_state,
+    restore_channel_state,
     same,
     sample_positions,
     state_fingerprints,
@@ -152,3 +156,31 @@ def test_a_sync_that_loads_nothing_stops_the_run_naming_the_sync(
     assert "weight sync failed: engine does not hold the weights of version 1" in err, err[-2000:]
     lines = (broken / "metrics.jsonl").read_text().splitlines() if (broken / "metrics.jsonl").exists() else []
     assert sum(json.loads(line)["kind"] == "step" for line in lines) <= 2  # within a step or two
+
+
+class _Channel:
+    def __init__(self) -> None:
+        self.syncs, self.publish_seconds, self.verification = 0, 0.0, SyncFigures()
+
+
+def test_a_resumed_channel_counts_on_from_the_checkpoint_not_from_zero() -> None:
+    earlier = _Channel()
+    for _ in range(3):
+        earlier.syncs += 1
+        earlier.publish_seconds += 0.5
+        earlier.verification.add(SyncCheck(verified=7, unverified=1), 0.25)
+    earlier.verification.add(None, 0.0)
+    saved = channel_state(earlier)
+
+    fresh = _Channel()  # nothing synced in this process yet: the last check's tensors come back too
+    restore_channel_state(fresh, saved)
+    assert (fresh.syncs, fresh.publish_seconds) == (3, 1.5)
+    assert fresh.verification.state_dict() == earlier.verification.state_dict()
+
+    loaded = _Channel()  # a vLLM engine's first load in this process, before the resume
+    loaded.syncs, loaded.publish_seconds = 1, 2.0
+    loaded.verification.add(SyncCheck(verified=9, unverified=0), 1.0)
+    restore_channel_state(loaded, saved)
+    assert (loaded.syncs, loaded.publish_seconds) == (4, 3.5)
+    v = loaded.verification
+    assert (v.checks, v.unchecked, v.verified_tensors, v.unverified_tensors, v.seconds) == (4, 1, 9, 0, 1.75)
