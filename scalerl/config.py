@@ -411,6 +411,9 @@ class ForecastConfig(Section):
                     "than this and whose fit is not flagged (stopped_by forecast_known)")
     a_width: float = Field(0.02, gt=0.0, lt=1.0,
                            description="target half-width on A for forecast_compute_to_pin")
+    errors: Literal["iid", "local_level"] = Field(
+        "local_level", description="residual error model of A's bootstrap interval (`scalerl fit --errors`): "
+        "local_level adds the random walk a wandering curve shows (calibrated in docs/scaling.md)")
 
 
 class SandboxConfig(Section):

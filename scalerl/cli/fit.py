@@ -117,6 +117,13 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
         metavar="L",
         help="resample residuals in blocks of L consecutive points (correlated errors)",
     )
+    u.add_argument(
+        "--errors",
+        choices=("iid", "local_level"),
+        default="iid",
+        help="residual error model of the bootstrap: iid (default), or local_level for a curve that "
+        "wanders (a random walk on the residuals; the live forecast's default, docs/scaling.md)",
+    )
     u.add_argument("--seed", type=int, default=0, help="random seed of the bootstrap (default 0)")
     u.add_argument("--level", type=_level, default=0.95, help="interval level (default 0.95)")
     d = p.add_argument_group("diagnostics")
@@ -157,6 +164,7 @@ def _options(
         a_max=args.a_max,
         n_boot=args.bootstrap,
         block=args.block,
+        errors=args.errors,
         seed=args.seed,
         level=args.level,
         downsample_bins=args.downsample,

@@ -20,7 +20,7 @@ from scalerl.scaling.downsample import record_breaking
 from scalerl.scaling.io import Curve, window_mask
 from scalerl.scaling.power_law import PowerLawFit, fit_power_law
 from scalerl.scaling.sigmoid import Method, SigmoidFit, fit_sigmoid
-from scalerl.scaling.uncertainty import Bootstrap, ProfileInterval, bootstrap, profile_A
+from scalerl.scaling.uncertainty import Bootstrap, ErrorModel, ProfileInterval, bootstrap, profile_A
 from scalerl.scaling.validation import CurveError
 
 
@@ -39,6 +39,8 @@ class FitOptions:
     a_max: float | None = None
     n_boot: int = 1000
     block: int = 1
+    # Residual error model of the bootstrap (`uncertainty.bootstrap`): "local_level" for curves that wander.
+    errors: ErrorModel = "iid"
     seed: int = 0
     level: float = 0.95
     downsample_bins: int | None = None
@@ -192,7 +194,8 @@ def analyze_curve(curve: Curve, opts: FitOptions) -> RunAnalysis:
             a_max=opts.a_max,
         )
         boot = (
-            bootstrap(fit, n_boot=opts.n_boot, seed=opts.seed, block=opts.block, level=opts.level)
+            bootstrap(fit, n_boot=opts.n_boot, seed=opts.seed, block=opts.block, level=opts.level,
+                      errors=opts.errors)
             if opts.n_boot > 0
             else None
         )

@@ -2,7 +2,8 @@
 
 After each evaluation (once ``forecast.min_evals`` evaluations with compute > 0 exist), the run's
 eval rows so far are fitted exactly as ``scalerl fit RUN_DIR`` fits them (``io.curve_from_rows``,
-``analysis.analyze_curve`` with the default ``FitOptions``: 1000 bootstrap resamples, seed 0), in
+``analysis.analyze_curve`` with the default ``FitOptions``: 1000 bootstrap resamples, seed 0, and
+the residual error model ``forecast.errors``, default ``local_level``: ``scalerl fit --errors``), in
 a background thread, while training goes on. The fit is joined when the next evaluation is
 logged (or when the run ends), so the eval row of evaluation ``i`` carries the forecast of the
 curve through evaluation ``i - 1`` (``forecast_evals`` points, the last at ``forecast_step``):
@@ -19,7 +20,7 @@ Joining at the next evaluation makes every logged number a function of the logge
 (not of thread timing), and the training loop never waits unless a fit outlasts ``eval.every``
 steps. The forecast never feeds back into training; ``--stop-when-known`` only decides when to
 stop. At the end the last fit (the whole curve) is written to ``forecast.json`` in the run
-folder, which ``scalerl fit RUN_DIR`` reproduces digit for digit.
+folder, which ``scalerl fit RUN_DIR --errors local_level`` reproduces digit for digit.
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ def forecast_curve(curve: Curve, cfg: ForecastConfig, t0: float | None = None,
     step_col = curve.extra.get("step")
     step = int(step_col[last]) if step_col is not None and math.isfinite(step_col[last]) else last
     try:
-        a = analyze_curve(curve, FitOptions(a_half_width=cfg.a_width))
+        a = analyze_curve(curve, FitOptions(a_half_width=cfg.a_width, errors=cfg.errors))
     except CurveError as err:
         return Forecast(n, step, float(curve.x[last]), None, None, None, None, None,
                         f"failed:{err}", None, time.perf_counter() - t0, time.thread_time() - c0)

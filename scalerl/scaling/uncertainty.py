@@ -22,6 +22,16 @@ seed-to-seed margin.
   (``h = (C - C_end) / spacing``, the fitted points' mean spacing in compute) gets a further
   ``N(0, h s_eta^2)`` on top of the replicate curve and the resampled residual. Calibrated in
   ``benchmarks/band_calibration.py`` (docs/fitting.md).
+* Correlated errors inside the window (``errors="local_level"``, the live forecast's default): the
+  same local-level model, used for the parameters' intervals rather than for the band. Each
+  residual replicate gets a random walk on top, ``w_t = sum_{j<=t} eta_j``, ``eta ~ N(0, s_eta^2)``
+  with ``s_eta^2`` the drift variance above, centred over the window (a constant offset is the
+  fit's own to absorb; the residuals the variance came from have mean ~0 too). With independent
+  residuals ``s_eta^2 = 0`` and this is the plain residual bootstrap. Why: a curve that wanders
+  (the policy drifts between evaluations) carries less information about A than its point count
+  says, and the iid bootstrap's interval of A then covers the full curve's A on 40% of the
+  prefixes of the paper's 8B curve; with the walk, 97% (``benchmarks/forecast_calibration.py``,
+  docs/scaling.md).
 * Seed spread (paper A.5 / Fig. 8a): the spread of A and B over runs that differ only by seed;
   the paper reports an A margin of about +-0.02 from three seeds.
 """
@@ -45,6 +55,7 @@ from scalerl.scaling.sigmoid import SigmoidFit, resolve_a_max, theta_bounds
 from scalerl.scaling.validation import CurveError
 
 BootstrapKind = Literal["residual", "pairs"]
+ErrorModel = Literal["iid", "local_level"]
 PARAMS: tuple[str, ...] = ("A", "B", "C_mid")
 
 
@@ -67,6 +78,7 @@ class Bootstrap:
     seed: int
     level: float
     noise: NDArray[np.float64]
+    errors: str = "iid"
     # Local-level drift: variance added per evaluation interval past the window's end (see above).
     drift: float = 0.0
     spacing: float = math.inf
@@ -113,6 +125,7 @@ class Bootstrap:
     def to_dict(self) -> dict[str, object]:
         return {
             "kind": self.kind,
+            "errors": self.errors,
             "block": self.block,
             "seed": self.seed,
             "level": self.level,
@@ -140,8 +153,12 @@ def bootstrap(
     kind: BootstrapKind = "residual",
     block: int = 1,
     level: float = 0.95,
+    errors: ErrorModel = "iid",
 ) -> Bootstrap:
     """Refit ``fit`` to ``n_boot`` resampled curves (R0 and the fit window kept fixed).
+
+    ``errors="local_level"`` adds the centred random walk of the module docstring to each residual
+    replicate (``kind="residual"`` only).
 
     Each replicate starts at the point estimate and is refined within the fit's bounds, so the
     replicates of an unidentifiable fit pile up at the bounds, and the intervals show it.
@@ -152,6 +169,10 @@ def bootstrap(
         raise CurveError(f"level must be in (0, 1), got {level}")
     if kind not in ("residual", "pairs"):
         raise CurveError(f"unknown bootstrap kind {kind!r}; choose 'residual' or 'pairs'")
+    if errors not in ("iid", "local_level"):
+        raise CurveError(f"unknown error model {errors!r}; choose 'iid' or 'local_level'")
+    if errors == "local_level" and kind != "residual":
+        raise CurveError("the local-level error model resamples residuals: use kind='residual'")
     x = np.log(fit.fit_compute)
     y = fit.fit_reward
     n = y.size
@@ -161,8 +182,11 @@ def bootstrap(
     noise = (res - res.mean()) * math.sqrt(n / max(n - p, 1))
     rng = np.random.default_rng(seed)
     block = max(1, min(int(block), n))
+    drift = drift_variance(res)
     if kind == "residual":
         targets = yhat[None, :] + noise[_block_indices(rng, n, n_boot, block)]
+        if errors == "local_level" and drift > 0:
+            targets = targets + centred_walks(rng, n_boot, n, drift)
         weights = None
     else:
         idx = _block_indices(rng, n, n_boot, block)
@@ -204,10 +228,18 @@ def bootstrap(
         seed=seed,
         level=level,
         noise=noise,
-        drift=drift_variance(res),
+        errors=errors,
+        drift=drift,
         spacing=_spacing(fit.fit_compute),
         fit_end=float(fit.fit_compute.max()),
     )
+
+
+def centred_walks(rng: np.random.Generator, k: int, n: int, variance: float) -> NDArray[np.float64]:
+    """(k, n) random walks ``w_t = sum_{j<=t} eta_j``, ``eta ~ N(0, variance)``, each minus its mean
+    over the n points (module docstring, "Correlated errors inside the window")."""
+    walks = np.cumsum(rng.standard_normal((k, n)) * math.sqrt(variance), axis=1)
+    return walks - walks.mean(axis=1, keepdims=True)
 
 
 def drift_variance(residuals: NDArray[np.float64]) -> float:

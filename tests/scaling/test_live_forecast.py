@@ -84,14 +84,15 @@ def test_eval_rows_carry_the_forecast_of_the_rows_before_them_and_fit_reproduces
         assert r["forecast_A_lo"] <= r["forecast_A"] <= r["forecast_A_hi"]
         assert r["forecast_fit_s"] > 0 and r["forecast_wait_s"] >= 0 and r["forecast_evals"] >= 4
         # `scalerl fit` on the folder, cut where that forecast's data ended: the same digits.
-        assert main(["fit", str(run_dir), "--json", "--max-step", str(r["forecast_step"])]) == 0
+        assert main(["fit", str(run_dir), "--json", "--errors", "local_level", "--max-step",
+                     str(r["forecast_step"])]) == 0
         fit = json.loads(capsys.readouterr().out)["runs"][0]
         assert fit["A"] == r["forecast_A"]
         assert fit["intervals"]["A"] == [r["forecast_A_lo"], r["forecast_A_hi"]]
         assert fit["B"] == r["forecast_B"] and fit["C_mid"] == r["forecast_C_mid"]
     # forecast.json holds the fit of the whole curve: plain `scalerl fit RUN_DIR`.
     final = json.loads((run_dir / FORECAST_FILE).read_text())
-    assert main(["fit", str(run_dir), "--json"]) == 0
+    assert main(["fit", str(run_dir), "--json", "--errors", "local_level"]) == 0
     fit = json.loads(capsys.readouterr().out)["runs"][0]
     assert final["A"] == fit["A"] and [final["A_lo"], final["A_hi"]] == fit["intervals"]["A"]
     assert final["step"] == evals[-1]["step"]

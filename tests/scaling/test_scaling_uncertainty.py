@@ -10,6 +10,7 @@ import pytest
 
 from scalerl.scaling import bootstrap, fit_sigmoid, profile_A, seed_spread
 from scalerl.scaling.io import Curve
+from scalerl.scaling.validation import CurveError
 
 # The ``synthetic`` fixture (conftest.py): ``make(A, B, C_mid, R0, ...) -> (compute, reward)``.
 SyntheticCurve = Callable[..., tuple[np.ndarray, np.ndarray]]
@@ -183,3 +184,42 @@ def test_the_observation_band_of_a_pass_rate_stays_below_one(synthetic: Syntheti
     assert np.all(hi <= 1.0) and np.all(lo < hi)
     scaled = bootstrap(fit_sigmoid(c, 10 * y, r0=4.0, max_compute=20000), n_boot=300, seed=0, level=0.95)
     assert scaled.band(at, observation=True)[1].max() > 9.0  # a 0-10 score: no cap at 1
+
+
+def test_the_local_level_error_model_covers_a_wandering_curve_that_iid_does_not(
+    synthetic: SyntheticCurve,
+) -> None:
+    """What the live forecast needs: the 95% interval of A fitted on the first half of a curve
+    should contain the A of the whole curve. On curves whose errors are a random walk (a policy
+    that wanders between evaluations) plus noise, the iid residual bootstrap's interval misses it
+    most of the time; the local-level model's (uncertainty module docstring) much less often. On
+    independent errors both hold their level, and without drift they are the same bootstrap."""
+    from scalerl.scaling.forms import sigmoid_reward
+
+    def coverage(walk_sd: float, noise_sd: float, trials: int = 20) -> dict[str, int]:
+        hits = {"iid": 0, "local_level": 0}
+        for seed in range(trials):
+            rng = np.random.default_rng(100 + seed)
+            c = np.linspace(1500.0, 45000.0, 30)
+            y = (sigmoid_reward(c, 0.62, 1.8, 5000.0, 0.4) + np.cumsum(rng.normal(0, walk_sd, c.size))
+                 + rng.normal(0, noise_sd, c.size))
+            a_full = fit_sigmoid(c, y, r0=0.4).A
+            half = fit_sigmoid(c[:15], y[:15], r0=0.4)
+            for errors in hits:
+                lo, hi = bootstrap(half, n_boot=200, seed=seed, errors=errors).interval("A")  # type: ignore[arg-type]
+                hits[errors] += lo <= a_full <= hi
+        return hits
+
+    wandering = coverage(0.006, 0.003)
+    assert wandering["iid"] <= 10 and wandering["local_level"] >= wandering["iid"] + 5, wandering
+    steady = coverage(0.0, 0.006)
+    assert min(steady.values()) >= 17, steady
+
+    fit = fit_sigmoid(*synthetic(seed=3), r0=0.4)
+    iid, ll = bootstrap(fit, n_boot=100, seed=1), bootstrap(fit, n_boot=100, seed=1, errors="local_level")
+    if ll.drift == 0.0:
+        np.testing.assert_array_equal(iid.samples, ll.samples)
+    else:
+        assert np.ptp(ll.samples[:, 0]) >= np.ptp(iid.samples[:, 0]) * 0.9
+    with pytest.raises(CurveError, match="kind='residual'"):
+        bootstrap(fit, n_boot=100, kind="pairs", errors="local_level")
