@@ -1,14 +1,16 @@
 """The distributed `WeightChannel`: the trainer's weights to every engine of the pool.
 
-`RayTrainer.weights_for_engine()` has every FSDP rank gather the full weights first and returns a
-`RemoteWeights` handle held by rank 0 (nothing crosses to the controller); `publish` then sends:
+`RayTrainer.weights_for_engine()` returns a `RemoteWeights` handle held by the trainer's ranks
+(nothing crosses to the controller); `publish` then sends:
 
-* `object_store`: rank 0 already `ray.put` one object per bucket; each engine fetches them (Ray
-  moves them node to node) and loads them in flight.
+* `object_store`: every FSDP rank gathers the full weights and rank 0 `ray.put`s one object per
+  bucket; each engine fetches them (Ray moves them node to node) and loads them in flight.
 * `collective`: rank 0 and the live engines form one group (`weights.WeightGroup`, gloo on CPU,
-  NCCL on GPU); rank 0 broadcasts bucket by bucket while every engine receives. Gathering
-  finished on all ranks before this starts, so the FSDP collectives and the sync never interleave
-  (the deadlock of gathering on some ranks while rank 0 already sends). If an engine died, the
+  NCCL on GPU). The sync is streamed from the FSDP2 shards: every trainer rank all-gathers one
+  bucket at a time (on its device) and rank 0 broadcasts each bucket as soon as it is whole while
+  every engine receives, so no trainer process holds the full model (`weights.stream_to_group`).
+  All ranks walk the same plan in the same order, and a failed broadcast stops the sending, never
+  the gathering, so the FSDP collectives cannot deadlock against the sync. If an engine died, the
   group is rebuilt among the survivors and the broadcast retried once.
 
 A plain mapping of tensors (a local trainer) goes through the object store from this process.
@@ -22,7 +24,7 @@ Every wait is bounded by `distributed.timeout_s`; `publish_seconds` / `last_seco
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +57,11 @@ class RemoteWeights(Mapping[str, torch.Tensor]):
     rank0: Any
     timeout_s: float = 300.0
     fingerprints: dict[str, Fingerprint] | None = None  # of what rank 0 sent (engines' dtype)
+    # A streamed collective sync: every trainer rank's actor takes part (`stream_weights`), rank 0
+    # fingerprints in this dtype while it sends; `fetch` gathers a full copy for a local reader.
+    senders: list[Any] | None = None
+    fingerprint_dtype: str | None = None
+    fetch: Callable[[], dict[str, torch.Tensor]] | None = None
     _cache: dict[str, torch.Tensor] | None = None
 
     def _load(self) -> dict[str, torch.Tensor]:
@@ -64,6 +71,8 @@ class RemoteWeights(Mapping[str, torch.Tensor]):
                 state: dict[str, torch.Tensor] = {}
                 for bucket in ray.get(list(self.refs), timeout=self.timeout_s):
                     state.update(bucket)
+            elif self.fetch is not None:
+                state = self.fetch()
             else:
                 state = ray.get(self.rank0.gathered_state.remote(), timeout=self.timeout_s)
             self._cache = state
@@ -102,11 +111,11 @@ class RayWeightChannel:
     def publish(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         start = time.perf_counter()
         if isinstance(state, RemoteWeights):
-            expected = state.fingerprints
             if state.refs is not None:
                 self.pool.load_from_object_store(state.refs, version)
             else:
                 self._broadcast(state, version)
+            expected = state.fingerprints  # a streamed sync's, taken while rank 0 sent
         else:
             dtype = self.pool.weight_dtype
             expected = None if dtype is None else state_fingerprints(state, getattr(torch, dtype))
@@ -177,11 +186,21 @@ class RayWeightChannel:
             same = self._group_members == tuple(m.index for m in members)
             if not same or self._group_rank0 is not weights.rank0:
                 self._form_group(weights.rank0, members)
-            calls = {"trainer rank 0": weights.rank0.broadcast_weights.remote(weights.version)}
+            if weights.senders is None:
+                calls = {"trainer rank 0": weights.rank0.broadcast_weights.remote(weights.version)}
+            else:  # streamed: every trainer rank gathers bucket by bucket while rank 0 sends
+                calls = {f"trainer rank {r}": a.stream_weights.remote(weights.version, weights.buckets,
+                                                                     weights.fingerprint_dtype)
+                         for r, a in enumerate(weights.senders)}
             for m in members:
                 calls[m.name] = m.actor.receive_weights.remote(weights.buckets, version)
             outcomes = wait_each(calls, self.timeout_s)
             dead = self._raise_for("weight sync", outcomes, members, version)
+            for name, (kind, value) in outcomes.items():
+                if name.startswith("trainer rank ") and name != "trainer rank 0" and kind != "ok":
+                    raise PeerError(name, kind, f"weight sync at version {version}: {name} {kind}: {value}")
+            if weights.senders is not None and outcomes["trainer rank 0"][0] == "ok":
+                weights.fingerprints = outcomes["trainer rank 0"][1]
             if not dead:
                 for m in members:
                     self.pool.confirm_version(m, version)

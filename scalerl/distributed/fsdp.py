@@ -4,6 +4,7 @@
     rank = ShardedTrainerRank(model_cfg, settings, spec)  # joins the group, loads and shards the policy
     metrics = rank.step(groups)               # EVERY rank, with the SAME groups (collective)
     state = rank.full_state_dict()            # every rank calls; rank 0 gets the HF state dict
+    shards = rank.sharded_state_dict()        # local: the DTensor shards (streamed: weights.py)
     rank.save(run_dir, step, extra={...})     # every rank; DCP shards + HF export + state.json
     saved = rank.load(path)                   # every rank; any world size DCP can reshard to
 
@@ -168,6 +169,12 @@ class ShardedTrainerRank:
         )
         barrier(self.device)
         return dict(state) if self.rank == 0 else None
+
+    def sharded_state_dict(self) -> dict[str, Tensor]:
+        """The model's parameters and buffers as this rank holds them (FSDP2 `DTensor` shards, no
+        copy) under the names `full_state_dict` gives: what `weights.stream_to_group` gathers bucket
+        by bucket. Local; the gathering is the collective."""
+        return dict(get_model_state_dict(self.policy.model, options=StateDictOptions(full_state_dict=False)))
 
     def weights_for_engine(self) -> dict[str, Tensor] | None:
         """`full_state_dict()`: what `engine.update_weights` takes (rank 0; None elsewhere)."""

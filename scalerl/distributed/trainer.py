@@ -4,8 +4,10 @@
 NCCL on GPU, with `distributed.timeout_s` as the group timeout, so a lost peer ends a collective
 instead of hanging it for the default 30 minutes), builds its rank of the trainer, and serves the
 controller: `step` (every rank gets the full batch and trains its slice), `gather` (every rank takes
-part in gathering the full weights; rank 0 keeps them, or puts them in the object store in
-buckets), the collective weight-sync endpoints, and checkpoint save / load.
+part in gathering the full weights; rank 0 puts them in the object store in buckets), the
+collective weight-sync endpoints (`stream_weights`: every rank gathers bucket by bucket from its
+shards while rank 0 broadcasts each one, so no process holds the whole model), and checkpoint
+save / load.
 
 `RayTrainer` implements the pipeline's `Trainer` protocol over those actors. Each call waits on all
 ranks with the timeout; a rank whose process died or that did not answer raises
@@ -27,7 +29,7 @@ import torch
 from scalerl.config import AlgorithmConfig, DistributedConfig, ModelConfig, OptimConfig
 from scalerl.distributed.channel import RemoteWeights
 from scalerl.distributed.cluster import PeerError, free_port, import_ray, node_ip, startup_hint, wait_all
-from scalerl.distributed.weights import BucketMeta, WeightGroup, bucket_state, plan_buckets
+from scalerl.distributed.weights import BucketMeta, WeightGroup, bucket_state, plan_buckets, stream_to_group
 from scalerl.rollout.fingerprint import Fingerprint, state_fingerprints
 from scalerl.telemetry.compute import ComputeMeter, flop_params
 from scalerl.training.batch import ScoredGroup
@@ -130,6 +132,37 @@ class TrainerRankWorker:
             return buckets, [ray.put(bucket_state(state, b)) for b in buckets], prints
         self._gathered, self._gathered_buckets = state, buckets
         return buckets, None, prints
+
+    def plan_stream(self, bucket_bytes: int) -> list[BucketMeta]:
+        """Rank 0, local: the bucket plan of a streamed sync, from the shards' global shapes and
+        dtypes (nothing is gathered)."""
+        self._gathered = None
+        return plan_buckets(self.trainer.sharded_state_dict(), bucket_bytes)
+
+    def stream_weights(self, version: int, buckets: list[BucketMeta], fingerprint_dtype: str | None = None
+                       ) -> dict[str, Fingerprint] | None:
+        """Every rank (collective sync, streamed): gather the weights bucket by bucket while rank 0
+        broadcasts each bucket to the engines as soon as it is whole (`weights.stream_to_group`):
+        no rank ever holds the full model. Rank 0 returns the fingerprints of what it sent."""
+        if int(self.trainer.version) != version:
+            raise RuntimeError(f"trainer rank {self.rank} holds version {self.trainer.version}, asked to "
+                               f"send {version}")
+        if self.rank == 0 and self._group is None:
+            raise RuntimeError("trainer rank 0: stream_weights before init_weight_group")
+        prints: dict[str, Fingerprint] = {}
+        dtype = getattr(torch, fingerprint_dtype) if fingerprint_dtype is not None else None
+        def on_bucket(bucket: dict[str, torch.Tensor]) -> None:
+            if dtype is not None:
+                prints.update(state_fingerprints(bucket, dtype))
+
+        stream_to_group(self.trainer.sharded_state_dict(), buckets, self.trainer.device,
+                        self._group if self.rank == 0 else None, on_bucket if dtype is not None else None)
+        return prints if self.rank == 0 and dtype is not None else None
+
+    def full_state(self) -> dict[str, torch.Tensor] | None:
+        """Every rank (collective): the full CPU state dict on rank 0 (None elsewhere), for a consumer
+        in the controller's process that reads a streamed sync's weights as a mapping."""
+        return self.trainer.full_state_dict()
 
     def gathered_state(self) -> dict[str, torch.Tensor]:
         if self._gathered is None:
@@ -241,15 +274,26 @@ class RayTrainer:
         return dict(results[0]["metrics"])
 
     def weights_for_engine(self) -> Mapping[str, torch.Tensor]:
-        """Every rank gathers (a collective on all ranks), then rank 0 holds the weights."""
+        """Object-store sync: every rank gathers (a collective on all ranks), then rank 0 puts the
+        buckets. Collective sync: only the plan; the channel's broadcast streams the buckets from
+        the shards (`TrainerRankWorker.stream_weights`), so nothing is gathered here."""
         put = self.put_weights
         start = time.perf_counter()
         dtype = self.fingerprint_dtype
+        if not put:
+            [buckets] = self._all(lambda r, a: a.plan_stream.remote(self.bucket_bytes), "weight plan",
+                                  ranks=[0])
+            self.last_gather_s = time.perf_counter() - start
+            return RemoteWeights(self._version, buckets, None, self.actors[0], self.timeout_s,
+                                 senders=list(self.actors), fingerprint_dtype=dtype, fetch=self._full_state)
         results = self._all(lambda r, a: a.gather.remote(self.bucket_bytes, put, dtype), "weight gather")
         self.last_gather_s = time.perf_counter() - start
         buckets, refs, prints = results[0]
         return RemoteWeights(self._version, buckets, refs, self.actors[0], self.timeout_s,
                              fingerprints=prints)
+
+    def _full_state(self) -> dict[str, torch.Tensor]:
+        return self._all(lambda r, a: a.full_state.remote(), "weight gather")[0]
 
     # ------------------------------------------------------------------------------ checkpoints
     def save(

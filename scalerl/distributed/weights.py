@@ -14,7 +14,7 @@ not share a communicator. Every collective carries the group's timeout (`distrib
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -86,6 +86,31 @@ def unflatten_bucket(flat: torch.Tensor, meta: BucketMeta) -> dict[str, torch.Te
     return out
 
 
+def gathered_buckets(tensors: Mapping[str, torch.Tensor], buckets: Iterable[BucketMeta], device: torch.device,
+                     keep: bool) -> Iterator[torch.Tensor | None]:
+    """The buckets of a sharded model, one at a time, without ever holding the whole model.
+
+    `tensors` maps names to the parameters and buffers as each rank holds them (FSDP2 `DTensor`
+    shards, or plain tensors). For every bucket, every rank all-gathers its tensors one by one
+    (`DTensor.full_tensor()`: a collective, so all ranks walk the same `buckets` in the same order);
+    the rank with `keep` copies each into one flat bucket on `device` and yields it, the others
+    yield None. Peak memory on the keeping rank: one bucket plus one full tensor, against the whole
+    model for a full state dict (`full_state_dict`).
+    """
+    for meta in buckets:
+        flat = torch.empty(meta.numel, dtype=meta.dtype, device=device) if keep else None
+        offset = 0
+        for name, shape in meta.entries:
+            t = tensors[name]
+            full = t.full_tensor() if hasattr(t, "full_tensor") else t
+            n = _numel(shape)
+            if flat is not None:
+                flat[offset: offset + n].copy_(full.reshape(-1))
+            offset += n
+            del full
+        yield flat
+
+
 class WeightGroup:
     """A standalone process group between the trainer's rank 0 (group rank 0) and the engines."""
 
@@ -130,3 +155,28 @@ class WeightGroup:
         # Dropping the references tears the communicator down; peers of a dead member see errors.
         self.pg = None  # type: ignore[assignment]
         self.store = None  # type: ignore[assignment]
+
+
+def stream_to_group(tensors: Mapping[str, torch.Tensor], buckets: Sequence[BucketMeta], device: torch.device,
+                    group: WeightGroup | None,
+                    on_bucket: Callable[[dict[str, torch.Tensor]], None] | None = None) -> None:
+    """Every trainer rank (a collective over the FSDP group): gather bucket by bucket
+    (`gathered_buckets`). The sender, the rank holding `group` (rank 0, group rank 0 of the weight
+    group), broadcasts each bucket as soon as it is whole and hands its tensors to `on_bucket` (the
+    fingerprints); the others pass None. A broadcast that fails (an engine died) ends the
+    broadcasting but not the gathering, so the other trainer ranks are never left waiting in an
+    all-gather; the error is raised once every bucket has been gathered."""
+    error: BaseException | None = None
+    sender = group is not None
+    for meta, flat in zip(buckets, gathered_buckets(tensors, buckets, device, sender), strict=True):
+        if flat is None or group is None:
+            continue
+        if error is None:
+            try:
+                group.broadcast(flat)
+            except Exception as err:  # re-raised once every bucket is gathered
+                error = err
+        if on_bucket is not None:
+            on_bucket(unflatten_bucket(flat, meta))
+    if error is not None:
+        raise error
