@@ -84,7 +84,13 @@ test-distributed: $(DIST_STAMP)
 # sinks read back (docs/reliability.md; marker kill_cycles, deselected from `make test` by pyproject).
 .PHONY: test-kill-cycles
 test-kill-cycles: setup
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m kill_cycles tests/reliability
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m kill_cycles tests/reliability tests/pipeline/test_kill_resume.py
+
+# Every script of benchmarks/ in its smallest mode, its printed results checked (tests/benchmarks;
+# marker bench, deselected from `make test` by pyproject: about ten minutes on a loaded 2-core machine).
+.PHONY: test-bench
+test-bench: setup
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m bench tests/benchmarks
 
 # The engine at a real model shape (vocabulary 151,936, Qwen2.5-0.5B's layer shape, 2 layers): peak RSS
 # of generation and evaluation against full-sequence logits (marker real_shape, deselected from

@@ -9,7 +9,8 @@ counts, slot occupancy, version lags) plus "positive and finite" for the timed n
 
 Every subprocess gets `SCALERL_CACHE_DIR` in a temporary directory (the SFT warm starts are cached
 there, never in ~/.cache), one OpenMP thread (CI machines are small and shared) and no Hub access
-(nothing here may need a download). Cost on a loaded 2-core machine: about two and a half minutes.
+(nothing here may need a download). Cost on a loaded 2-core machine: about ten minutes, hence the
+`bench` marker: deselected from `make test`, run by `make test-bench` (which `.ci/run` calls).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
+pytestmark = pytest.mark.bench
 NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 TESTED = {
     "bench_engine.py",

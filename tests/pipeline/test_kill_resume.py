@@ -51,6 +51,7 @@ def _train(config: Path, *extra: str) -> subprocess.Popen[bytes]:
 
 
 @pytest.mark.slow
+@pytest.mark.kill_cycles  # 80 s: in `make test-kill-cycles`, not `make test`
 def test_kill_at_a_random_checkpoint_then_resume(tmp_path: Path) -> None:
     tiny = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64,
             "max_position_embeddings": 256}
