@@ -192,12 +192,50 @@ def meter_job(spec: ProcessGroupSpec, cfg: RunConfig) -> dict[str, int]:
     return meter_counts(rank)
 
 
+class _BrokenGroup:
+    """A weight group whose broadcast fails from the second bucket on (an engine that died)."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    def broadcast(self, flat: torch.Tensor) -> None:
+        if self.sent >= 1:
+            raise RuntimeError("engine 1 died")
+        self.sent += 1
+
+
+def stream_job(spec: ProcessGroupSpec, cfg: RunConfig) -> dict[str, Any]:
+    """A streamed weight sync's gathering (`weights.gathered_buckets`, `stream_to_group`) on the
+    shards after one step, against the full state dict; then a stream whose broadcast fails half-way
+    on rank 0: every rank must still finish the gathering (no rank left in an all-gather), and the
+    ranks must still train in step afterwards."""
+    from scalerl.distributed.weights import gathered_buckets, plan_buckets, stream_to_group
+
+    rank = ShardedTrainerRank(cfg.model, trainer_settings(cfg), spec)
+    rank.step(batch(0))
+    full = rank.full_state_dict()
+    shards = rank.sharded_state_dict()
+    buckets = plan_buckets(shards, 4096)  # several buckets
+    flats = list(gathered_buckets(shards, buckets, rank.device, keep=spec.rank == 0))
+    group = _BrokenGroup() if spec.rank == 0 else None
+    try:
+        stream_to_group(shards, buckets, rank.device, group)  # type: ignore[arg-type]
+        failed = None
+    except RuntimeError as err:
+        failed = str(err)
+    after = rank.step(batch(1))
+    return {"full": full, "buckets": buckets, "flats": flats, "sharded_names": sorted(shards),
+            "dtensors": sum(hasattr(t, "full_tensor") for t in shards.values()), "failed": failed,
+            "sent": group.sent if group is not None else None, "after": after}
+
+
 def step_suite_job(spec: ProcessGroupSpec, cases: dict[str, tuple[RunConfig, list[Op]]],
                    nonfinite_cfg: RunConfig, meter_cfg: RunConfig) -> dict[str, Any]:
-    """`cases_job`, `nonfinite_job` and `meter_job` in one spawn (starting ranks is the slow part)."""
+    """`cases_job`, `nonfinite_job`, `meter_job` and `stream_job` in one spawn (starting ranks is the
+    slow part)."""
     t0 = time.perf_counter()
     out = {"cases": cases_job(spec, cases), "nonfinite": nonfinite_job(spec, nonfinite_cfg),
-           "meter": meter_job(spec, meter_cfg)}
+           "meter": meter_job(spec, meter_cfg), "stream": stream_job(spec, nonfinite_cfg)}
     out["seconds"] = time.perf_counter() - t0
     return out
 

@@ -135,6 +135,22 @@ def test_full_state_dict_loads_strictly_into_hf_model_and_engine(suite):
         torch.testing.assert_close(value, state[name], rtol=0, atol=0)
 
 
+def test_a_streamed_sync_gathers_bucket_by_bucket_what_the_full_state_dict_holds(suite):
+    from scalerl.distributed.weights import flatten_bucket
+
+    r0, r1 = suite["rank0"]["stream"], suite["rank1"]["stream"]
+    full = r0["full"]
+    assert r0["sharded_names"] == sorted(full) and r0["dtensors"] > 0  # the same names, from the shards
+    assert len(r0["buckets"]) > 2 and [n for b in r0["buckets"] for n, _ in b.entries] == list(full)
+    for meta, flat in zip(r0["buckets"], r0["flats"], strict=True):
+        torch.testing.assert_close(flat, flatten_bucket(full, meta, torch.device("cpu")), rtol=0, atol=0)
+    assert r1["flats"] == [None] * len(r0["buckets"])  # rank 1 only takes part in the all-gathers
+    # A broadcast that fails half-way: rank 0 raises once every bucket is gathered; rank 1 finishes,
+    # and both ranks train the next step in step (equal global metrics).
+    assert r0["failed"] == "engine 1 died" and r0["sent"] == 1 and r1["failed"] is None
+    assert_same_metrics(r1["after"], r0["after"], "step after a failed stream", rel=0.0, abs_=0.0)
+
+
 def test_nonfinite_on_one_rank_skips_the_step_on_every_rank_and_batches_must_match(suite):
     for r in (0, 1):
         out = suite[f"rank{r}"]["nonfinite"]
