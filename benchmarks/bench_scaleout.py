@@ -179,6 +179,12 @@ WEIGHT_SYNC_MODELS = {  # tiny Qwen2 shapes (char vocabulary) of about 1M, 16M a
             "intermediate_size": 1536},
     "100M": {"hidden_size": 1024, "num_layers": 7, "num_heads": 8, "num_kv_heads": 2,
              "intermediate_size": 4096},
+    # The decoder stacks of Qwen2.5-0.5B and -1.5B (their layer shapes; the char vocabulary, so without
+    # their 136M / 233M embedding parameters): for the GPU script (`--weight-sync-gpus`).
+    "0.5B-layers": {"hidden_size": 896, "num_layers": 24, "num_heads": 14, "num_kv_heads": 2,
+                    "intermediate_size": 4864},
+    "1.5B-layers": {"hidden_size": 1536, "num_layers": 28, "num_heads": 12, "num_kv_heads": 2,
+                    "intermediate_size": 8960},
 }
 
 
@@ -234,9 +240,11 @@ def run_ray(args: argparse.Namespace, mode: str, k: int, num_engines: int) -> Ru
     )
 
 
-def weight_sync_rows(sizes: list[str], repeats: int, num_engines: int = 2) -> None:
+def weight_sync_rows(sizes: list[str], repeats: int, num_engines: int = 2, gpus: bool = False) -> None:
     """Seconds to gather a model on the trainer (FSDP2, 1 rank) and to load it into `num_engines`
-    engine actors, over the object store and over a gloo group, median of `repeats`."""
+    engine actors, over the object store and over a gloo group (streamed from the shards), median of
+    `repeats`. `gpus`: the trainer rank and every engine on a GPU of its own and an NCCL group (needs
+    1 + num_engines GPUs)."""
     import statistics
 
     from scalerl.assembly.sections import trainer_settings
@@ -247,23 +255,27 @@ def weight_sync_rows(sizes: list[str], repeats: int, num_engines: int = 2) -> No
     from scalerl.distributed.trainer import RayTrainer
     from scalerl.rollout.factory import EngineSpec
 
+    group = "nccl" if gpus else "gloo"
     print(f"\nweight sync, trainer rank 0 -> {num_engines} engine actors (median of {repeats} after one "
-          "warm-up that sets the gloo group up; engine-side load into a model excluded: the emulated "
-          "engines only stage the tensors):")
-    print(f"{'model':>6} {'params':>12} {'MB':>8} {'gather s':>9} {'object store s':>15} {'gloo s':>8} "
-          f"{'store/gloo':>10}")
+          f"warm-up that sets the {group} group up; engine-side load into a model excluded: the emulated "
+          "engines only stage the tensors; the collective sync streams from the shards, so its gather "
+          "is inside its time):")
+    print(f"{'model':>11} {'params':>13} {'MB':>8} {'gather s':>9} {'object store s':>15} "
+          f"{group + ' streamed s':>17} {'(gather+store)/' + group:>20}")
     spec = EngineSpec(kind="emulated", model_path=None, fp32_lm_head=False, seed=0, max_batch_size=1,
                       eos_token_ids=(1,), options={"vocab_size": 2})
     for size in sizes:
         tiny = dict(WEIGHT_SYNC_MODELS[size], max_position_embeddings=512)
-        dist = _ray_dist(num_engines).model_dump()
+        extra = ({"trainer_num_gpus": 1, "engine_num_gpus": 1, "collective_backend": "nccl"} if gpus else {})
+        dist = _ray_dist(num_engines, **extra).model_dump()
         cfg = RunConfig.model_validate({"model": {"tiny": tiny}, "distributed": dist})
         trainer = RayTrainer(cfg.model, trainer_settings(cfg), cfg.distributed)
         pool = EnginePool.launch([EngineFactory(spec) for _ in range(num_engines)], cfg.distributed)
         try:
             seconds: dict[str, list[float]] = {"object_store": [], "collective": [], "gather": []}
             nbytes = 0
-            channels = {mode: RayWeightChannel(pool, mode=mode, timeout_s=cfg.distributed.timeout_s)
+            channels = {mode: RayWeightChannel(pool, mode=mode, backend=group,
+                                               timeout_s=cfg.distributed.timeout_s)
                         for mode in ("object_store", "collective")}
             for rep in range(repeats + 1):  # the first round (the gloo group's set-up) is not counted
                 for mode, channel in channels.items():
@@ -272,14 +284,15 @@ def weight_sync_rows(sizes: list[str], repeats: int, num_engines: int = 2) -> No
                     if rep == 0:
                         channel.publish(weights, trainer.version)
                         continue
-                    seconds["gather"].append(trainer.last_gather_s)
+                    if mode == "object_store":  # the streamed collective sync gathers inside its own time
+                        seconds["gather"].append(trainer.last_gather_s)
                     nbytes = sum(b.numel * (4 if b.dtype.is_floating_point else 8) for b in weights.buckets)  # type: ignore[attr-defined]
                     channel.publish(weights, trainer.version)
                     seconds[mode].append(channel.last_seconds)
             med = {key: statistics.median(v) for key, v in seconds.items()}
-            print(f"{size:>6} {trainer.n_params:>12,d} {nbytes / 2**20:>8.1f} {med['gather']:>9.3f} "
-                  f"{med['object_store']:>15.3f} {med['collective']:>8.3f} "
-                  f"x{med['object_store'] / med['collective']:>9.2f}", flush=True)
+            print(f"{size:>11} {trainer.n_params:>13,d} {nbytes / 2**20:>8.1f} {med['gather']:>9.3f} "
+                  f"{med['object_store']:>15.3f} {med['collective']:>17.3f} "
+                  f"x{(med['gather'] + med['object_store']) / med['collective']:>19.2f}", flush=True)
         finally:
             pool.close()
             trainer.close()
@@ -300,6 +313,9 @@ def main() -> None:
     parser.add_argument("--weight-sync-sizes", default="1M,16M,100M", metavar="LIST",
                         help="with --ray: model sizes for the weight-sync table "
                              f"({', '.join(WEIGHT_SYNC_MODELS)})")
+    parser.add_argument("--weight-sync-gpus", action="store_true",
+                        help="the weight-sync table on GPUs: trainer rank and one engine on a GPU each, NCCL "
+                             "(needs 2 GPUs; benchmarks/gpu/run_vllm_gpu.sh)")
     args = parser.parse_args()
     args.steps = args.steps or (4 if args.quick else 16)
     args.k = args.k or (2 if args.quick else 4)
@@ -367,7 +383,8 @@ def main_ray(args: argparse.Namespace, modes: Any, local: dict[tuple[str, int], 
         unknown = [s for s in sizes if s not in WEIGHT_SYNC_MODELS]
         if unknown:
             raise SystemExit(f"--weight-sync-sizes: unknown {unknown} (from {list(WEIGHT_SYNC_MODELS)})")
-        weight_sync_rows(sizes, repeats=1 if args.quick else 3)
+        weight_sync_rows(sizes, repeats=1 if args.quick else 3, num_engines=1 if args.weight_sync_gpus else 2,
+                         gpus=args.weight_sync_gpus)
     finally:
         ray.shutdown()
 

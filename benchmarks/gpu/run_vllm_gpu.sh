@@ -6,7 +6,9 @@
 #      with Qwen2.5-0.5B's configuration (no hub access);
 #   3. the bf16 train/inference mismatch with and without the FP32 LM head (and float32);
 #   4. (with Ray installed: pip install -e ".[distributed]") a 1-rank FSDP2 trainer on CUDA exporting its
-#      weights into engine actors (embedded and vLLM) on the same GPU: tests/distributed/test_ray_gpu.py.
+#      weights into engine actors (embedded and vLLM) on the same GPU: tests/distributed/test_ray_gpu.py;
+#   5. (2+ GPUs and Ray) weight-sync seconds of the 0.5B / 1.5B layer stacks, NCCL streamed from the
+#      FSDP2 shard against the object store (benchmarks/bench_scaleout.py --weight-sync-gpus).
 # Needs a Python with CUDA torch, `vllm==0.32.*` and scalerl installed (pip install -e ".[vllm]" pytest
 # pytest-timeout); PYTHON picks the interpreter. Prints everything; exits non-zero if a phase failed.
 #
@@ -51,6 +53,13 @@ if "$PY" -c "import ray" 2>/dev/null; then
     tests/distributed/test_ray_gpu.py
 else
   echo "=== FSDP2 rank on CUDA -> engine actors: skipped (Ray not installed: pip install -e '.[distributed]')"
+fi
+gpus=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+if [ "$gpus" -ge 2 ] && "$PY" -c "import ray" 2>/dev/null; then
+  phase "weight sync 0.5B/1.5B layer stacks: NCCL streamed vs object store" 240 "$PY" benchmarks/bench_scaleout.py \
+    --weight-sync-only --weight-sync-gpus --weight-sync-sizes 0.5B-layers,1.5B-layers
+else
+  echo "=== weight sync over NCCL: skipped (needs 2 GPUs and Ray; this machine has $gpus)"
 fi
 echo "run_vllm_gpu: total $(( $(date +%s) - start ))s, status $status"
 exit $status

@@ -30,4 +30,5 @@ def test_weight_sync_table_runs() -> None:
     params, mb = int(m[1].replace(",", "")), float(m[2])
     assert 700_000 < params < 900_000 and mb == pytest.approx(params * 4 / 2**20, abs=0.06)
     gather, store, gloo, ratio = (float(m[i]) for i in (3, 4, 5, 6))
-    assert min(gather, store, gloo) > 0 and ratio == pytest.approx(store / gloo, rel=0.1, abs=0.02)
+    # The streamed collective sync gathers inside its own time: the ratio is (gather + store) / streamed.
+    assert min(gather, store, gloo) > 0 and ratio == pytest.approx((gather + store) / gloo, rel=0.1, abs=0.02)
