@@ -136,7 +136,9 @@ class SyntheticDataConfig(Section):
 class DataConfig(Section):
     # None = the built-in synthetic task (no download).
     train_path: str | None = None
-    format: Literal["auto", "jsonl", "parquet", "csv", "hf"] = "auto"
+    # A file type, or a benchmark's published layout (scalerl/data/benchmarks.py; docs/data.md).
+    format: Literal["auto", "jsonl", "parquet", "csv", "hf",
+                    "gsm8k", "math", "aime", "amc", "humaneval", "mbpp"] = "auto"
     field_map: dict[str, str] = {}
     default_task: str = "math"
     synthetic: SyntheticDataConfig = SyntheticDataConfig()
@@ -376,12 +378,29 @@ class PipelineConfig(Section):
         return self
 
 
+class ExtraSetConfig(Section):
+    """One `eval.extra_sets` entry given as a mapping: a file or folder and how to read it.
+
+    `format`: a file type (auto: by suffix) or a benchmark's published layout (gsm8k, math, aime,
+    amc, humaneval, mbpp; scalerl/data/benchmarks.py). A bare string entry is `{path: ...}`."""
+
+    path: str = Field(min_length=1)
+    format: Literal["auto", "jsonl", "json", "parquet", "csv", "tsv", "hf",
+                    "gsm8k", "math", "aime", "amc", "humaneval", "mbpp"] = "auto"
+
+
 class EvalConfig(Section):
     every: int = Field(10, ge=1, description="steps between held-out evaluations")
     k: int = Field(4, ge=1, description="samples per held-out prompt (mean@k)")
     temperature: float = Field(1.0, ge=0.0)
     at_start: bool = True
-    extra_sets: dict[str, str] = {}
+    # name -> path, or name -> {path, format} (ExtraSetConfig); keys `val_<name>_*`.
+    extra_sets: dict[str, str | ExtraSetConfig] = {}
+
+    def extra_set_sources(self) -> dict[str, ExtraSetConfig]:
+        """Every extra set as an `ExtraSetConfig` (a bare path reads with format auto)."""
+        return {name: ExtraSetConfig(path=v) if isinstance(v, str) else v
+                for name, v in self.extra_sets.items()}
 
 
 class CheckpointConfig(Section):

@@ -154,10 +154,9 @@ def prompt_tasks(cfg: RunConfig) -> dict[str, list[str]]:
     else:
         for task in SYNTHETIC_RECORD_TASKS[d.synthetic.task]:
             tasks_in.setdefault(task, []).append(f"data.synthetic.task={d.synthetic.task}")
-    extra: Mapping[str, str] = cfg.eval.extra_sets
-    for name, path in extra.items():
-        records = _load_prompt_file(path, f"eval.extra_sets.{name}", default_task=d.default_task,
-                                    on_error=d.on_bad_row)
+    for name, extra in cfg.eval.extra_set_sources().items():
+        records = _load_prompt_file(extra.path, f"eval.extra_sets.{name}", default_task=d.default_task,
+                                    format=extra.format, on_error=d.on_bad_row)
         for task in sorted({r.task for r in records}):
             tasks_in.setdefault(task, []).append(f"eval.extra_sets.{name}")
     return tasks_in
@@ -169,7 +168,7 @@ def check_study_inputs(configs: Sequence[RunConfig]) -> None:
     fails at once (exit 2), not as one failed run after another."""
     seen: set[str] = set()
     for cfg in configs:
-        key = json.dumps([cfg.data.model_dump(mode="json"), cfg.eval.extra_sets,
+        key = json.dumps([cfg.data.model_dump(mode="json"), cfg.eval.model_dump(mode="json")["extra_sets"],
                           cfg.rewards.model_dump(mode="json"), cfg.agentic.model_dump(mode="json")],
                          sort_keys=True)
         if key not in seen:
