@@ -42,6 +42,8 @@ def render(metrics: dict[str, float], header: str) -> str:
         ("response length", f"{metrics['response_length']:.1f} tokens"),
         ("truncated", f"{metrics['truncation_rate']:.1%}"),
         ("interrupted", f"{metrics['interruption_rate']:.1%}"),
+        *([("entropy", f"{metrics['entropy']:.4f} nats/token (sampled-token estimate)")]
+          if "entropy" in metrics else []),
         ("verifier failures", f"{int(metrics['verifier_failures'])}"),
         ("time", f"{metrics['time_s']:.1f} s"),
     ]
