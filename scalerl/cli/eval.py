@@ -113,7 +113,8 @@ def run_eval(args: argparse.Namespace) -> int:
     metrics = evaluate_source(source, records, k=k, temperature=temperature, seed=seed, device=args.device)
     if args.json:
         out = {"model": source.model, "run_dir": None if source.run_dir is None else str(source.run_dir),
-               "data": args.data, "format": args.format, "prompts": what, "k": k, "temperature": temperature, "seed": seed,
+               "data": args.data, "format": args.format, "prompts": what, "k": k, "temperature": temperature,
+               "seed": seed,
                "metrics": metrics}
         sys.stdout.write(json.dumps(out, indent=2, allow_nan=False) + "\n")
     else:

@@ -84,7 +84,8 @@ def _text(value: Any, column: str) -> str:
 def _code(value: Any, column: str) -> str:
     """Program text as published (not stripped: indentation and leading lines are the program's)."""
     if not isinstance(value, str):
-        raise RowError(f"bad {column}", f"field {column!r}: expected program text, got {type(value).__name__}")
+        raise RowError(f"bad {column}",
+                       f"field {column!r}: expected program text, got {type(value).__name__}")
     return value
 
 

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from scalerl.data import DataError, load_prompts
-from scalerl.data.benchmarks import gsm8k_answer, integer_answer, last_boxed
+from scalerl.data.benchmarks import integer_answer, last_boxed
 
 GSM8K = {
     "question": "Janet’s ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes "
@@ -65,10 +65,12 @@ HUMANEVAL = {
 }
 MBPP = {
     "task_id": 11,
-    "text": "Write a python function to remove first and last occurrence of a given character from the string.",
+    "text": "Write a python function to remove first and last occurrence of a given character from the "
+            "string.",
     "code": "def remove_Occ(s,ch): \r\n    for i in range(len(s)): \r\n        if (s[i] == ch): \r\n"
-            "            s = s[0 : i] + s[i + 1:] \r\n            break\r\n    for i in range(len(s) - 1,-1,-1):"
-            "  \r\n        if (s[i] == ch): \r\n            s = s[0 : i] + s[i + 1:] \r\n            break\r\n"
+            "            s = s[0 : i] + s[i + 1:] \r\n            break\r\n"
+            "    for i in range(len(s) - 1,-1,-1):  \r\n        if (s[i] == ch): \r\n"
+            "            s = s[0 : i] + s[i + 1:] \r\n            break\r\n"
             "    return s ",
     "test_list": ["assert remove_Occ(\"hello\",\"l\") == \"heo\"",
                   "assert remove_Occ(\"abcda\",\"a\") == \"bcd\"",
@@ -143,7 +145,8 @@ def test_reference_solutions_earn_full_reward(tmp_path: Path) -> None:
 
 
 def test_bad_fields_name_file_line_and_field(tmp_path: Path) -> None:
-    path = _jsonl(tmp_path / "bad.jsonl", GSM8K, {"question": "q", "answer": "no hashes"}, {"answer": "#### 1"})
+    path = _jsonl(tmp_path / "bad.jsonl", GSM8K, {"question": "q", "answer": "no hashes"},
+                  {"answer": "#### 1"})
     with pytest.raises(DataError) as err:
         load_prompts(path, format="gsm8k")
     msg = str(err.value)
@@ -154,8 +157,8 @@ def test_bad_fields_name_file_line_and_field(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"field 'answer': amc answers are integers, got 2\.5"):
         load_prompts(_jsonl(tmp_path / "amc.jsonl", {**AMC, "answer": 2.5}), format="amc")
     with pytest.raises(DataError, match=r"he\.jsonl:1: format humaneval: no 'entry_point' field"):
-        load_prompts(_jsonl(tmp_path / "he.jsonl", {k: v for k, v in HUMANEVAL.items() if k != "entry_point"}),
-                     format="humaneval")
+        no_entry = {k: v for k, v in HUMANEVAL.items() if k != "entry_point"}
+        load_prompts(_jsonl(tmp_path / "he.jsonl", no_entry), format="humaneval")
     with pytest.raises(DataError, match=r"field 'test_list': expected a non-empty list of strings"):
         load_prompts(_jsonl(tmp_path / "mb.jsonl", {**MBPP, "test_list": []}), format="mbpp")
     with pytest.raises(DataError, match=r"no \\boxed\{\.\.\.\} answer and no 'answer' field"):
