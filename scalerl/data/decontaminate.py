@@ -2,7 +2,7 @@
 
 ScaleRL decontaminates its SFT and RL data against its evaluation sets; the rule here is the one
 GPT-3 used for its benchmarks (Brown et al. 2020, "Language Models are Few-Shot Learners",
-appendix C): texts are lower-cased, punctuation is removed and they are split on whitespace (as in
+appendix C): texts are lower-cased, punctuation is dropped and they are split on whitespace (as in
 EleutherAI lm-evaluation-harness, `scripts/clean_training_data/janitor.py`, which reimplements it);
 a training prompt is contaminated by an evaluation item when they share a 13-gram, or, for an item
 shorter than 13 words, when the whole item occurs in the prompt.
@@ -29,9 +29,12 @@ _PUNCT = re.compile(r"[^\w\s]")
 
 
 def words(text: str) -> list[str]:
-    """Lower-cased words with punctuation removed (janitor.py's normalisation: delete punctuation,
-    lower-case, split on whitespace)."""
-    return _PUNCT.sub("", text.lower()).split()
+    """Lower-cased words, punctuation and symbols dropped, split on whitespace.
+
+    janitor.py deletes punctuation; here each punctuation or symbol character is a word break
+    instead, because deleting it merges different arithmetic: "Compute 5+33" and "Compute 53+3"
+    both become "compute 533" (on the demo's synthetic prompts that made a false match)."""
+    return _PUNCT.sub(" ", text.lower()).split()
 
 
 def ngrams(tokens: Sequence[str], n: int) -> set[tuple[str, ...]]:

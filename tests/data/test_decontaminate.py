@@ -23,7 +23,7 @@ def rec(i: str, text: str) -> PromptRecord:
 
 
 def test_words_and_ngrams() -> None:
-    assert words("Janet’s DUCKS, lay 16-eggs!") == ["janets", "ducks", "lay", "16eggs"]
+    assert words("Janet’s DUCKS, lay 16-eggs!") == ["janet", "s", "ducks", "lay", "16", "eggs"]
     assert ngrams(["a", "b", "c", "d"], 3) == {("a", "b", "c"), ("b", "c", "d")}
     assert ngrams(["a", "b"], 3) == set()
 
@@ -92,3 +92,10 @@ def test_cli_writes_clean_file_and_report(tmp_path: Path, capsys: pytest.Capture
     assert scalerl.cli.main([*argv[:3], "--against", str(heldout), "--out", str(tmp_path / "y.jsonl")]) == 2
     assert "gsm8k_test.jsonl:1: no 'prompt' or 'messages' field" in capsys.readouterr().err
     assert not (tmp_path / "x.jsonl").exists() and not (tmp_path / "y.jsonl").exists()
+
+
+def test_symbols_break_words_so_arithmetic_stays_apart() -> None:
+    assert words("Compute 5+33") != words("Compute 53+3")
+    res = decontaminate([rec("a", "Compute 5+33"), rec("b", "compute 53 + 3")],
+                        {"h": [rec("e", "Compute 53+3")]})
+    assert [r.id for r in res.dropped] == ["b"]
