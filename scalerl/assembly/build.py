@@ -157,7 +157,7 @@ def _build_training(
     extra_sets = {
         name: load_prompts(extra.path, default_task=d.default_task, format=extra.format,
                            on_error=on_error).records
-        for name, extra in config.eval.extra_set_sources().items()
+        for name, extra in config.eval.extra_set_sources.items()
     }
     router.check_tasks({r.task for r in records} | {r.task for s in extra_sets.values() for r in s})
     params = sampling_params(config, tokenizer)

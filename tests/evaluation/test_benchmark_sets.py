@@ -41,7 +41,7 @@ def test_extra_sets_config_takes_a_format(tmp_path: Path) -> None:
     cfg = load_config(overrides=[f"eval.extra_sets.gsm8k.path={paths['gsm8k']}",
                                  "eval.extra_sets.gsm8k.format=gsm8k",
                                  f"eval.extra_sets.aime={{path: {paths['aime']}, format: aime}}"])
-    sources = cfg.eval.extra_set_sources()
+    sources = cfg.eval.extra_set_sources
     assert (sources["gsm8k"].format, sources["aime"].format) == ("gsm8k", "aime")
     assert prompt_tasks(cfg)["math"] == ["data.synthetic.task=math", "eval.extra_sets.gsm8k",
                                          "eval.extra_sets.aime"]
