@@ -31,7 +31,7 @@ def _save_model(path: Path) -> None:
     tok.save_pretrained(path)
 
 
-def test_the_own_model_command_trains_one_step(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_the_own_model_command_trains_one_step(tmp_path: Path, monkeypatch) -> None:
     (line,) = [ln for ln in _code_lines(_section("Your own model and data")) if ln.startswith("scalerl train")]
     argv = shlex.split(line)[1:]
     _save_model(tmp_path / "my-model")
