@@ -32,7 +32,8 @@ def _save_model(path: Path) -> None:
 
 
 def test_the_own_model_command_trains_one_step(tmp_path: Path, monkeypatch) -> None:
-    (line,) = [ln for ln in _code_lines(_section("Your own model and data")) if ln.startswith("scalerl train")]
+    section = _section("Your own model and data")
+    (line,) = [ln for ln in _code_lines(section) if ln.startswith("scalerl train")]
     argv = shlex.split(line)[1:]
     _save_model(tmp_path / "my-model")
     (tmp_path / "gsm8k").mkdir()
