@@ -158,8 +158,8 @@ def prompt_tasks(cfg: RunConfig) -> dict[str, list[str]]:
 
         try:
             records = load_records(cfg)
-        except DataError as err:
-            raise InputError(f"data.source={d.source}: {err}") from None
+        except DataError as err:  # names data.source or data.reasoning_gym.* already
+            raise InputError(str(err)) from None
         for task in sorted({r.task for r in records}):
             tasks_in.setdefault(task, []).append(f"data.source={d.source}")
     else:

@@ -115,7 +115,11 @@ def load_records(config: RunConfig) -> list[PromptRecord]:
         from scalerl.data.rgym import make_reasoning_gym
 
         rg = d.reasoning_gym
-        return make_reasoning_gym(reasoning_gym_mix(d.source, rg), rg.size, rg.seed)
+        mix = reasoning_gym_mix(d.source, rg)
+        # One generator: its name is data.source's, its options data.reasoning_gym.config.
+        keys = {name: f"data.source={d.source} (options: data.reasoning_gym.config)"
+                for name in mix} if ":" in d.source else None
+        return make_reasoning_gym(mix, rg.size, rg.seed, keys)
     if d.train_path is not None:
         return load_prompts(d.train_path, field_map=d.field_map, default_task=d.default_task,
                             format=d.format, on_error=on_error).records

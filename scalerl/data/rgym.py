@@ -82,15 +82,18 @@ def create_dataset(name: str, size: int, seed: int, options: Mapping[str, Any], 
 
 def make_reasoning_gym(
     datasets: Mapping[str, tuple[float, Mapping[str, Any]]], size: int, seed: int,
-    key: str = "data.reasoning_gym",
+    keys: Mapping[str, str] | None = None,
 ) -> list[PromptRecord]:
-    """`size` prompts from the generators `datasets` (name -> (weight, options)), each seeded `seed`."""
+    """`size` prompts from the generators `datasets` (name -> (weight, options)), each seeded `seed`;
+    `keys[name]` is the config key an error about that generator names (default
+    `data.reasoning_gym.datasets.<name>`)."""
     counts = mix_counts({name: w for name, (w, _) in datasets.items()}, size)
     records: list[PromptRecord] = []
     for name, (_, options) in datasets.items():
         if counts[name] == 0:
             continue
-        dataset = create_dataset(name, counts[name], seed, options, f"{key}.datasets.{name}")
+        key = (keys or {}).get(name, f"data.reasoning_gym.datasets.{name}")
+        dataset = create_dataset(name, counts[name], seed, options, key)
         for i in range(counts[name]):
             entry = dataset[i]
             answer = entry.get("answer")
