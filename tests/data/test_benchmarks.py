@@ -128,9 +128,8 @@ def test_humaneval_and_mbpp_tests(tmp_path: Path) -> None:
     assert sn.tests == [{"assert": "import math\nassert math.isclose(f(), 1.0)"}]
 
 
-def test_reference_solutions_earn_full_reward(tmp_path: Path) -> None:
+def test_reference_solutions_pass_their_tests(tmp_path: Path) -> None:
     from scalerl.rewards.code_verifier import code_reward
-    from scalerl.rewards.math_verifier import math_reward
 
     (he,) = load_prompts(_jsonl(tmp_path / "he.jsonl", HUMANEVAL), format="humaneval").records
     solution = HUMANEVAL["prompt"] + HUMANEVAL["canonical_solution"]
@@ -138,6 +137,11 @@ def test_reference_solutions_earn_full_reward(tmp_path: Path) -> None:
     assert code_reward("```python\ndef has_close_elements(n, t):\n    return False\n```", he.tests) == 0.0
     (mb,) = load_prompts(_jsonl(tmp_path / "mbpp.jsonl", MBPP), format="mbpp").records
     assert code_reward(f"```python\n{MBPP['code']}\n```", mb.tests) == 1.0
+
+
+def test_reference_answers_score_one(tmp_path: Path) -> None:
+    from scalerl.rewards.math_verifier import math_reward
+
     (gsm,) = load_prompts(_jsonl(tmp_path / "g.jsonl", GSM8K), format="gsm8k").records
     (m5,) = load_prompts(_jsonl(tmp_path / "m.jsonl", MATH500), format="math").records
     assert math_reward("\\boxed{18}", gsm.answer) == 1.0
