@@ -133,10 +133,35 @@ class SyntheticDataConfig(Section):
         return self
 
 
+class ReasoningGymDatasetConfig(Section):
+    """One generator of a reasoning-gym mix: its share and its options (its own config class's
+    fields, e.g. `{min_animals: 2, max_animals: 3}` for leg_counting)."""
+
+    weight: float = Field(1.0, gt=0.0)
+    config: dict[str, Any] = {}
+
+
+class ReasoningGymConfig(Section):
+    """`data.source: reasoning_gym[:<dataset>]` (scalerl/data/rgym.py, docs/data.md): `size`
+    prompts from reasoning-gym generators seeded `seed`; `config`: the options of the one dataset
+    named in `data.source`; `datasets`: the weighted mix when `data.source` is `reasoning_gym`."""
+
+    size: int = Field(1000, gt=0)
+    seed: int = 0
+    config: dict[str, Any] = {}
+    datasets: dict[str, ReasoningGymDatasetConfig] = {}
+
+
 class DataConfig(Section):
     # None = the built-in synthetic task (no download).
     train_path: str | None = None
-    format: Literal["auto", "jsonl", "parquet", "csv", "hf"] = "auto"
+    # A generated prompt source instead of a file: "reasoning_gym:<dataset>" or "reasoning_gym"
+    # (the mix in reasoning_gym.datasets); None: train_path or the synthetic task.
+    source: str | None = None
+    reasoning_gym: ReasoningGymConfig = ReasoningGymConfig()
+    # A file type, or a benchmark's published layout (scalerl/data/benchmarks.py; docs/data.md).
+    format: Literal["auto", "jsonl", "parquet", "csv", "hf",
+                    "gsm8k", "math", "aime", "amc", "humaneval", "mbpp"] = "auto"
     field_map: dict[str, str] = {}
     default_task: str = "math"
     synthetic: SyntheticDataConfig = SyntheticDataConfig()
@@ -150,6 +175,30 @@ class DataConfig(Section):
     template: Literal["chat", "r1", "qwen_math", "raw"] = "chat"
     max_prompt_tokens: int = Field(256, gt=0)
     on_bad_row: Literal["error", "skip"] = "error"
+
+    @model_validator(mode="after")
+    def _source(self) -> DataConfig:
+        if self.source is None:
+            return self
+        head, sep, name = self.source.partition(":")
+        if head != "reasoning_gym" or (sep and not name):
+            raise CrossKeyError(("source",), f"expected 'reasoning_gym:<dataset>' or 'reasoning_gym' (the "
+                                f"mix in data.reasoning_gym.datasets), got {self.source!r}")
+        if self.train_path is not None:
+            raise CrossKeyError(("source", "train_path"),
+                                "give one prompt source: unset train_path or source")
+        rg = self.reasoning_gym
+        if name and rg.datasets:
+            raise CrossKeyError(("source", "reasoning_gym.datasets"),
+                                f"source names one dataset ({name}); for a mix use source: reasoning_gym")
+        if not name and not rg.datasets:
+            raise CrossKeyError(("source", "reasoning_gym.datasets"),
+                                "source reasoning_gym is a mix: name its generators in "
+                                "reasoning_gym.datasets (or use source: reasoning_gym:<dataset>)")
+        if not name and rg.config:
+            raise CrossKeyError(("reasoning_gym.config",),
+                                "options of a mix go in reasoning_gym.datasets.<name>.config")
+        return self
 
     @model_validator(mode="after")
     def _template_instruction(self) -> DataConfig:
@@ -376,12 +425,30 @@ class PipelineConfig(Section):
         return self
 
 
+class ExtraSetConfig(Section):
+    """One `eval.extra_sets` entry given as a mapping: a file or folder and how to read it.
+
+    `format`: a file type (auto: by suffix) or a benchmark's published layout (gsm8k, math, aime,
+    amc, humaneval, mbpp; scalerl/data/benchmarks.py). A bare string entry is `{path: ...}`."""
+
+    path: str = Field(min_length=1)
+    format: Literal["auto", "jsonl", "json", "parquet", "csv", "tsv", "hf",
+                    "gsm8k", "math", "aime", "amc", "humaneval", "mbpp"] = "auto"
+
+
 class EvalConfig(Section):
     every: int = Field(10, ge=1, description="steps between held-out evaluations")
     k: int = Field(4, ge=1, description="samples per held-out prompt (mean@k)")
     temperature: float = Field(1.0, ge=0.0)
     at_start: bool = True
-    extra_sets: dict[str, str] = {}
+    # name -> path, or name -> {path, format} (ExtraSetConfig); keys `val_<name>_*`.
+    extra_sets: dict[str, str | ExtraSetConfig] = {}
+
+    @property
+    def extra_set_sources(self) -> dict[str, ExtraSetConfig]:
+        """Every extra set as an `ExtraSetConfig` (a bare path reads with format auto)."""
+        return {name: ExtraSetConfig(path=v) if isinstance(v, str) else v
+                for name, v in self.extra_sets.items()}
 
 
 class CheckpointConfig(Section):

@@ -155,8 +155,9 @@ def _build_training(
     router = RewardRouter(config.rewards)
     closers: list[Any] = [router.close]
     extra_sets = {
-        name: load_prompts(path, default_task=d.default_task, on_error=on_error).records
-        for name, path in config.eval.extra_sets.items()
+        name: load_prompts(extra.path, default_task=d.default_task, format=extra.format,
+                           on_error=on_error).records
+        for name, extra in config.eval.extra_set_sources.items()
     }
     router.check_tasks({r.task for r in records} | {r.task for s in extra_sets.values() for r in s})
     params = sampling_params(config, tokenizer)

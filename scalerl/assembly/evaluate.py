@@ -68,15 +68,20 @@ def resolve_source(spec: str, warn: Callable[[str], None] | None = None) -> Eval
     return EvalSource(spec, None, RunConfig())
 
 
-def eval_records(source: EvalSource, data: str | None, max_prompts: int | None) -> tuple[list[Any], str]:
-    """The prompts to evaluate on and a description of them."""
+def eval_records(source: EvalSource, data: str | None, max_prompts: int | None,
+                 fmt: str = "auto") -> tuple[list[Any], str]:
+    """The prompts to evaluate on and a description of them; `fmt` is how `data` is read (a file
+    type or a benchmark layout, `scalerl.data.loaders.FORMATS`)."""
     from scalerl.assembly.build import load_records
     from scalerl.data import load_heldout_ids, load_prompts, split_by_ids, split_heldout
 
     cfg = source.config
+    if data is None and fmt != "auto":
+        raise InputError(f"--format {fmt}: reads the file named by --data; none was given")
     if data is not None:
-        records = load_prompts(data, default_task=cfg.data.default_task, on_error=cfg.data.on_bad_row).records
-        what = f"{data}"
+        records = load_prompts(data, default_task=cfg.data.default_task, format=fmt,
+                               on_error=cfg.data.on_bad_row).records
+        what = f"{data}" if fmt == "auto" else f"{data} ({fmt})"
     elif source.run_dir is not None:
         ids_file = source.run_dir / HELDOUT_IDS
         if not ids_file.is_file():

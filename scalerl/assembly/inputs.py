@@ -23,6 +23,7 @@ from scalerl.data.tokenize import EncodedPrompts, check_template, encode_prompts
 from scalerl.inputs import InputError, check_cache_dir, check_model_source, check_output_dir, check_path
 
 if TYPE_CHECKING:
+    from scalerl.rewards.router import RewardRouter
     from scalerl.rewards.sandbox import Sandbox
 
 
@@ -69,8 +70,9 @@ def check_code_sandbox(cfg: RunConfig, code_prompts_in: list[str], sandbox: Sand
     sandbox.require_isolation(" and ".join(needs))
 
 
-def _check_known_tasks(known: Sequence[str], tasks_in: Mapping[str, Sequence[str]]) -> None:
-    missing = {task: keys for task, keys in sorted(tasks_in.items()) if task not in known}
+def _check_known_tasks(router: RewardRouter, tasks_in: Mapping[str, Sequence[str]]) -> None:
+    known = router.tasks
+    missing = {task: keys for task, keys in sorted(tasks_in.items()) if not router.knows(task)}
     if missing:
         where = "; ".join(f"task {task!r} in {', '.join(keys)}" for task, keys in missing.items())
         first = next(iter(missing))
@@ -86,7 +88,7 @@ def check_prompt_tasks(tasks_in: Mapping[str, Sequence[str]]) -> None:
 
     router = RewardRouter(RunConfig().rewards)
     try:
-        _check_known_tasks(router.tasks, tasks_in)
+        _check_known_tasks(router, tasks_in)
     finally:
         router.close()
 
@@ -109,7 +111,7 @@ def check_verifiers(cfg: RunConfig, tasks_in: Mapping[str, Sequence[str]]) -> No
 
     router = RewardRouter(cfg.rewards)
     try:
-        _check_known_tasks(router.tasks, tasks_in)
+        _check_known_tasks(router, tasks_in)
         check_code_sandbox(cfg, list(tasks_in.get("code", ())), sandbox=router.sandbox)
         if cfg.agentic.environment is not None:
             from scalerl.agentic.setup import environment_factory
@@ -151,13 +153,21 @@ def prompt_tasks(cfg: RunConfig) -> dict[str, list[str]]:
                                     default_task=d.default_task, format=d.format, on_error=d.on_bad_row)
         for task in sorted({r.task for r in records}):
             tasks_in.setdefault(task, []).append("data.train_path")
+    elif d.source is not None:
+        from scalerl.assembly.sections import load_records
+
+        try:
+            records = load_records(cfg)
+        except DataError as err:  # names data.source or data.reasoning_gym.* already
+            raise InputError(str(err)) from None
+        for task in sorted({r.task for r in records}):
+            tasks_in.setdefault(task, []).append(f"data.source={d.source}")
     else:
         for task in SYNTHETIC_RECORD_TASKS[d.synthetic.task]:
             tasks_in.setdefault(task, []).append(f"data.synthetic.task={d.synthetic.task}")
-    extra: Mapping[str, str] = cfg.eval.extra_sets
-    for name, path in extra.items():
-        records = _load_prompt_file(path, f"eval.extra_sets.{name}", default_task=d.default_task,
-                                    on_error=d.on_bad_row)
+    for name, extra in cfg.eval.extra_set_sources.items():
+        records = _load_prompt_file(extra.path, f"eval.extra_sets.{name}", default_task=d.default_task,
+                                    format=extra.format, on_error=d.on_bad_row)
         for task in sorted({r.task for r in records}):
             tasks_in.setdefault(task, []).append(f"eval.extra_sets.{name}")
     return tasks_in
@@ -169,7 +179,7 @@ def check_study_inputs(configs: Sequence[RunConfig]) -> None:
     fails at once (exit 2), not as one failed run after another."""
     seen: set[str] = set()
     for cfg in configs:
-        key = json.dumps([cfg.data.model_dump(mode="json"), cfg.eval.extra_sets,
+        key = json.dumps([cfg.data.model_dump(mode="json"), cfg.eval.model_dump(mode="json")["extra_sets"],
                           cfg.rewards.model_dump(mode="json"), cfg.agentic.model_dump(mode="json")],
                          sort_keys=True)
         if key not in seen:

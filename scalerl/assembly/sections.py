@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from scalerl.config import RunConfig
+from scalerl.config import ReasoningGymConfig, ReasoningGymDatasetConfig, RunConfig
 from scalerl.data import PromptRecord, load_prompts, make_synthetic
 from scalerl.pipeline.driver import DriverSettings
 from scalerl.rollout import InterruptionSpec, SamplingParams
@@ -93,10 +93,33 @@ def sampling_params(config: RunConfig, tokenizer: Any) -> SamplingParams:
     return replace(params, return_support=config.algorithm.keep_sampling_mask and params.truncates_support)
 
 
+def reasoning_gym_mix(source: str, rg: ReasoningGymConfig) -> dict[str, tuple[float, dict[str, Any]]]:
+    """name -> (weight, options): `data.reasoning_gym.config` for "reasoning_gym:<name>", the
+    `data.reasoning_gym.datasets` mix for "reasoning_gym"."""
+    name = source.partition(":")[2]
+    if name:
+        return {name: (1.0, dict(rg.config))}
+    out: dict[str, tuple[float, dict[str, Any]]] = {}
+    for dataset, spec in rg.datasets.items():
+        entry: ReasoningGymDatasetConfig = spec
+        out[dataset] = (entry.weight, dict(entry.config))
+    return out
+
+
 def load_records(config: RunConfig) -> list[PromptRecord]:
-    """The run's prompt set: `data.train_path`, or the built-in synthetic task."""
+    """The run's prompt set: `data.train_path`, `data.source` (reasoning-gym), or the built-in
+    synthetic task."""
     d = config.data
     on_error = d.on_bad_row
+    if d.source is not None:
+        from scalerl.data.rgym import make_reasoning_gym
+
+        rg = d.reasoning_gym
+        mix = reasoning_gym_mix(d.source, rg)
+        # One generator: its name is data.source's, its options data.reasoning_gym.config.
+        keys = {name: f"data.source={d.source} (options: data.reasoning_gym.config)"
+                for name in mix} if ":" in d.source else None
+        return make_reasoning_gym(mix, rg.size, rg.seed, keys)
     if d.train_path is not None:
         return load_prompts(d.train_path, field_map=d.field_map, default_task=d.default_task,
                             format=d.format, on_error=on_error).records

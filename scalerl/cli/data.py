@@ -1,5 +1,5 @@
-"""``scalerl data synth | check | difficulty | curate``: write a synthetic prompt set, vet a real one,
-rate it with a model, curate it.
+"""``scalerl data synth | check | decontaminate | difficulty | curate``: write a synthetic prompt set,
+vet a real one, drop prompts that overlap evaluation sets, rate it with a model, curate it.
 
 `check` runs exactly the loading and prompt-length checks a training run does (the same functions,
 `scalerl.assembly.inputs.load_prompt_data` and `check_prompt_lengths`, from train's defaults: a
@@ -11,7 +11,9 @@ compute is spent. `difficulty` and `curate` live in
 from __future__ import annotations
 
 import argparse
+import json
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from scalerl.cli.curation import field_pair, register_curation
@@ -77,6 +79,73 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def against_spec(text: str) -> tuple[str, str]:
+    """`--against [FORMAT:]PATH`: (format, path); FORMAT a file type or benchmark layout."""
+    head, sep, rest = text.partition(":")
+    if sep and head in FORMATS and rest:
+        return head, rest
+    return "auto", text
+
+
+def _output(path: str, flag: str) -> Path:
+    from scalerl.ownership import OwnershipError, check_output_file
+
+    out = check_output_file(path, flag, overwrite=True)  # a folder, or under a file: refused
+    if out.exists():
+        raise OwnershipError(f"{flag} {path}: exists; decontaminate never replaces a file, choose another "
+                             f"{flag}")
+    return out
+
+
+def _decontaminate(args: argparse.Namespace) -> int:
+    from scalerl.assembly.inputs import load_prompt_data
+    from scalerl.atomic import atomic_path
+    from scalerl.data.decontaminate import decontaminate
+    from scalerl.data.loaders import load_prompts, write_jsonl_atomic
+    from scalerl.inputs import InputError
+
+    if args.n < 1:
+        raise InputError(f"--n: must be >= 1, got {args.n}")
+    if args.threshold is not None and not 0.0 < args.threshold <= 1.0:
+        raise InputError(f"--threshold: must be in (0, 1], got {args.threshold}")
+    out = _output(args.out, "--out")
+    report = None if args.report is None else _output(args.report, "--report")
+    if report is not None and report.resolve() == out.resolve():
+        raise InputError("--report: the same file as --out")
+    data = DEFAULTS.model_copy(update={
+        "field_map": dict(args.field_map), "default_task": args.default_task, "format": args.format})
+    prompts = load_prompt_data(args.prompts, data).records
+    sets: dict[str, list[Any]] = {}
+    for fmt, path in args.against:
+        name = Path(path).stem or path
+        while name in sets:
+            name += "_"
+        sets[name] = load_prompts(path, default_task=args.default_task, format=fmt).records
+    result = decontaminate(prompts, sets, n=args.n, threshold=args.threshold)
+    rule = (f"{args.n}-grams, any shared" if args.threshold is None
+            else f"{args.n}-grams, >= {args.threshold:g} of an item's")
+    print(f"{args.prompts}: {len(prompts)} prompts against {sum(map(len, sets.values()))} items of "
+          f"{len(sets)} set(s) ({rule})")
+    print(f"  kept {len(result.kept)}, dropped {len(result.dropped)} "
+          f"({len(result.matches)} matching pairs)")
+    for name, records in sets.items():
+        print(f"  {name}: {len(records)} items, {result.dropped_by_set().get(name, 0)} prompts dropped")
+    if result.matches:
+        print("  matches (first 10):")
+        for m in result.matches[:10]:
+            print(f"    {m.prompt_source} ({m.prompt_id}) ~ {m.item_source} ({m.set_name} {m.item_id}): "
+                  f"{m.shared}/{m.item_ngrams} n-grams, e.g. {m.example[:60]!r}")
+    if report is not None:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(report, suffix=".jsonl") as tmp, tmp.open("w", encoding="utf-8") as f:
+            for m in result.matches:
+                f.write(json.dumps(m.to_dict(), ensure_ascii=False) + "\n")
+        print(f"wrote {len(result.matches)} matches to {report}")
+    write_jsonl_atomic(result.kept, out)
+    print(f"wrote {len(result.kept)} prompts to {out}")
+    return 0
+
+
 def register(subparsers: Any) -> None:
     data = subparsers.add_parser("data",
                                  help="write a synthetic prompt set, check, rate or curate a prompt file")
@@ -116,5 +185,28 @@ def register(subparsers: Any) -> None:
                        help="prompt template (config key data.template): the tokenizer's chat template, "
                             "or a text template for base models (r1, qwen_math, raw); default chat")
     check.set_defaults(func=_check)
+
+    dec = sub.add_parser(
+        "decontaminate",
+        help="drop prompts that share word n-grams with evaluation sets (GPT-3's 13-gram rule)",
+        description="Drop the prompts of PROMPTS that share a word n-gram with an item of an --against "
+                    "set (lower-cased, punctuation removed; GPT-3 appendix C: 13-grams, any overlap, a "
+                    "short item found whole; --n 8 --threshold 0.7 is PaLM's rule); write the rest to "
+                    "--out and every match to --report. Never replaces an existing file. docs/data.md, "
+                    "'Decontamination'.")
+    dec.add_argument("prompts", metavar="PROMPTS", help="prompt file or folder to clean")
+    dec.add_argument("--against", type=against_spec, nargs="+", required=True, metavar="[FORMAT:]PATH",
+                     help="evaluation sets, e.g. gsm8k:gsm8k/test.jsonl math:math500.jsonl heldout.jsonl")
+    dec.add_argument("--out", required=True, metavar="CLEAN.jsonl", help="the prompts kept (must not exist)")
+    dec.add_argument("--report", metavar="MATCHES.jsonl", help="one line per matching pair (must not exist)")
+    dec.add_argument("--n", type=int, default=13, help="n-gram length in words (default 13, GPT-3)")
+    dec.add_argument("--threshold", type=float, metavar="F",
+                     help="match only when the prompt holds >= F of an item's n-grams (default: any one)")
+    dec.add_argument("--format", choices=FORMATS, default=DEFAULTS.format, help="how PROMPTS is read")
+    dec.add_argument("--field-map", type=field_pair, action="append", default=[], metavar="FIELD=COL",
+                     help="read record FIELD of PROMPTS from column COL (repeatable)")
+    dec.add_argument("--default-task", default=DEFAULTS.default_task,
+                     help=f"task for rows without a task column (default {DEFAULTS.default_task})")
+    dec.set_defaults(func=_decontaminate)
 
     register_curation(sub)

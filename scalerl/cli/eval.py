@@ -4,6 +4,7 @@
     scalerl eval runs/demo/checkpoints/step_000200 --k 8
     scalerl eval Qwen/Qwen3-0.6B --data problems.jsonl --max-prompts 200 --json
     scalerl eval ~/.cache/scalerl/sft/tiny-...     # a model dir: the synthetic task's held-out split
+    scalerl eval runs/demo --data gsm8k/test.jsonl --format gsm8k    # a benchmark in its own layout
 
 What is evaluated on, unless `--data PATH` names a prompt file or folder:
 
@@ -28,6 +29,8 @@ import sys
 from typing import Any
 
 from scalerl.assembly.evaluate import eval_records, evaluate_source, resolve_source
+from scalerl.data.benchmarks import BENCHMARK_FORMATS
+from scalerl.data.loaders import FORMATS
 
 
 def render(metrics: dict[str, float], header: str) -> str:
@@ -39,6 +42,8 @@ def render(metrics: dict[str, float], header: str) -> str:
         ("response length", f"{metrics['response_length']:.1f} tokens"),
         ("truncated", f"{metrics['truncation_rate']:.1%}"),
         ("interrupted", f"{metrics['interruption_rate']:.1%}"),
+        *([("entropy", f"{metrics['entropy']:.4f} nats/token (sampled-token estimate)")]
+          if "entropy" in metrics else []),
         ("verifier failures", f"{int(metrics['verifier_failures'])}"),
         ("time", f"{metrics['time_s']:.1f} s"),
     ]
@@ -74,6 +79,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("model", metavar="CHECKPOINT_OR_MODEL",
                    help="run directory, checkpoint directory, saved model directory or hub name")
     p.add_argument("--data", metavar="PATH", help="prompt file or folder (default: see above)")
+    p.add_argument("--format", choices=FORMATS, default="auto",
+                   help="how --data is read: a file type (default auto: by suffix) or a benchmark's "
+                        f"published layout ({', '.join(BENCHMARK_FORMATS)}; docs/data.md)")
     p.add_argument("--k", type=_positive_int, metavar="K",
                    help="samples per prompt (default: the run's eval.k)")
     p.add_argument("--temperature", type=_temperature, metavar="T",
@@ -101,11 +109,12 @@ def run_eval(args: argparse.Namespace) -> int:
     k = args.k if args.k is not None else cfg.eval.k
     temperature = args.temperature if args.temperature is not None else cfg.eval.temperature
     seed = args.seed if args.seed is not None else cfg.seed
-    records, what = eval_records(source, args.data, args.max_prompts)
+    records, what = eval_records(source, args.data, args.max_prompts, args.format)
     metrics = evaluate_source(source, records, k=k, temperature=temperature, seed=seed, device=args.device)
     if args.json:
         out = {"model": source.model, "run_dir": None if source.run_dir is None else str(source.run_dir),
-               "data": args.data, "prompts": what, "k": k, "temperature": temperature, "seed": seed,
+               "data": args.data, "format": args.format, "prompts": what, "k": k, "temperature": temperature,
+               "seed": seed,
                "metrics": metrics}
         sys.stdout.write(json.dumps(out, indent=2, allow_nan=False) + "\n")
     else:

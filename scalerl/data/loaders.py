@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scalerl.data.benchmarks import BENCHMARK_FORMATS, row_to_benchmark_record
 from scalerl.data.fields import check_field_map, row_to_record
 from scalerl.data.records import PromptRecord
 from scalerl.data.rejects import (
@@ -38,7 +39,8 @@ FORMAT_SUFFIXES: dict[str, tuple[str, ...]] = {
     "csv": (".csv",),
     "tsv": (".tsv",),
 }
-FORMATS: tuple[str, ...] = ("auto", *FORMAT_SUFFIXES, "hf")
+# A benchmark format (scalerl.data.benchmarks) reads its published columns from any file type above.
+FORMATS: tuple[str, ...] = ("auto", *FORMAT_SUFFIXES, "hf", *BENCHMARK_FORMATS)
 
 Row = Mapping[str, Any] | RowError
 
@@ -244,7 +246,9 @@ def load_prompts(
     unmapped record fields are read from the column of the same name, and other columns go into
     `metadata`. `default_task` is used when a row has no task column. `split` picks one split of a
     `DatasetDict` folder or the matching files of a folder of data files. `format` ("auto": by
-    suffix, or one of `FORMATS`) forces the reader of a file, or the file type read in a folder.
+    suffix, or one of `FORMATS`) forces the reader of a file, or the file type read in a folder;
+    a benchmark name (`scalerl.data.benchmarks.BENCHMARK_FORMATS`: gsm8k, math, aime, amc,
+    humaneval, mbpp) reads files by suffix and their rows in that benchmark's published layout.
     Rows without an id get "<file stem>:N". With `on_error="error"` any bad row raises a
     `DataError` listing all of them; with "skip" they are dropped and counted in
     `LoadResult.rejects`.
@@ -253,15 +257,20 @@ def load_prompts(
     fmap = check_field_map(field_map)
     if format not in FORMATS:
         raise DataError(f"format: must be one of {FORMATS}, got {format!r}")
+    benchmark = format if format in BENCHMARK_FORMATS else None
+    if benchmark is not None and fmap:
+        raise DataError(f"field_map: format {benchmark!r} reads the benchmark's own columns; "
+                        "drop the field map (or use format auto with one)")
     root = Path(path)
     if not root.exists():
         raise MissingDataError(f"prompt data not found: {root}")
+    file_format = "auto" if benchmark is not None else format
 
     records: list[PromptRecord] = []
     first_seen: dict[str, str] = {}
     rejects = RejectLog()
     rows_read = 0
-    for file, id_prefix, rows in _sources(root, split, format):
+    for file, id_prefix, rows in _sources(root, split, file_format):
         try:
             for n, row in rows:
                 rows_read += 1
@@ -269,10 +278,14 @@ def load_prompts(
                 try:
                     if isinstance(row, RowError):
                         raise row
-                    record = row_to_record(
-                        row, field_map=fmap, default_task=default_task,
-                        fallback_id=f"{id_prefix}:{n}", source=where,
-                    )
+                    if benchmark is not None:
+                        record = row_to_benchmark_record(row, benchmark, fallback_id=f"{id_prefix}:{n}",
+                                                         source=where)
+                    else:
+                        record = row_to_record(
+                            row, field_map=fmap, default_task=default_task,
+                            fallback_id=f"{id_prefix}:{n}", source=where,
+                        )
                     if record.id in first_seen:
                         earlier = first_seen[record.id]
                         raise RowError("duplicate id", f"id {record.id!r} already used at {earlier}")

@@ -12,6 +12,13 @@ is used directly; in `pipeline` mode the requests ride along with the training r
 generator thread (`Generator.generate_side`) while the trainer waits, so the policy does not change
 during the evaluation and no second engine (and no second copy of the weights) is needed.
 
+Held-out entropy (ScaleRL, arXiv 2510.13786, A.12, tracks it against compute): `val_entropy` is
+`sampled_token_entropy` of the samples, the mean over the tokens the policy chose of -log pi(token),
+with the log-probs the engine returns. For a token drawn from pi(. | prefix), E[-log pi(x | prefix)]
+= H(pi(. | prefix)), so this is an unbiased per-token estimate of the policy's entropy along its own
+held-out samples, with no extra forward pass and the same on every engine. It is the entropy of the
+distribution sampled from (after `eval.temperature` and any top-k/top-p cut), in nats.
+
 Determinism: request `i` of a set samples with seed `seed * 2**32 + i`, and the engines seed one
 generator per sample from it, so the draws do not depend on batching. The same seeds are used at
 every evaluation (common random numbers), so differences between evaluations reflect the policy,
@@ -96,12 +103,32 @@ def evaluate(
         "version_max": float(max(versions)),
         "time_s": time.perf_counter() - start,
     }
+    entropy = sampled_token_entropy(samples)
+    if entropy is not None:  # every sample forced or empty: no estimate, the key is absent
+        metrics["entropy"] = entropy
     metrics.update(_task_metrics(records, scored, k))
     if any("agentic" in c.metadata for c in samples):
         from scalerl.agentic.metrics import agentic_metrics
 
         metrics.update(agentic_metrics(samples))
     return {f"{prefix}{name}": value for name, value in metrics.items()}
+
+
+def sampled_token_entropy(samples: Sequence[Completion]) -> float | None:
+    """Mean per-token entropy estimate, in nats: sum of -logprob over policy-chosen tokens / their count.
+
+    H(p) = E_{x~p}[-log p(x)] (Shannon), so each sampled token's -log pi is an unbiased estimate of
+    the entropy at its prefix; pooling tokens (not per-sample means) weights every token equally,
+    as the trainer's token-mean entropy does. Forced tokens (`loss_mask` False: the interruption
+    phrase, tool output) were not sampled and are left out. None when no token was sampled.
+    """
+    total, count = 0.0, 0
+    for c in samples:
+        for lp, chosen in zip(c.logprobs, c.loss_mask, strict=True):
+            if chosen:
+                total -= lp
+                count += 1
+    return total / count if count else None
 
 
 def _task_metrics(records: Sequence[PromptRecord], scored: Sequence[ScoredBatch], k: int) -> dict[str, float]:
@@ -121,6 +148,9 @@ def _task_metrics(records: Sequence[PromptRecord], scored: Sequence[ScoredBatch]
         out[f"reward_mean/{task}"] = sum(rewards) / len(rewards)
         out[f"response_length/{task}"] = sum(c.num_tokens for c in samples) / len(samples)
         out[f"truncation_rate/{task}"] = sum(c.finish_reason == "length" for c in samples) / len(samples)
+        entropy = sampled_token_entropy(samples)
+        if entropy is not None:
+            out[f"entropy/{task}"] = entropy
         out[f"num_prompts/{task}"] = float(len(groups))
     return out
 

@@ -89,6 +89,19 @@ class RewardRouter:
     def tasks(self) -> list[str]:
         return sorted(self._verifiers)
 
+    def verifier_for(self, task: str) -> Verifier | None:
+        """The verifier of `task`: its own (configured, registered, built-in), else a family's:
+        `rg_<name>` is reasoning-gym's generator `name` (`scalerl.rewards.rgym`)."""
+        fn = self._verifiers.get(task)
+        if fn is None and task.startswith("rg_") and len(task) > 3:
+            from scalerl.rewards.rgym import verify_reasoning_gym
+
+            fn = verify_reasoning_gym
+        return fn
+
+    def knows(self, task: str) -> bool:
+        return self.verifier_for(task) is not None
+
     def register(self, task: str, fn: Verifier) -> None:
         """Use `fn` for `task` in this router only (overrides built-ins and the global registry)."""
         self._verifiers[task] = check_verifier(fn, task)
@@ -99,7 +112,7 @@ class RewardRouter:
         `ConfigError` naming `rewards.sandbox.isolation` if the configured isolation cannot be had
         (the sandbox fails closed, `Sandbox.require_isolation`)."""
         wanted = set(tasks)
-        missing = sorted(wanted - set(self._verifiers))
+        missing = sorted(t for t in wanted if not self.knows(t))
         if missing:
             raise ConfigError(f"no verifier for task(s) {missing} (known: {self.tasks}); set "
                               f"rewards.verifiers.{missing[0]}=package.module:function")
@@ -123,7 +136,7 @@ class RewardRouter:
     # -- scoring ---------------------------------------------------------------------------
     def score(self, record: PromptRecord, completion_text: str) -> RewardOutcome:
         """The reward for one completion; never raises for anything a verifier does."""
-        fn = self._verifiers.get(record.task)
+        fn = self.verifier_for(record.task)
         if fn is None:
             with self._lock:
                 first = record.task not in self._warned_tasks

@@ -107,7 +107,10 @@ def test_deterministic_given_seed(model: torch.nn.Module) -> None:
     b = evaluate(gen(1, engine(model, seed=2, slots=3)), recs, encode, 3, PARAMS, scorer(), seed=7)
     c = evaluate(gen(2, engine(model, seed=1, slots=8)), recs, encode, 3, PARAMS, scorer(), seed=8)
     assert seen[0] == seen[1]
+    # The sampled-token entropy sums engine log-probs, which differ in float rounding with the batch.
+    drop |= {k for k in a if k.startswith("val_entropy")}
     assert {k: v for k, v in a.items() if k not in drop} == {k: v for k, v in b.items() if k not in drop}
+    assert a["val_entropy"] == pytest.approx(b["val_entropy"], rel=1e-6)
     assert seen[2] != seen[0]
     assert c.keys() == a.keys()
 

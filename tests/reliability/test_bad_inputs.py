@@ -162,6 +162,16 @@ CASES: list[Case] = [
          r"d\.jsonl: 1 row\(s\) rejected:\n  missing answer: 1\n"
          r"    d\.jsonl:1: task 'math' needs a gold answer",
          {"d.jsonl": '{"prompt": "a"}\n'}),
+    Case("benchmark-row-bad-field", "data", (*TRAIN, "--data", "g.jsonl", "data.format=gsm8k"),
+         r"data\.train_path: g\.jsonl: 1 row\(s\) rejected:\n  bad answer: 1\n"
+         r"    g\.jsonl:1: field 'answer': no '#### <answer>' line \(GSM8K's layout\)",
+         {"g.jsonl": '{"question": "How many?", "answer": "Three."}\n'}),
+    Case("reasoning-gym-unknown-dataset", "data", (*TRAIN, "data.source=reasoning_gym:leg_countin"),
+         r"data\.source=reasoning_gym:leg_countin \(options: data\.reasoning_gym\.config\): no "
+         r"reasoning-gym dataset 'leg_countin'; did you mean leg_counting"),
+    Case("decontaminate-output-exists", "data",
+         ("data", "decontaminate", "ok.jsonl", "--against", "ok.jsonl", "--out", "ok.jsonl"),
+         r"--out ok\.jsonl: exists; decontaminate never replaces a file", ROWS),
     # -- model and tokenizer
     Case("model-folder-missing", "model", (*TRAIN, "--model", "./nope"),
          r"model\.name_or_path: \./nope: no such directory"),
