@@ -91,6 +91,7 @@ def step_rows(run: Path) -> list[dict[str, Any]]:
     return [r for r in rows if r["kind"] == "step"]
 
 
+@pytest.mark.timeout(1200)  # three start-ups of vLLM engines (one a restart) on a loaded 2-core machine
 def test_vllm_engine_actors_learn_survive_a_kill_and_resume(cluster: Any, tmp_path: Path) -> None:
     model = save_tiny(tmp_path / "model", seed=0, std=0.02)
     run = tmp_path / "run"
