@@ -1,0 +1,141 @@
+"""The HTTP side: a Starlette app over an `Endpoint`, served by uvicorn in a background thread.
+
+Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET /health`.
+Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`): 400 for a request
+the endpoint cannot serve (the message names the field), 500 with the exception for a failure of
+ours. The session is the bearer token (`Authorization: Bearer KEY`; none: the session "default").
+
+`start_server(endpoint, host, port)` binds first (port 0: an ephemeral port, read back from the
+socket) and returns once uvicorn accepts connections; `ServerHandle.close()` stops it.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from scalerl.serving.endpoint import Endpoint, RequestError
+
+
+def _session_key(request: Any) -> str:
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer ") and auth[7:].strip():
+        return auth[7:].strip()
+    return "default"
+
+
+def _error(status: int, message: str, kind: str) -> Any:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}},
+                        status_code=status)
+
+
+def build_app(endpoint: Endpoint) -> Any:
+    """The ASGI app serving `endpoint`."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    def handler(kind: str) -> Any:
+        async def route(request: Any) -> Any:
+            try:
+                body = await request.json()
+            except Exception:
+                return _error(400, "the request body is not JSON", "invalid_request_error")
+            if not isinstance(body, dict):
+                return _error(400, "the request body must be a JSON object", "invalid_request_error")
+            try:
+                run = endpoint.chat if kind == "chat" else endpoint.completion
+                return JSONResponse(await run(body, _session_key(request)))
+            except RequestError as err:
+                endpoint.counters["requests_refused"] += 1
+                return _error(err.status, str(err), "invalid_request_error")
+            except Exception as err:  # ours: the traceback goes to the log, the client gets a 500
+                endpoint.counters["requests_failed"] += 1
+                traceback.print_exc()
+                return _error(500, f"{type(err).__name__}: {err}", "server_error")
+
+        return route
+
+    async def models(request: Any) -> Any:
+        return JSONResponse({"object": "list", "data": [
+            {"id": endpoint.model_name, "object": "model", "created": 0, "owned_by": "scalerl"}]})
+
+    async def health(request: Any) -> Any:
+        return JSONResponse({"status": "ok", "policy_version": endpoint.engine.version})
+
+    return Starlette(routes=[
+        Route("/v1/chat/completions", handler("chat"), methods=["POST"]),
+        Route("/v1/completions", handler("completion"), methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+    ])
+
+
+@dataclass
+class ServerHandle:
+    url: str  # http://host:port/v1, what an OpenAI client takes as base_url
+    port: int
+    server: Any
+    thread: threading.Thread
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def start_server(endpoint: Endpoint, host: str = "127.0.0.1", port: int = 0,
+                 timeout_s: float = 30.0) -> ServerHandle:
+    """Serve `endpoint` on `host:port` from a daemon thread; returns once it accepts connections."""
+    try:
+        import uvicorn
+    except ImportError as err:
+        from scalerl.config import ConfigError
+
+        raise ConfigError("the OpenAI-compatible endpoint needs starlette and uvicorn: "
+                          "pip install 'scalerl[serve]'") from err
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    bound = sock.getsockname()[1]
+    config = uvicorn.Config(build_app(endpoint), log_level="warning", access_log=False, lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="scalerl-endpoint",
+                              daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the endpoint on {host}:{bound} did not start")
+        time.sleep(0.01)
+    return ServerHandle(f"http://{host}:{bound}/v1", bound, server, thread)
+
+
+class EngineDriver:
+    """Steps an endpoint's engine from a thread of its own (`scalerl serve`: nobody else does)."""
+
+    def __init__(self, endpoint: Endpoint, idle_wait_s: float = 0.05) -> None:
+        self.endpoint = endpoint
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(idle_wait_s,), name="scalerl-driver",
+                                        daemon=True)
+        self.error: BaseException | None = None
+        self._thread.start()
+
+    def _run(self, idle_wait_s: float) -> None:
+        try:
+            while not self._stop.is_set():
+                self.endpoint.pump(idle_wait_s)
+        except BaseException as err:  # the engine broke: every waiting client gets the error
+            self.error = err
+            traceback.print_exc()
+            self.endpoint.fail_pending(err)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
