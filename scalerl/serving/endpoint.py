@@ -207,6 +207,11 @@ class Endpoint:
             resolved += 1
         return resolved
 
+    def notify(self) -> None:
+        """Wake a `pump()` waiting for requests (something else its owner waits for happened)."""
+        with self._wake:
+            self._wake.notify_all()
+
     def fail_pending(self, err: BaseException) -> None:
         """Fail every waiting request (the owner is shutting down)."""
         with self._lock:
@@ -278,6 +283,7 @@ class Endpoint:
                 left = budget - window_used
                 if left <= 0:
                     self.counters["budget_refused"] += 1
+                    session.budget_refused = True
                     raise RequestError(f"the episode's token budget ({budget}) is spent", status=400)
                 limit = min(limit, left)
             seed = None if policy.seed is None else (policy.seed * 1_000_003 + len(session.calls)) % (1 << 63)
@@ -415,7 +421,9 @@ class Endpoint:
         self.counters["requests"] += 1
         start = time.perf_counter()
         completions = await asyncio.wrap_future(future)
-        self.counters["gen_time_us"] += int((time.perf_counter() - start) * 1e6)
+        elapsed = time.perf_counter() - start
+        self.counters["gen_time_us"] += int(elapsed * 1e6)
+        session.gen_time_s += elapsed
         return completions
 
     # ------------------------------------------------------------------------------ responses

@@ -138,7 +138,9 @@ class Session:
 
     key: str
     calls: list[Call] = field(default_factory=list)
-    tool_calls: int = 0
+    tool_calls: int = 0  # tool calls parsed from the responses
+    gen_time_s: float = 0.0  # time its calls waited for the engine
+    budget_refused: bool = False  # a call was refused: the token budget was spent
 
     def chat_parent(self, messages: Sequence[dict[str, Any]]) -> tuple[int, int] | None:
         """(index of the call `messages` continues, number of its messages) or None: the latest
