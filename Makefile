@@ -95,7 +95,7 @@ test-real-shape: setup
 
 # Environments written against other libraries (verifiers, openenv-core) through the OpenAI-compatible
 # endpoint (docs/agentic.md): their dependencies are heavy, so the `envs` extra is installed here only
-# and the tests that need it skip in `make test` (pytest.importorskip).
+# with its tests (marker envs, deselected from `make test`; so is `scalerl serve` run as a subprocess).
 ENVS_STAMP := $(VENV)/.installed-envs
 $(ENVS_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e ".[dev,envs]"
@@ -103,4 +103,4 @@ $(ENVS_STAMP): $(STAMP)
 
 .PHONY: test-envs
 test-envs: $(ENVS_STAMP)
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q tests/serving
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m envs tests/serving

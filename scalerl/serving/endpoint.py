@@ -228,6 +228,9 @@ class Endpoint:
     # ------------------------------------------------------------------------------ rendering
     def render_chat(self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None,
                     add_generation_prompt: bool = True) -> str:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise RequestError("messages: the model's tokenizer has no chat template "
+                               "(use /v1/completions)")
         kwargs: dict[str, Any] = {"tools": tools} if tools else {}
         try:
             return str(self.tokenizer.apply_chat_template(

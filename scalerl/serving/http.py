@@ -101,7 +101,13 @@ def start_server(endpoint: Endpoint, host: str = "127.0.0.1", port: int = 0,
                           "pip install 'scalerl[serve]'") from err
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as err:  # in use, or not an address of this machine: the user's choice
+        sock.close()
+        from scalerl.inputs import InputError
+
+        raise InputError(f"--port/--host: cannot listen on {host}:{port} ({err.strerror or err})") from None
     bound = sock.getsockname()[1]
     config = uvicorn.Config(build_app(endpoint), log_level="warning", access_log=False, lifespan="off")
     server = uvicorn.Server(config)
