@@ -127,7 +127,7 @@ class AgentEngine(SteppingEngine):
     def __init__(
         self, inner: Engine, tokenizer: Any, agent: AgentFn | None, settings: AgenticConfig | None = None,
         *, run_episode: Callable[[Any, PromptRecord], Awaitable[Any]] | None = None,
-        model_name: str = "scalerl",
+        aclose: Callable[[], Awaitable[None]] | None = None, model_name: str = "scalerl",
     ) -> None:
         super().__init__(inner.version)
         if agent is None and run_episode is None:
@@ -140,6 +140,7 @@ class AgentEngine(SteppingEngine):
         self.tokenizer = tokenizer
         self.settings = settings or AgenticConfig()
         self.run_episode = run_episode or agent
+        self._aclose = aclose  # run on the agents' loop at close (a verifiers env's servers)
         self.eos_id = int(tokenizer.eos_token_id)
         self._policies: dict[str, SessionPolicy] = {}
         self.endpoint = Endpoint(inner, tokenizer, model_name=model_name, policy_for=self._policies.get)
@@ -174,6 +175,8 @@ class AgentEngine(SteppingEngine):
         self.endpoint.fail_pending(RuntimeError("the agent engine is closing"))
         for ep in self._episodes.values():
             ep.future.cancel()
+        if self._aclose is not None:
+            self._loop.submit(self._aclose()).result(timeout=60)
         self._loop.submit(self._http.aclose()).result(timeout=10)
         self._loop.close()
         self.server.close()

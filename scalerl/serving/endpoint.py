@@ -16,11 +16,12 @@ Sampling: `policy` settings (a training run's `SamplingParams`) win over the req
 temperature / top_p (the trainer's importance ratio needs the behaviour policy it configured);
 `max_tokens`, `stop`, `n` and `seed` come from the request. Without a policy the request's
 settings are used (OpenAI defaults: temperature 1, top_p 1). Not supported, answered with a 400
-naming the field: `stream`, `n > 1` for a policy with a token budget, `logit_bias`, `tools` with
+naming the field: `n > 1` for a policy with a token budget, `logit_bias`, `tools` with
 `tool_choice` forcing a named tool, a content part that is not text, several prompts in one
 completions request.
 
-Responses follow the OpenAI schema; `choices[i].logprobs` when `logprobs` is asked for;
+Responses follow the OpenAI schema (`stream: true` is served by `http` as events of the finished
+response); `choices[i].logprobs` when `logprobs` is asked for;
 `prompt_token_ids` / `choices[i].token_ids` when `return_token_ids` is true (vLLM's extension);
 `system_fingerprint` is `scalerl-policy-<version>` (the version that sampled the last token).
 """
@@ -265,8 +266,6 @@ class Endpoint:
         for key in _UNSUPPORTED:
             if body.get(key) is not None:
                 raise RequestError(f"{key}: not supported by this endpoint")
-        if body.get("stream"):
-            raise RequestError("stream: streaming responses are not supported (send stream=false)")
         n = body.get("n") or 1
         if not isinstance(n, int) or n < 1:
             raise RequestError("n: expected a positive integer")

@@ -3,7 +3,8 @@
 Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET /health`.
 Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`): 400 for a request
 the endpoint cannot serve (the message names the field), 500 with the exception for a failure of
-ours. The session is the bearer token (`Authorization: Bearer KEY`; none: the session "default").
+ours. The session is the `X-Scalerl-Session` header, else the bearer token (`Authorization: Bearer
+KEY`), else "default". `stream: true` is answered with server-sent events of the finished response.
 
 `start_server(endpoint, host, port)` binds first (port 0: an ephemeral port, read back from the
 socket) and returns once uvicorn accepts connections; `ServerHandle.close()` stops it.
@@ -11,6 +12,7 @@ socket) and returns once uvicorn accepts connections; `ServerHandle.close()` sto
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -20,8 +22,15 @@ from typing import Any
 
 from scalerl.serving.endpoint import Endpoint, RequestError
 
+SESSION_HEADER = "X-Scalerl-Session"
+
 
 def _session_key(request: Any) -> str:
+    # A client that cannot choose its API key per episode (a verifiers harness reads it from an
+    # environment variable) names its session in a header instead.
+    named = request.headers.get(SESSION_HEADER.lower(), "").strip()
+    if named:
+        return str(named)
     auth = request.headers.get("authorization", "")
     if auth.lower().startswith("bearer ") and auth[7:].strip():
         return auth[7:].strip()
@@ -35,10 +44,39 @@ def _error(status: int, message: str, kind: str) -> Any:
                         status_code=status)
 
 
+def sse_events(response: dict[str, Any], include_usage: bool) -> list[str]:
+    """A finished response as OpenAI server-sent events: one chunk with each choice's whole
+    content (and tool calls), one with its finish reason, the usage chunk if asked, `[DONE]`."""
+    chat = response["object"] == "chat.completion"
+    head = {k: response[k] for k in ("id", "created", "model", "system_fingerprint")}
+    head["object"] = "chat.completion.chunk" if chat else "text_completion"
+    chunks = []
+    for c in response["choices"]:
+        if chat:
+            m = c["message"]
+            delta: dict[str, Any] = {"role": "assistant", "content": m.get("content") or ""}
+            if m.get("tool_calls"):
+                delta["tool_calls"] = [{"index": j, **call} for j, call in enumerate(m["tool_calls"])]
+            first = {"index": c["index"], "delta": delta, "logprobs": c.get("logprobs"),
+                     "finish_reason": None}
+            last = {"index": c["index"], "delta": {}, "logprobs": None, "finish_reason": c["finish_reason"]}
+        else:
+            first = {"index": c["index"], "text": c["text"], "logprobs": c.get("logprobs"),
+                     "finish_reason": None}
+            last = {"index": c["index"], "text": "", "logprobs": None, "finish_reason": c["finish_reason"]}
+        for key in ("token_ids",):
+            if key in c:
+                first[key] = c[key]
+        chunks += [{**head, "choices": [first]}, {**head, "choices": [last]}]
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": response["usage"]})
+    return [f"data: {json.dumps(x)}\n\n" for x in chunks] + ["data: [DONE]\n\n"]
+
+
 def build_app(endpoint: Endpoint) -> Any:
     """The ASGI app serving `endpoint`."""
     from starlette.applications import Starlette
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
 
     def handler(kind: str) -> Any:
@@ -49,9 +87,18 @@ def build_app(endpoint: Endpoint) -> Any:
                 return _error(400, "the request body is not JSON", "invalid_request_error")
             if not isinstance(body, dict):
                 return _error(400, "the request body must be a JSON object", "invalid_request_error")
+            # Streaming: the response is generated whole, then sent as server-sent events (the
+            # engine steps every sequence together; nothing is gained by sending tokens earlier).
+            stream = bool(body.pop("stream", False))
+            include_usage = bool((body.pop("stream_options", None) or {}).get("include_usage"))
             try:
                 run = endpoint.chat if kind == "chat" else endpoint.completion
-                return JSONResponse(await run(body, _session_key(request)))
+                response = await run(body, _session_key(request))
+                if stream:
+                    endpoint.counters["streamed"] += 1
+                    return StreamingResponse(iter(sse_events(response, include_usage)),
+                                             media_type="text/event-stream")
+                return JSONResponse(response)
             except RequestError as err:
                 endpoint.counters["requests_refused"] += 1
                 return _error(err.status, str(err), "invalid_request_error")

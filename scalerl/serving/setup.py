@@ -72,7 +72,7 @@ def build_environment(
         from scalerl.serving.verifiers_env import VerifiersEpisodes, load_verifiers_env
 
         episodes = VerifiersEpisodes(load_verifiers_env(spec[len("verifiers:"):], a.environment_args))
-        wrapped = AgentEngine(engine, tokenizer, None, a, run_episode=episodes.run)
+        wrapped = AgentEngine(engine, tokenizer, None, a, run_episode=episodes.run, aclose=episodes.aclose)
     cache: dict[str, list[int]] = {}
 
     def encode(record: PromptRecord) -> list[int]:

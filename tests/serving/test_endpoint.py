@@ -187,8 +187,8 @@ def test_what_the_endpoint_cannot_serve_is_a_400_naming_the_field(tok) -> None:
     for s in serve(scripted(tok, ["x"] * 5), tok):
         client = s.client()
         msgs = [{"role": "user", "content": "q"}]
-        with pytest.raises(openai.BadRequestError, match="stream"):
-            client.chat.completions.create(model="tiny", messages=msgs, stream=True)
+        with pytest.raises(openai.BadRequestError, match="logit_bias"):
+            client.chat.completions.create(model="tiny", messages=msgs, logit_bias={"1": 5})
         with pytest.raises(openai.BadRequestError, match=r"messages\[0\].content\[0\]"):
             client.chat.completions.create(model="tiny", messages=[
                 {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
@@ -215,3 +215,26 @@ def test_a_real_engine_answers_with_the_behaviour_logprobs_it_recorded(tok) -> N
             assert all(lp <= 0 for lp in call.trace.logprobs) and set(call.trace.versions) == {0}
         models = client.models.list()
         assert [m.id for m in models.data] == ["tiny"]
+
+
+def test_a_streamed_request_gets_the_finished_response_as_events(tok) -> None:
+    for s in serve(scripted(tok, ["streamed reply", "text"]), tok):
+        client = s.client("k")
+        chunks = list(client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "q"}], stream=True,
+            stream_options={"include_usage": True}))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == "streamed reply"
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+        assert chunks[-1].usage.completion_tokens == len("streamed reply") + 1
+        parts = list(client.completions.create(model="tiny", prompt="p", stream=True))
+        assert "".join(p.choices[0].text for p in parts) == "text"
+        assert s.endpoint.counters["streamed"] == 2
+
+
+def test_the_session_header_wins_over_the_api_key(tok) -> None:
+    for s in serve(scripted(tok, ["x"]), tok):
+        client = openai.OpenAI(base_url=s.server.url, api_key="shared", max_retries=0,
+                               default_headers={"X-Scalerl-Session": "episode-7"})
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "q"}])
+        assert set(s.endpoint.sessions) == {"episode-7"}
