@@ -234,7 +234,8 @@ class AgentEngine(SteppingEngine):
             end = "env_error"
         except ValueError as err:
             # Not a reward, or the agent's own ValueError: either way the episode has no verdict.
-            errors["agent_bad_reward" if "reward" in str(err) else "agent_ValueError"] += 1
+            kind = "bad_reward" if str(err).startswith(("reward ", "returned ")) else type(err).__name__
+            errors[f"agent_{kind}"] += 1
             end = "env_error"
         except Exception as err:  # the agent's bug ends its episode, counted, never the run
             errors[f"agent_{type(err).__name__}"] += 1

@@ -139,6 +139,11 @@ class ServerHandle:
 def start_server(endpoint: Endpoint, host: str = "127.0.0.1", port: int = 0,
                  timeout_s: float = 30.0) -> ServerHandle:
     """Serve `endpoint` on `host:port` from a daemon thread; returns once it accepts connections."""
+    return serve_app(build_app(endpoint), host, port, timeout_s)
+
+
+def serve_app(app: Any, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 30.0) -> ServerHandle:
+    """Serve any ASGI `app` on `host:port` (0: ephemeral) from a daemon thread."""
     try:
         import uvicorn
     except ImportError as err:
@@ -156,7 +161,7 @@ def start_server(endpoint: Endpoint, host: str = "127.0.0.1", port: int = 0,
 
         raise InputError(f"--port/--host: cannot listen on {host}:{port} ({err.strerror or err})") from None
     bound = sock.getsockname()[1]
-    config = uvicorn.Config(build_app(endpoint), log_level="warning", access_log=False, lifespan="off")
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="scalerl-endpoint",
                               daemon=True)

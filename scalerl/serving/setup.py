@@ -3,7 +3,8 @@
 `build_environment(agentic, tokenizer, engine, router, decode)` is what `scalerl train` and
 `scalerl eval` call when `agentic.environment` is set: `"agent:pkg.mod:fn"` builds an
 `AgentEngine` (`scalerl.serving.agent`), `"verifiers:module"` the verifiers adapter
-(`scalerl.serving.verifiers_env`); every other kind is `scalerl.agentic.setup.build_agentic`.
+(`scalerl.serving.verifiers_env`), `"openenv:URL"` the OpenEnv one (`scalerl.serving.openenv_env`),
+all through the endpoint; every other kind is `scalerl.agentic.setup.build_agentic`.
 `check_environment(agentic, router)` is the input check run before any work: a `ConfigError` naming
 `agentic.environment` for a path that does not load or a library that is not installed.
 """
@@ -21,7 +22,7 @@ from scalerl.data.records import PromptRecord
 from scalerl.rewards.router import RewardRouter
 from scalerl.rollout.protocol import Engine
 
-SERVED_KINDS: tuple[str, ...] = ("agent:", "verifiers:")
+SERVED_KINDS: tuple[str, ...] = ("agent:", "verifiers:", "openenv:")
 
 
 def is_served(a: AgenticConfig) -> bool:
@@ -53,6 +54,12 @@ def check_environment(a: AgenticConfig, router: RewardRouter | None) -> None:
 
         check_openai()
         load_verifiers_env(spec[len("verifiers:"):], a.environment_args)
+    elif spec.startswith("openenv:"):
+        from scalerl.serving.agent import check_openai
+        from scalerl.serving.openenv_env import check_openenv
+
+        check_openai()
+        check_openenv(spec[len("openenv:"):])
     else:
         environment_factory(a, router)
 
@@ -68,6 +75,12 @@ def build_environment(
 
     if spec.startswith("agent:"):
         wrapped = AgentEngine(engine, tokenizer, load_agent(spec[len("agent:"):]), a)
+    elif spec.startswith("openenv:"):
+        from scalerl.serving.openenv_env import OpenEnvEpisodes
+
+        oe = OpenEnvEpisodes(spec[len("openenv:"):], max_turns=a.max_turns,
+                             reset=a.environment_args.get("reset"))
+        wrapped = AgentEngine(engine, tokenizer, None, a, run_episode=oe.run)
     else:
         from scalerl.serving.verifiers_env import VerifiersEpisodes, load_verifiers_env
 
