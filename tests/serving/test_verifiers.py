@@ -1,9 +1,11 @@
-"""verifiers (v1) environments through the endpoint: single-turn and multi-turn environments written
-against the library; rewards are the library's own scores of exactly what the endpoint recorded.
+"""verifiers (v1) environments through the endpoint: single-turn, multi-turn and tool-using
+environments written against the library; rewards are the library's own scores of exactly what the
+endpoint recorded.
 Marker envs (`make test-envs`): each episode runs verifiers' harness program as a uv script."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -27,6 +29,9 @@ ENVS = Path(__file__).parent / "vf_envs"  # verifiers imports a taskset id as a 
 @pytest.fixture(autouse=True)
 def _taskset_path(monkeypatch) -> None:
     monkeypatch.syspath_prepend(str(ENVS))
+    # verifiers starts a task's tool server as `python -m <module>` in a process of its own.
+    path = os.pathsep.join(filter(None, [str(ENVS), os.environ.get("PYTHONPATH")]))
+    monkeypatch.setenv("PYTHONPATH", path)
 
 
 @pytest.fixture(scope="module")
@@ -40,15 +45,15 @@ def doubling(context: str) -> str:
     return f"It is {2 * a if a % 2 == 0 else 2 * a + 1}"
 
 
-def run(tok, taskset: str, policy, args=None, n: int = 1):
+def run(tok, taskset: str, policy, args=None, n: int = 1, max_new_tokens: int = 32):
     spec = load_verifiers_env(taskset, args or {})
     episodes = VerifiersEpisodes(spec)
     inner = ScriptedEngine(tok, policy, continuable=False)
     engine = AgentEngine(inner, tok, None, AgenticConfig(max_total_tokens=200), run_episode=episodes.run,
                          aclose=episodes.aclose)
     records = taskset_records(spec, "math")
-    requests = [GenerationRequest(f"r{i}", [1], SamplingParams(n=n, max_new_tokens=32), {"record": r})
-                for i, r in enumerate(records)]
+    params = SamplingParams(n=n, max_new_tokens=max_new_tokens)
+    requests = [GenerationRequest(f"r{i}", [1], params, {"record": r}) for i, r in enumerate(records)]
     try:
         out = engine.generate(requests)
         recent = dict(episodes.recent)
@@ -87,6 +92,25 @@ def test_a_multi_turn_environment_is_one_trajectory(tok) -> None:
         info = c.metadata["agentic"]
         assert info["turns"] == 2 and info["windows"] == 1
         assert [k for k, _, _ in info["segments"]] == ["model", "env", "model"]
+
+
+def test_a_tool_environment_runs_the_tool_between_two_model_turns(tok) -> None:
+    def policy(context: str) -> str:
+        if "42" in context.split("17+25")[-1]:  # the tool's result is in the context
+            return "The answer is 42"
+        return '<tool_call>{"name": "add", "arguments": {"a": 17, "b": 25}}</tool_call>'
+
+    _, _, out, recent = run(tok, "vftest_tool", policy, max_new_tokens=96)
+    info = out[0].metadata["agentic"]
+    assert info["end"] == "answer" and info["env_score"] == 1.0, info
+    assert info["turns"] == 2 and info["tool_calls"] == 1 and info["windows"] == 1
+    (_, a, b), (_, _, d), (_, _, f) = info["segments"]
+    # The tiny template writes a tool message as an assistant turn: the tool's result, masked.
+    assert tok.decode(out[0].token_ids[b:d]) == "<|assistant|>42<|end|><|assistant|>"
+    assert not any(out[0].loss_mask[b:d]) and all(out[0].loss_mask[a:b]) and all(out[0].loss_mask[d:f])
+    trace = next(iter(recent.values())).traces[0]
+    assert [m.role for m in trace.messages] == ["user", "assistant", "tool", "assistant"]
+    assert trace.tool_messages[0].content == "42"  # verifiers ran its own tool server
 
 
 def test_bad_verifiers_ids_and_arguments_are_config_errors() -> None:
