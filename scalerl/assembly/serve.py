@@ -3,7 +3,8 @@
 `start_serving(source, host, port, ...)` loads the model of an `EvalSource` (`resolve_source`: a run
 directory's latest checkpoint, a checkpoint, a model directory or a hub name) into the engine
 `generation.engine` names, wraps it in an `Endpoint` (`scalerl.serving`), steps it from a driver
-thread and serves it on `host:port`. `record` (a path) appends one JSON line per call: the session,
+thread and serves it on `host:port`, keeping the `max_sessions` most recent sessions for stitching.
+`record` (a path) appends one JSON line per call: the session,
 the exact prompt and completion ids, behaviour log-probs, policy versions, the call it continues.
 """
 
@@ -34,7 +35,8 @@ class Serving:
 
 
 def start_serving(source: EvalSource, *, host: str = "127.0.0.1", port: int = 0, device: str | None = None,
-                  max_tokens: int = 256, model_name: str | None = None, record: str | None = None) -> Serving:
+                  max_tokens: int = 256, model_name: str | None = None, record: str | None = None,
+                  max_sessions: int = 1024) -> Serving:
     from scalerl.assembly.sections import engine_spec
     from scalerl.rollout.factory import build_engine, close_engine
     from scalerl.serving.endpoint import Endpoint
@@ -72,7 +74,7 @@ def start_serving(source: EvalSource, *, host: str = "127.0.0.1", port: int = 0,
                     out.flush()
 
         endpoint = Endpoint(engine, tokenizer, model_name=name, max_tokens_default=max_tokens,
-                            on_call=on_call)
+                            on_call=on_call, max_sessions=max_sessions)
         driver = EngineDriver(endpoint)
         serving.closers.append(driver.close)
         server = start_server(endpoint, host, port)

@@ -155,7 +155,7 @@ class Endpoint:
     def __init__(
         self, engine: Engine, tokenizer: Any, *, model_name: str = "scalerl",
         max_tokens_default: int = 256, policy_for: Callable[[str], SessionPolicy | None] | None = None,
-        on_call: Callable[[str, Call], None] | None = None,
+        on_call: Callable[[str, Call], None] | None = None, max_sessions: int | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -165,6 +165,10 @@ class Endpoint:
         self.on_call = on_call
         self.eos_ids = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
         self.sessions: dict[str, Session] = {}
+        # A long-lived server keeps the most recent sessions only (`sessions_evicted` counts the
+        # rest; a call continuing an evicted one starts a new window).
+        self.max_sessions = max_sessions
+        self._broken: BaseException | None = None
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -214,8 +218,9 @@ class Endpoint:
             self._wake.notify_all()
 
     def fail_pending(self, err: BaseException) -> None:
-        """Fail every waiting request (the owner is shutting down)."""
+        """Fail every waiting request and every later one (the engine broke, or is shutting down)."""
         with self._lock:
+            self._broken = err
             pending = [*self._queue, *self._inflight.values()]
             self._queue, self._inflight = [], {}
         for p in pending:
@@ -262,7 +267,7 @@ class Endpoint:
 
     # ------------------------------------------------------------------------------ requests
     def _params(self, body: Mapping[str, Any], policy: SessionPolicy | None, session: Session,
-                context_len: int, window_used: int) -> SamplingParams:
+                window_used: int) -> SamplingParams:
         for key in _UNSUPPORTED:
             if body.get(key) is not None:
                 raise RequestError(f"{key}: not supported by this endpoint")
@@ -311,6 +316,8 @@ class Endpoint:
         request = GenerationRequest(request_id, list(prompt), params, {"session": session},
                                     cache_key=f"api-{session}")
         with self._wake:
+            if self._broken is not None:
+                raise RuntimeError(f"the endpoint's engine is gone: {self._broken!r}")
             self._queue.append(_Pending(request, future))
             self._wake.notify_all()
         return future
@@ -320,6 +327,9 @@ class Endpoint:
             s = self.sessions.get(key)
             if s is None:
                 s = self.sessions[key] = Session(key)
+                while self.max_sessions is not None and len(self.sessions) > self.max_sessions:
+                    self.sessions.pop(next(iter(self.sessions)))
+                    self.counters["sessions_evicted"] += 1
             return s
 
     async def chat(self, body: Mapping[str, Any], key: str) -> dict[str, Any]:
@@ -418,7 +428,7 @@ class Endpoint:
     async def _generate(self, body: Mapping[str, Any], key: str, session: Session,
                         trace: Trace) -> list[Completion]:
         policy = self.policy_for(key)
-        params = self._params(body, policy, session, len(trace.context), len(trace.token_ids))
+        params = self._params(body, policy, session, len(trace.token_ids))
         future = self._queue_request(trace.context, params, key)
         self.counters["requests"] += 1
         start = time.perf_counter()

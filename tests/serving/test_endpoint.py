@@ -238,3 +238,19 @@ def test_the_session_header_wins_over_the_api_key(tok) -> None:
                                default_headers={"X-Scalerl-Session": "episode-7"})
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "q"}])
         assert set(s.endpoint.sessions) == {"episode-7"}
+
+
+def test_a_long_lived_endpoint_keeps_its_latest_sessions_and_a_broken_engine_fails_fast(tok) -> None:
+    import asyncio
+
+    endpoint = Endpoint(scripted(tok, ["a", "b", "c"]), tok, max_sessions=2)
+    driver = EngineDriver(endpoint, idle_wait_s=0.01)
+    try:
+        for key in ("k1", "k2", "k3"):
+            asyncio.run(endpoint.chat({"messages": [{"role": "user", "content": "q"}]}, key))
+        assert list(endpoint.sessions) == ["k2", "k3"] and endpoint.counters["sessions_evicted"] == 1
+    finally:
+        driver.close()
+    endpoint.fail_pending(RuntimeError("engine died"))
+    with pytest.raises(RuntimeError, match="engine died"):
+        asyncio.run(endpoint.chat({"messages": [{"role": "user", "content": "q"}]}, "k4"))
