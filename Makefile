@@ -98,3 +98,15 @@ test-bench: setup
 .PHONY: test-real-shape
 test-real-shape: setup
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -s -m real_shape tests/rollout/test_embedded_real_shape.py
+
+# Environments written against other libraries (verifiers, openenv-core) through the OpenAI-compatible
+# endpoint (docs/agentic.md): their dependencies are heavy, so the `envs` extra is installed here only
+# with its tests (marker envs, deselected from `make test`; so is `scalerl serve` run as a subprocess).
+ENVS_STAMP := $(VENV)/.installed-envs
+$(ENVS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[dev,envs]"
+	touch $(ENVS_STAMP)
+
+.PHONY: test-envs
+test-envs: $(ENVS_STAMP)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m envs tests/serving

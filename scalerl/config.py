@@ -599,8 +599,10 @@ class DistributedConfig(Section):
 class AgenticConfig(Section):
     """Multi-turn tool-using rollouts (`scalerl.agentic`, docs/agentic.md); off while `environment`
     is None. `environment`: "tools" (the built-in tool environment with `tools`), "skyrl:pkg.mod:Env"
-    (a skyrl-gym text environment through the adapter) or "pkg.mod:factory" (called with the ToolBox).
-    `tools`: "calculator", "python", "search" (needs `corpus_path`) or "pkg.mod:Factory"."""
+    (a skyrl-gym text environment through the adapter), "pkg.mod:factory" (called with the ToolBox),
+    "agent:pkg.mod:fn" (an async `(client, record) -> reward` program run through the OpenAI-compatible
+    endpoint, `scalerl.serving.agent`) or "verifiers:module" (a verifiers environment through the same
+    endpoint). `tools`: "calculator", "python", "search" (needs `corpus_path`) or "pkg.mod:Factory"."""
 
     environment: str | None = None
     tools: list[str] = ["calculator"]
@@ -618,6 +620,11 @@ class AgenticConfig(Section):
     env_workers: int = Field(4, ge=1)
     # Share of the SFT warm start's examples that are tool-use traces (the rest: direct traces).
     sft_tool_fraction: float = Field(0.25, ge=0.0, le=1.0)
+    # "agent:" / "verifiers:" environments (the OpenAI-compatible endpoint, docs/agentic.md):
+    # keyword arguments of the verifiers module's `load_environment`, and the wall-clock limit of
+    # one episode (an agent still running after it ends its episode as env_error, counted).
+    environment_args: dict[str, Any] = {}
+    agent_timeout_s: float = Field(300.0, gt=0.0)
 
     @model_validator(mode="after")
     def _context_budget(self) -> AgenticConfig:

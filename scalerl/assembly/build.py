@@ -166,9 +166,9 @@ def _build_training(
         check_params(params)  # settings the engine cannot honour fail before any generation
     scorer: Any = router
     if config.agentic.environment is not None:  # multi-turn tool use: trajectories (docs/agentic.md)
-        from scalerl.agentic.setup import build_agentic
+        from scalerl.serving.setup import build_environment
 
-        agentic = build_agentic(config.agentic, tokenizer, engine, router, decode)
+        agentic = build_environment(config.agentic, tokenizer, engine, router, decode)
         engine, encode, scorer = agentic.engine, agentic.encode, agentic.scorer  # type: ignore[assignment]
         closers.append(agentic.close)
 

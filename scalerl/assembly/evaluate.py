@@ -159,9 +159,9 @@ def _evaluate_with(engine: Any, cfg: RunConfig, tokenizer: Any, records: list[An
         encode: Any = lambda r: encoded.token_ids[r.id]  # noqa: E731
         verdicts: Any = router
         if cfg.agentic.environment is not None:  # an agentic run is evaluated on trajectories
-            from scalerl.agentic.setup import build_agentic
+            from scalerl.serving.setup import build_environment
 
-            agentic = build_agentic(cfg.agentic, tokenizer, engine, router, decode)
+            agentic = build_environment(cfg.agentic, tokenizer, engine, router, decode)
             closers.append(agentic.close)
             engine, encode, verdicts = agentic.engine, agentic.encode, agentic.scorer
         scorer = GroupScorer(verdicts, decode, max_workers=cfg.rewards.max_workers,

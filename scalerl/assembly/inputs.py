@@ -114,9 +114,9 @@ def check_verifiers(cfg: RunConfig, tasks_in: Mapping[str, Sequence[str]]) -> No
         _check_known_tasks(router, tasks_in)
         check_code_sandbox(cfg, list(tasks_in.get("code", ())), sandbox=router.sandbox)
         if cfg.agentic.environment is not None:
-            from scalerl.agentic.setup import environment_factory
+            from scalerl.serving.setup import check_environment
 
-            environment_factory(cfg.agentic, router)
+            check_environment(cfg.agentic, router)
     finally:
         router.close()
 

@@ -107,8 +107,8 @@ def reasoning_gym_mix(source: str, rg: ReasoningGymConfig) -> dict[str, tuple[fl
 
 
 def load_records(config: RunConfig) -> list[PromptRecord]:
-    """The run's prompt set: `data.train_path`, `data.source` (reasoning-gym), or the built-in
-    synthetic task."""
+    """The run's prompt set: `data.train_path`, `data.source` (reasoning-gym), a `verifiers:`
+    environment's taskset, or the built-in synthetic task."""
     d = config.data
     on_error = d.on_bad_row
     if d.source is not None:
@@ -123,6 +123,12 @@ def load_records(config: RunConfig) -> list[PromptRecord]:
     if d.train_path is not None:
         return load_prompts(d.train_path, field_map=d.field_map, default_task=d.default_task,
                             format=d.format, on_error=on_error).records
+    env = config.agentic.environment
+    if env is not None and env.startswith("verifiers:"):  # the environment's own dataset
+        from scalerl.serving.verifiers_env import load_verifiers_env, taskset_records
+
+        spec = load_verifiers_env(env[len("verifiers:"):], config.agentic.environment_args)
+        return taskset_records(spec, d.default_task)
     s = d.synthetic
     # One call for every task: "math+code" caps the shared difficulty range at each task's own
     # levels (code has 5, math 8), so the default range (1, 6) is valid for the mix.

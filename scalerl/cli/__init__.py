@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("scalerl.cli.eval", "mean@k / pass@k of a checkpoint or model on held-out prompts"),
     "ablate": ("scalerl.cli.ablate",
                "leave-one-out, grid or coupled-axis study: run, fit, tabulate (paper Fig. 7)"),
+    "serve": ("scalerl.cli.serve", "an OpenAI-compatible endpoint over a checkpoint or model"),
     "watch": ("scalerl.cli.watch", "follow runs in progress: step, compute, pass rate, live forecast of A"),
     "demo": ("scalerl.cli.demo",
              "train the tiny default, fit the first half, check the predicted final pass rate"),
