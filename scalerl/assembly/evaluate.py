@@ -75,7 +75,10 @@ def eval_records(source: EvalSource, data: str | None, max_prompts: int | None) 
 
     cfg = source.config
     if data is not None:
-        records = load_prompts(data, default_task=cfg.data.default_task, on_error=cfg.data.on_bad_row).records
+        from scalerl.assembly.sections import gold_free
+
+        records = load_prompts(data, default_task=cfg.data.default_task, on_error=cfg.data.on_bad_row,
+                               gold_free_tasks=gold_free(cfg)).records
         what = f"{data}"
     elif source.run_dir is not None:
         ids_file = source.run_dir / HELDOUT_IDS

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from scalerl.config import RunConfig
+from scalerl.config import ConfigError, RunConfig
 from scalerl.data import PromptRecord, load_prompts, make_synthetic
 from scalerl.pipeline.driver import DriverSettings
 from scalerl.rollout import InterruptionSpec, SamplingParams
@@ -93,13 +93,24 @@ def sampling_params(config: RunConfig, tokenizer: Any) -> SamplingParams:
     return replace(params, return_support=config.algorithm.keep_sampling_mask and params.truncates_support)
 
 
+def gold_free(config: RunConfig) -> frozenset[str]:
+    """Tasks whose prompt rows need no gold answer or tests: scored by a reward model
+    (`rewards.reward_models`) or by a verifier marked `@gold_free` (scalerl.rewards.registry)."""
+    from scalerl.rewards.registry import gold_free_tasks
+
+    try:
+        return gold_free_tasks(config.rewards)
+    except ValueError as exc:  # a configured verifier path that does not import: bad input
+        raise ConfigError(f"rewards.verifiers: {exc}") from None
+
+
 def load_records(config: RunConfig) -> list[PromptRecord]:
     """The run's prompt set: `data.train_path`, or the built-in synthetic task."""
     d = config.data
     on_error = d.on_bad_row
     if d.train_path is not None:
         return load_prompts(d.train_path, field_map=d.field_map, default_task=d.default_task,
-                            format=d.format, on_error=on_error).records
+                            format=d.format, on_error=on_error, gold_free_tasks=gold_free(config)).records
     s = d.synthetic
     # One call for every task: "math+code" caps the shared difficulty range at each task's own
     # levels (code has 5, math 8), so the default range (1, 6) is valid for the mix.
