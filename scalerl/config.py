@@ -263,6 +263,18 @@ class CurriculumConfig(Section):
     start_fraction: float = Field(0.25, gt=0.0, le=1.0)
 
 
+class DistillConfig(Section):
+    """On-policy distillation (scalerl/algorithms/distill.py, docs/algorithms.md): the teacher's
+    per-token reverse KL on the student's own samples, `-coef * (log pi_s - log pi_t)`, added to
+    each token's advantage; `reward_weight` scales the outcome advantage beside it (0: pure
+    distillation). `teacher`: a causal LM sharing the student's tokenizer (a path or Hub id), or
+    "warm_start": the embedded default's SFT warm start. Off while `teacher` is None."""
+
+    teacher: str | None = None
+    coef: float = Field(1.0, gt=0.0)
+    reward_weight: float = Field(1.0, ge=0.0)
+
+
 class AlgorithmConfig(Section):
     loss_type: Literal["cispo", "grpo", "gspo", "kimi"] = "cispo"
     aggregation: Literal["prompt", "sample", "token", "constant"] = "prompt"
@@ -293,6 +305,7 @@ class AlgorithmConfig(Section):
     offpolicy_mask_delta: float | None = Field(None, gt=0.0)
     keep_sampling_mask: bool = False
     curriculum: CurriculumConfig = CurriculumConfig()
+    distill: DistillConfig = DistillConfig()
     # Dynamic sampling: stop (a clear error) after this many groups dropped in a row; null = never.
     max_consecutive_dropped_groups: int | None = Field(1000, ge=1)
 
@@ -313,6 +326,14 @@ class AlgorithmConfig(Section):
             )
         if self.kl_reward_level == "token" and not self.kl_in_reward:
             raise CrossKeyError(("kl_reward_level", "kl_in_reward"), "'token' needs kl_in_reward: true")
+        if self.distill.teacher is not None:
+            if self.loss_type == "kimi":
+                raise CrossKeyError(("loss_type", "distill.teacher"),
+                                    "'kimi' needs one advantage per sample; distillation gives one per token")
+            if self.dynamic_sampling:
+                raise CrossKeyError(("dynamic_sampling", "distill.teacher"),
+                                    "dynamic sampling drops groups of equal rewards, which still carry "
+                                    "the teacher's signal; turn one of them off")
         return self
 
 
@@ -655,6 +676,12 @@ class RunConfig(Section):
                 "'critic' (a value model beside the policy) runs in the local trainer only; "
                 "distributed.backend=ray shards the policy over FSDP2 ranks and has no sharded critic "
                 "(use distributed.backend=local, or another baseline)",
+            )
+        if self.algorithm.distill.teacher is not None:
+            raise CrossKeyError(
+                ("algorithm.distill.teacher", "distributed.backend"),
+                "the teacher runs in the local trainer's process; the FSDP2 ranks of "
+                "distributed.backend=ray have no sharded teacher (use distributed.backend=local)",
             )
         if self.pipeline.off_policy == "pipeline" and self.pipeline.schedule == "interleaved":
             raise CrossKeyError(

@@ -194,6 +194,9 @@ def check_run_inputs(cfg: RunConfig) -> None:
     check_model_source(cfg.model.tokenizer, "model.tokenizer", need_config=False)
     tasks_in = prompt_tasks(cfg)
     check_verifiers(cfg, tasks_in)
+    teacher = cfg.algorithm.distill.teacher
+    if teacher is not None and teacher != "warm_start":
+        check_model_source(teacher, "algorithm.distill.teacher")
     for task, rm in cfg.rewards.reward_models.items():
         check_model_source(rm.path, f"rewards.reward_models.{task}.path")
         if rm.template_path is not None:
