@@ -56,7 +56,7 @@ def distillation_advantages(outcome: Tensor, student_logprobs: Tensor, teacher_l
     kl_adv = reverse_kl_advantages(student_logprobs, teacher_logprobs, mask, coef)
     check_number("outcome_weight", outcome_weight, low=0.0)
     a = check_float_tensor("outcome", outcome)
-    if a.dim() == 1:
+    if a.dim() == 1 and a.shape[0] == kl_adv.shape[0]:
         a = a[:, None].expand_as(kl_adv)
     if a.shape != kl_adv.shape:
         raise ValueError(f"outcome: shape {tuple(outcome.shape)} != log-probs {tuple(kl_adv.shape)}")
