@@ -15,7 +15,6 @@ from scalerl.telemetry import ComputeMeter, flop_params
 from scalerl.training.batch import collate
 from scalerl.training.policy import load_policy
 from scalerl.training.trainer import Trainer
-
 from tests.training.conftest import TINY, tiny_model_config
 
 
@@ -85,7 +84,7 @@ def test_steps_pull_the_student_to_the_teacher_and_count_its_flops(make_policy, 
 def test_config_rules_name_the_keys(teacher_dir: Path) -> None:
     with pytest.raises(ConfigError, match="loss_type"):
         build_config([({"algorithm": {"loss_type": "kimi", "distill": {"teacher": "t"}}}, {})])
-    with pytest.raises(ConfigError, match="distill.teacher"):
+    with pytest.raises(ConfigError, match=r"distill\.teacher"):
         build_config([({"algorithm": {"distill": {"teacher": "t"}}, "distributed": {"backend": "ray"}}, {})])
     with pytest.raises(ConfigError, match=r"algorithm\.distill\.teacher"):
         policy = load_policy(tiny_model_config(), device="cpu")
@@ -100,7 +99,8 @@ def test_a_short_pure_distillation_run(teacher_dir: Path, tmp_path: Path) -> Non
         "max_steps": 6,
         "model": {"tiny": TINY.model_dump()},
         "data": {"synthetic": {"num_prompts": 40}, "heldout_size": 0},
-        "generation": {"n": 4, "max_new_tokens": 12, "max_batch_size": 16, "length_control": {"kind": "none"}},
+        "generation": {"n": 4, "max_new_tokens": 12, "max_batch_size": 16,
+                       "length_control": {"kind": "none"}},
         "pipeline": {"off_policy": "sync", "prompts_per_step": 4},
         "optim": {"lr": 3e-3, "warmup_steps": 0},
         "algorithm": {"distill": {"teacher": str(teacher_dir), "reward_weight": 0.0}},
