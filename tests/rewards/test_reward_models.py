@@ -305,3 +305,18 @@ def test_a_run_learns_against_a_classifier_trained_here(classifier: Path, tmp_pa
     assert last > first + 0.15, [round(x, 3) for x in reward]
     assert rows[-1]["reward_model_samples_total/chat"] == 14 * 4 * 8
     assert rows[-1]["verifier_failures_total"] == 0
+
+
+def test_run_inputs_check_the_reward_model_and_teacher_paths(tmp_path: Path) -> None:
+    from scalerl.assembly.inputs import check_run_inputs
+    from scalerl.inputs import InputError
+
+    base = {"output_dir": str(tmp_path / "run"), "data": {"synthetic": {"num_prompts": 20}}}
+    missing = str(tmp_path / "no-such-model")
+    cfg = RunConfig.model_validate({**base, "rewards": {"reward_models": {
+        "chat": {"path": missing, "kind": "classifier"}}}})
+    with pytest.raises(InputError, match=r"rewards\.reward_models\.chat\.path"):
+        check_run_inputs(cfg)
+    cfg = RunConfig.model_validate({**base, "algorithm": {"distill": {"teacher": missing}}})
+    with pytest.raises(InputError, match=r"algorithm\.distill\.teacher"):
+        check_run_inputs(cfg)
