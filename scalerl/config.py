@@ -312,6 +312,18 @@ class CurriculumConfig(Section):
     start_fraction: float = Field(0.25, gt=0.0, le=1.0)
 
 
+class DistillConfig(Section):
+    """On-policy distillation (scalerl/algorithms/distill.py, docs/algorithms.md): the teacher's
+    per-token reverse KL on the student's own samples, `-coef * (log pi_s - log pi_t)`, added to
+    each token's advantage; `reward_weight` scales the outcome advantage beside it (0: pure
+    distillation). `teacher`: a causal LM sharing the student's tokenizer (a path or Hub id), or
+    "warm_start": the embedded default's SFT warm start. Off while `teacher` is None."""
+
+    teacher: str | None = None
+    coef: float = Field(1.0, gt=0.0)
+    reward_weight: float = Field(1.0, ge=0.0)
+
+
 class AlgorithmConfig(Section):
     loss_type: Literal["cispo", "grpo", "gspo", "kimi"] = "cispo"
     aggregation: Literal["prompt", "sample", "token", "constant"] = "prompt"
@@ -342,6 +354,7 @@ class AlgorithmConfig(Section):
     offpolicy_mask_delta: float | None = Field(None, gt=0.0)
     keep_sampling_mask: bool = False
     curriculum: CurriculumConfig = CurriculumConfig()
+    distill: DistillConfig = DistillConfig()
     # Dynamic sampling: stop (a clear error) after this many groups dropped in a row; null = never.
     max_consecutive_dropped_groups: int | None = Field(1000, ge=1)
 
@@ -362,6 +375,14 @@ class AlgorithmConfig(Section):
             )
         if self.kl_reward_level == "token" and not self.kl_in_reward:
             raise CrossKeyError(("kl_reward_level", "kl_in_reward"), "'token' needs kl_in_reward: true")
+        if self.distill.teacher is not None:
+            if self.loss_type == "kimi":
+                raise CrossKeyError(("loss_type", "distill.teacher"),
+                                    "'kimi' needs one advantage per sample; distillation gives one per token")
+            if self.dynamic_sampling:
+                raise CrossKeyError(("dynamic_sampling", "distill.teacher"),
+                                    "dynamic sampling drops groups of equal rewards, which still carry "
+                                    "the teacher's signal; turn one of them off")
         return self
 
 
@@ -530,6 +551,47 @@ class SandboxConfig(Section):
         return self.tree_nproc if self.tree_nproc is not None else self.nproc + 2
 
 
+class RewardModelConfig(Section):
+    """A learned scorer for one task (`rewards.reward_models.<task>`; scalerl/rewards/reward_model.py,
+    docs/rewards.md). `classifier`: an `AutoModelForSequenceClassification` with one logit, read on
+    the chat-rendered (prompt, response); `normalize: sigmoid` scores sigmoid(logit / temperature)
+    in [0, 1] (on the reward scale like a verifier's partial credit), `group` rewards the logit's
+    z-score within its group. `judge`: a causal LM asked `template` (inline, or `template_path`, with
+    `{prompt}` and `{response}`), greedy for `max_new_tokens`; `verdict: yes_no` reads the first
+    yes/no, `score` the first number (divided by `score_max`), or `verdict_regex`'s first group. A
+    verdict that does not parse is a failure (status "error", counted), never a silent zero."""
+
+    path: str
+    kind: Literal["classifier", "judge"]
+    device: str = "cpu"
+    batch_size: int = Field(16, ge=1, description="sequences per forward / generate call")
+    max_length: int = Field(1024, ge=8, description="input tokens; longer inputs keep their end")
+    normalize: Literal["sigmoid", "group"] = "sigmoid"
+    temperature: float = Field(1.0, gt=0.0, description="classifier: sigmoid(logit / temperature)")
+    correct_threshold: float = Field(0.5, gt=0.0, le=1.0, description="score counted as a pass")
+    template: str | None = None
+    template_path: str | None = None
+    verdict: Literal["yes_no", "score"] = "yes_no"
+    verdict_regex: str | None = Field(None, description="judge: group 1 is the verdict (yes/no or a number)")
+    score_max: float = Field(10.0, gt=0.0, description="judge verdict 'score': score / score_max")
+    max_new_tokens: int = Field(16, ge=1, description="judge: greedy tokens for the verdict")
+
+    @model_validator(mode="after")
+    def _judge_template(self) -> RewardModelConfig:
+        if self.kind == "judge" and (self.template is None) == (self.template_path is None):
+            raise CrossKeyError(("template", "template_path", "kind"),
+                                "a judge needs exactly one of template (inline) or template_path")
+        if self.kind == "classifier" and (self.template is not None or self.template_path is not None):
+            raise CrossKeyError(("template", "kind"), "a classifier reads no template (kind: judge does)")
+        if self.kind == "judge" and self.normalize == "group":
+            raise CrossKeyError(("normalize", "kind"), "'group' normalises a classifier's raw logits")
+        if self.template is not None:
+            for slot in ("{prompt}", "{response}"):
+                if slot not in self.template:
+                    raise CrossKeyError(("template",), f"must contain the placeholder {slot}")
+        return self
+
+
 class RewardConfig(Section):
     """Verifiers (`scalerl.rewards.RewardRouter`): reward scale, time bounds, parallelism, the code
     sandbox, custom verifiers (`verifiers`: task -> dotted path)."""
@@ -552,9 +614,16 @@ class RewardConfig(Section):
     verifiers: dict[str, str] = Field(
         default_factory=dict, description="task name -> 'package.module:function' verifier"
     )
+    # task name -> a learned scorer (classifier or LLM judge) for that task's records, which then
+    # need no gold answer (scalerl/rewards/reward_model.py).
+    reward_models: dict[str, RewardModelConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _scale_order(self) -> RewardConfig:
+        both = sorted(set(self.verifiers) & set(self.reward_models))
+        if both:
+            raise CrossKeyError(("verifiers", "reward_models"),
+                                f"task(s) {both} have both a verifier and a reward model; keep one")
         if self.correct_reward <= self.incorrect_reward:
             raise CrossKeyError(
                 ("correct_reward", "incorrect_reward"),
@@ -684,6 +753,12 @@ class RunConfig(Section):
                 "'critic' (a value model beside the policy) runs in the local trainer only; "
                 "distributed.backend=ray shards the policy over FSDP2 ranks and has no sharded critic "
                 "(use distributed.backend=local, or another baseline)",
+            )
+        if self.algorithm.distill.teacher is not None:
+            raise CrossKeyError(
+                ("algorithm.distill.teacher", "distributed.backend"),
+                "the teacher runs in the local trainer's process; the FSDP2 ranks of "
+                "distributed.backend=ray have no sharded teacher (use distributed.backend=local)",
             )
         if self.pipeline.off_policy == "pipeline" and self.pipeline.schedule == "interleaved":
             raise CrossKeyError(

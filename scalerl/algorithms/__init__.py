@@ -14,6 +14,7 @@ function documents its formula and source; see docs/algorithms.md for the overvi
 
 from scalerl.algorithms.advantages import ADV_NORMS, BASELINES, compute_advantages, masked_whiten
 from scalerl.algorithms.aggregation import AGGREGATIONS, aggregate, token_weights, weighted_token_sum
+from scalerl.algorithms.distill import distillation_advantages, reverse_kl_advantages
 from scalerl.algorithms.entropy import entropy_bonus, entropy_from_logits
 from scalerl.algorithms.filters import (
     PassRateEntry,
@@ -68,6 +69,7 @@ __all__ = [
     "apply_overlong_penalty",
     "compute_advantages",
     "discounted_returns",
+    "distillation_advantages",
     "entropy_bonus",
     "entropy_from_logits",
     "explained_variance",
@@ -89,6 +91,7 @@ __all__ = [
     "per_token_policy_loss",
     "policy_loss",
     "reduce_token_stats",
+    "reverse_kl_advantages",
     "support_mask_from_indices",
     "token_rewards",
     "token_weights",

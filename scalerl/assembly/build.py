@@ -19,6 +19,7 @@ from scalerl.assembly.forecast import ForecastingSink, StopAfterEval
 from scalerl.assembly.local import local_backend
 from scalerl.assembly.sections import (
     driver_settings,
+    gold_free,
     load_records,
     sampling_params,
 )
@@ -153,10 +154,11 @@ def _build_training(
         curriculum=config.algorithm.curriculum,
     )
     router = RewardRouter(config.rewards)
+    router.attach_compute(meter.add_reward_model)  # reward models' tokens are the run's FLOPs too
     closers: list[Any] = [router.close]
     extra_sets = {
         name: load_prompts(extra.path, default_task=d.default_task, format=extra.format,
-                           on_error=on_error).records
+                           on_error=on_error, gold_free_tasks=gold_free(config)).records
         for name, extra in config.eval.extra_set_sources.items()
     }
     router.check_tasks({r.task for r in records} | {r.task for s in extra_sets.values() for r in s})
@@ -195,6 +197,10 @@ def _build_training(
     metrics: Any = telemetry
     if backend.wrap_metrics is not None and telemetry is not None:
         metrics = backend.wrap_metrics(telemetry)
+    if router.reward_models and metrics is not None:
+        from scalerl.assembly.local import EngineFigures
+
+        metrics = EngineFigures(metrics, router.reward_model_figures)
     live = None
     if config.forecast.enabled and telemetry is not None and evaluator is not None:
         # The live forecast (scaling.live): reads the rows as logged, never changes training.

@@ -79,8 +79,10 @@ def eval_records(source: EvalSource, data: str | None, max_prompts: int | None,
     if data is None and fmt != "auto":
         raise InputError(f"--format {fmt}: reads the file named by --data; none was given")
     if data is not None:
+        from scalerl.assembly.sections import gold_free
+
         records = load_prompts(data, default_task=cfg.data.default_task, format=fmt,
-                               on_error=cfg.data.on_bad_row).records
+                               on_error=cfg.data.on_bad_row, gold_free_tasks=gold_free(cfg)).records
         what = f"{data}" if fmt == "auto" else f"{data} ({fmt})"
     elif source.run_dir is not None:
         ids_file = source.run_dir / HELDOUT_IDS

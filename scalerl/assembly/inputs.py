@@ -56,7 +56,8 @@ def check_code_sandbox(cfg: RunConfig, code_prompts_in: list[str], sandbox: Sand
     from scalerl.rewards.registry import VERIFIERS
 
     needs = []
-    if code_prompts_in and "code" not in cfg.rewards.verifiers and VERIFIERS.get("code") is None:
+    scored_elsewhere = "code" in cfg.rewards.verifiers or "code" in cfg.rewards.reward_models
+    if code_prompts_in and not scored_elsewhere and VERIFIERS.get("code") is None:
         needs.append(f"the code task in {' and '.join(code_prompts_in)}")
     a = cfg.agentic
     if a.environment is not None and "python" in a.tools:
@@ -121,12 +122,14 @@ def check_verifiers(cfg: RunConfig, tasks_in: Mapping[str, Sequence[str]]) -> No
         router.close()
 
 
-def load_prompt_data(path: str, data: DataConfig, split: str | None = None) -> LoadResult:
+def load_prompt_data(path: str, data: DataConfig, split: str | None = None,
+                     gold_free_tasks: frozenset[str] = frozenset()) -> LoadResult:
     """A prompt file or folder loaded exactly as a training run loads `data.train_path`: its
     `field_map`, `default_task`, `format` and `on_bad_row` (`scalerl data check` and
-    `check_run_inputs` both call this, so they accept the same files)."""
+    `check_run_inputs` both call this, so they accept the same files). `gold_free_tasks`: the
+    run's tasks whose rows need no gold (`assembly.sections.gold_free`)."""
     return load_prompts(path, field_map=data.field_map, default_task=data.default_task, split=split,
-                        format=data.format, on_error=data.on_bad_row)
+                        format=data.format, on_error=data.on_bad_row, gold_free_tasks=gold_free_tasks)
 
 
 def check_prompt_lengths(records: list[PromptRecord], data: DataConfig, tokenizer: Any) -> EncodedPrompts:
@@ -146,11 +149,15 @@ def check_prompt_lengths(records: list[PromptRecord], data: DataConfig, tokenize
 def prompt_tasks(cfg: RunConfig) -> dict[str, list[str]]:
     """task -> the config keys whose prompts hold it (`data.train_path` or the synthetic task, and
     `eval.extra_sets.NAME`); the files are loaded, every row checked, as a run loads them."""
+    from scalerl.assembly.sections import gold_free
+
     d = cfg.data
+    free = gold_free(cfg)
     tasks_in: dict[str, list[str]] = {}
     if d.train_path is not None:
         records = _load_prompt_file(d.train_path, "data.train_path", field_map=d.field_map,
-                                    default_task=d.default_task, format=d.format, on_error=d.on_bad_row)
+                                    default_task=d.default_task, format=d.format, on_error=d.on_bad_row,
+                                    gold_free_tasks=free)
         for task in sorted({r.task for r in records}):
             tasks_in.setdefault(task, []).append("data.train_path")
     elif d.source is not None:
@@ -167,7 +174,7 @@ def prompt_tasks(cfg: RunConfig) -> dict[str, list[str]]:
             tasks_in.setdefault(task, []).append(f"data.synthetic.task={d.synthetic.task}")
     for name, extra in cfg.eval.extra_set_sources.items():
         records = _load_prompt_file(extra.path, f"eval.extra_sets.{name}", default_task=d.default_task,
-                                    format=extra.format, on_error=d.on_bad_row)
+                                    format=extra.format, on_error=d.on_bad_row, gold_free_tasks=free)
         for task in sorted({r.task for r in records}):
             tasks_in.setdefault(task, []).append(f"eval.extra_sets.{name}")
     return tasks_in
@@ -197,6 +204,13 @@ def check_run_inputs(cfg: RunConfig) -> None:
     check_model_source(cfg.model.tokenizer, "model.tokenizer", need_config=False)
     tasks_in = prompt_tasks(cfg)
     check_verifiers(cfg, tasks_in)
+    teacher = cfg.algorithm.distill.teacher
+    if teacher is not None and teacher != "warm_start":
+        check_model_source(teacher, "algorithm.distill.teacher")
+    for task, rm in cfg.rewards.reward_models.items():
+        check_model_source(rm.path, f"rewards.reward_models.{task}.path")
+        if rm.template_path is not None:
+            check_path(rm.template_path, f"rewards.reward_models.{task}.template_path")
     d = cfg.data
     if cfg.model.name_or_path is None:
         # The embedded default's tokenizer is built here in a moment: the prompts' lengths are checked

@@ -52,6 +52,7 @@ def local_backend(
     config: RunConfig, run_path: Path, device: str | None, resume: str | Path | None
 ) -> Backend:
     """The policy and its trainer here, and a generation copy of the model in the embedded engine."""
+    config = resolve_teacher(config)
     policy = load_policy(config.model, device)
     meter = ComputeMeter(flop_params(policy.model))
     trainer = Trainer.from_settings(trainer_settings(config), policy, meter)
@@ -81,6 +82,20 @@ def local_backend(
     return Backend(trainer=trainer, engine=engine, tokenizer=tokenizer, meter=meter, start_step=start_step,
                    resume_state=resume_state, checkpoint=checkpoint, channel=channel,
                    wrap_metrics=lambda sink: EngineFigures(sink, figures, channel.metrics), closers=closers)
+
+
+def resolve_teacher(config: RunConfig) -> RunConfig:
+    """`algorithm.distill.teacher: warm_start` becomes the path of the embedded default's SFT warm
+    start for `model.tiny` (trained and cached on first use, as `scalerl train` does without a model)."""
+    if config.algorithm.distill.teacher != "warm_start":
+        return config
+    from scalerl.assembly.warm_start import warm_start_default
+
+    base = config.model_copy(deep=True)
+    base.model.name_or_path = None
+    out = config.model_copy(deep=True)
+    out.algorithm.distill.teacher = str(warm_start_default(base))
+    return out
 
 
 class EngineFigures:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from scalerl.config import ReasoningGymConfig, ReasoningGymDatasetConfig, RunConfig
+from scalerl.config import ConfigError, ReasoningGymConfig, ReasoningGymDatasetConfig, RunConfig
 from scalerl.data import PromptRecord, load_prompts, make_synthetic
 from scalerl.pipeline.driver import DriverSettings
 from scalerl.rollout import InterruptionSpec, SamplingParams
@@ -106,6 +106,17 @@ def reasoning_gym_mix(source: str, rg: ReasoningGymConfig) -> dict[str, tuple[fl
     return out
 
 
+def gold_free(config: RunConfig) -> frozenset[str]:
+    """Tasks whose prompt rows need no gold answer or tests: scored by a reward model
+    (`rewards.reward_models`) or by a verifier marked `@gold_free` (scalerl.rewards.registry)."""
+    from scalerl.rewards.registry import gold_free_tasks
+
+    try:
+        return gold_free_tasks(config.rewards)
+    except ValueError as exc:  # a configured verifier path that does not import: bad input
+        raise ConfigError(f"rewards.verifiers: {exc}") from None
+
+
 def load_records(config: RunConfig) -> list[PromptRecord]:
     """The run's prompt set: `data.train_path`, `data.source` (reasoning-gym), a `verifiers:`
     environment's taskset, or the built-in synthetic task."""
@@ -122,7 +133,7 @@ def load_records(config: RunConfig) -> list[PromptRecord]:
         return make_reasoning_gym(mix, rg.size, rg.seed, keys)
     if d.train_path is not None:
         return load_prompts(d.train_path, field_map=d.field_map, default_task=d.default_task,
-                            format=d.format, on_error=on_error).records
+                            format=d.format, on_error=on_error, gold_free_tasks=gold_free(config)).records
     env = config.agentic.environment
     if env is not None and env.startswith("verifiers:"):  # the environment's own dataset
         from scalerl.serving.verifiers_env import load_verifiers_env, taskset_records

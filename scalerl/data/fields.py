@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from scalerl.data.records import PromptRecord
@@ -114,8 +114,13 @@ def row_to_record(
     default_task: str | None,
     fallback_id: str,
     source: str,
+    gold_free_tasks: Collection[str] = (),
 ) -> PromptRecord:
-    """Build a record from a row, or raise `RowError` naming the field that is wrong."""
+    """Build a record from a row, or raise `RowError` naming the field that is wrong.
+
+    A row needs a gold `answer` or `tests` (math an answer, code tests) unless its task is in
+    `gold_free_tasks`: tasks scored by a reward model or by a custom verifier that reads neither
+    (`scalerl.rewards.registry.gold_free_tasks`)."""
 
     def column(name: str) -> str:
         return field_map.get(name, name)
@@ -158,11 +163,13 @@ def row_to_record(
     raw_answer, raw_tests = get("answer"), get("tests")
     answer = None if raw_answer is None else _scalar_text(raw_answer, column("answer"))
     tests = None if raw_tests is None else _tests(raw_tests, column("tests"))
-    if task == "math" and answer is None:
+    if task in gold_free_tasks:
+        pass  # its scorer reads no gold: whatever the row carries is kept, nothing is required
+    elif task == "math" and answer is None:
         raise RowError("missing answer", f"task 'math' needs a gold answer in field {column('answer')!r}")
-    if task == "code" and tests is None:
+    elif task == "code" and tests is None:
         raise RowError("missing tests", f"task 'code' needs tests in field {column('tests')!r}")
-    if answer is None and tests is None:
+    elif answer is None and tests is None:
         raise RowError(
             "missing answer", f"no gold answer ({column('answer')!r}) or tests ({column('tests')!r})"
         )

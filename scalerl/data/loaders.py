@@ -12,7 +12,7 @@ import csv
 import json
 import os
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -239,6 +239,7 @@ def load_prompts(
     split: str | None = None,
     format: str = "auto",
     on_error: OnError = "error",
+    gold_free_tasks: Collection[str] = (),
 ) -> LoadResult:
     """Load prompt records from a file or folder.
 
@@ -251,7 +252,8 @@ def load_prompts(
     humaneval, mbpp) reads files by suffix and their rows in that benchmark's published layout.
     Rows without an id get "<file stem>:N". With `on_error="error"` any bad row raises a
     `DataError` listing all of them; with "skip" they are dropped and counted in
-    `LoadResult.rejects`.
+    `LoadResult.rejects`. Rows of a task in `gold_free_tasks` need no `answer` or `tests`
+    (`fields.row_to_record`).
     """
     on_error = check_on_error(on_error)
     fmap = check_field_map(field_map)
@@ -284,7 +286,7 @@ def load_prompts(
                     else:
                         record = row_to_record(
                             row, field_map=fmap, default_task=default_task,
-                            fallback_id=f"{id_prefix}:{n}", source=where,
+                            fallback_id=f"{id_prefix}:{n}", source=where, gold_free_tasks=gold_free_tasks,
                         )
                     if record.id in first_seen:
                         earlier = first_seen[record.id]

@@ -9,6 +9,8 @@ router's `RewardOutcome`). A verifier that raises gives the sample `failure_rewa
 an outcome with status "error"/"timeout" are counted as verifier failures, never silently: one
 broken verifier call must not kill a run of thousands of steps, and a broken verifier must show.
 A non-finite reward (NaN from a custom scorer) is a failure too, scored `failure_reward`.
+A scorer that scores some tasks a group at a time (`batches(task)` and `score_group(record,
+texts)`: the router's reward models) gets the whole group in one pool task, so the model batches it.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class Scorer(Protocol):
 
 log = logging.getLogger(__name__)
 FAILURE_STATUSES = frozenset({"error", "timeout"})
+_Result = tuple[float, bool, bool]  # one sample's (reward, correct, failed)
 
 
 @dataclass
@@ -141,6 +144,9 @@ class GroupScorer:
         except Exception as err:  # a verifier bug or crash is counted and scored as a failure
             self._note_failure(f"{type(err).__name__}: {err} (prompt {record.id!r})")
             return self.failure_reward, False, True
+        return self._judged(record, verdict)
+
+    def _judged(self, record: PromptRecord, verdict: float | Verdict) -> tuple[float, bool, bool]:
         if isinstance(verdict, (int, float)):
             reward = float(verdict)
             correct = reward > self.success_threshold
@@ -184,6 +190,32 @@ class GroupScorer:
         if self.on_ready is not None:
             self.on_ready()
 
+    def _batched(self, record: PromptRecord) -> bool:
+        batches = getattr(self.scorer, "batches", None)
+        return callable(batches) and bool(batches(record.task)) and callable(
+            getattr(self.scorer, "score_group", None))
+
+    def _score_group(self, record: PromptRecord, completions: list[Completion]) -> list[_Result]:
+        """(reward, correct, failed) of each sample of a group scored in one call."""
+        try:
+            texts = [self.decode(c.token_ids) for c in completions]
+            verdicts = self.scorer.score_group(record, texts)  # type: ignore[attr-defined]
+            if len(verdicts) != len(completions):
+                raise ValueError(f"score_group returned {len(verdicts)} verdicts for "
+                                 f"{len(completions)} samples")
+        except Exception as err:
+            self._note_failure(f"{type(err).__name__}: {err} (prompt {record.id!r})")
+            return [(self.failure_reward, False, True)] * len(completions)
+        return [self._judged(record, v) for v in verdicts]
+
+    def _finish_group(self, pending: _Pending, future: Future[list[_Result]]) -> None:
+        if future.cancelled():
+            with self._lock:
+                self.samples_cancelled += len(pending.completions)
+            return
+        for i, result in enumerate(future.result()):
+            self._finish_sample(pending, i, result)
+
     def submit(self, key: Any, record: PromptRecord, completions: Sequence[Completion]) -> None:
         """Schedule a group; `key` comes back with its `ScoredBatch`."""
         if not completions:
@@ -191,6 +223,14 @@ class GroupScorer:
         pending = _Pending(key, record, list(completions))
         with self._lock:
             self._pending += 1
+        if self._batched(record):
+            if self._executor is None:
+                for i, result in enumerate(self._score_group(record, pending.completions)):
+                    self._finish_sample(pending, i, result)
+            else:
+                group_future = self._executor.submit(self._score_group, record, pending.completions)
+                group_future.add_done_callback(lambda f: self._finish_group(pending, f))
+            return
         for i, completion in enumerate(pending.completions):
             if self._executor is None:
                 self._finish_sample(pending, i, self._score_one(record, completion))

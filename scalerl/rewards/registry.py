@@ -11,6 +11,10 @@ The router maps scores to rewards and contains any exception the function raises
 
 or in config: `verifiers: {json_format: "my_pkg.rewards:json_format"}` (`my_pkg.rewards.json_format`
 works too).
+
+A verifier that reads no gold answer (a format check, a length rule) says so with `@gold_free` (it
+sets `fn.needs_gold = False`): its task's rows then load without `answer` or `tests`, as the rows
+of a task scored by a reward model do (`gold_free_tasks`).
 """
 
 from __future__ import annotations
@@ -82,6 +86,17 @@ def import_object(path: str, what: str = "object") -> Any:
     return obj
 
 
+def gold_free(fn: Verifier) -> Verifier:
+    """Mark `fn` as a verifier that reads neither `record.answer` nor `record.tests`."""
+    fn.needs_gold = False  # type: ignore[attr-defined]
+    return fn
+
+
+def needs_gold(fn: Any) -> bool:
+    """Whether a verifier reads the gold answer or tests (True unless marked `@gold_free`)."""
+    return bool(getattr(fn, "needs_gold", True))
+
+
 class VerifierRegistry:
     """Name -> verifier. Thread-safe; "math" and "code" are built in and need `overwrite=True`."""
 
@@ -123,3 +138,17 @@ VERIFIERS = VerifierRegistry()
 def register_verifier(name: str, fn: Verifier | None = None, *, overwrite: bool = False) -> Any:
     """Register in the process-wide registry that every `RewardRouter` reads (decorator form too)."""
     return VERIFIERS.register(name, fn, overwrite=overwrite)
+
+
+def gold_free_tasks(config: Any) -> frozenset[str]:
+    """Tasks whose rows need no gold `answer` or `tests` under a `rewards` section (`RewardConfig`):
+    those with a reward model, and those whose verifier (configured in `verifiers`, or registered)
+    is marked `@gold_free`. A configured path that does not import raises ValueError naming it."""
+    tasks = set(config.reward_models)
+    for task, path in config.verifiers.items():
+        if not needs_gold(load_callable(path)):
+            tasks.add(task)
+    for task, fn in VERIFIERS.items():
+        if task not in config.verifiers and not needs_gold(fn):
+            tasks.add(task)
+    return frozenset(tasks)

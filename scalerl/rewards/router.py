@@ -9,6 +9,12 @@
 * verifier error, exception, or over `verifier_timeout_s`: `failure_reward` (default 0), never
   an exception into the trainer. Every outcome is counted per task and status (`stats()`).
 
+A task with a reward model (`rewards.reward_models.<task>`, scalerl/rewards/reward_model.py) is
+scored by it, a group at a time (`score_group`, batched): its score s in [0, 1] is always graded,
+`incorrect + s * (correct - incorrect)`, and counts as correct when `s >= correct_threshold`;
+with `normalize: group` the reward is the logit's z-score within the group instead. A malformed
+judge verdict or a non-finite logit is status "error": `failure_reward`, counted.
+
 The paper's multi-task run scores math and code prompts in one batch with ±1 rewards
 (ScaleRL, arXiv 2510.13786): `RewardConfig(correct_reward=1.0, incorrect_reward=-1.0)`.
 `RewardConfig` is the run config's `rewards` section (`scalerl.config`), the only schema of these keys.
@@ -19,7 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +43,7 @@ from scalerl.rewards.registry import (
     check_verifier,
     load_callable,
 )
+from scalerl.rewards.reward_model import ModelScore, RewardModel, group_zscores
 from scalerl.rewards.sandbox import Sandbox
 
 logger = logging.getLogger(__name__)
@@ -75,6 +82,9 @@ class RewardRouter:
         self.code = CodeVerifier(self.sandbox, timeout_s=config.code_timeout_s)
         self._verifiers: dict[str, Verifier] = {"math": self._verify_math, "code": self._verify_code}
         self._verifiers.update(VERIFIERS.items())
+        # Built now, loaded by `check_tasks` (a bad path fails the run at start, exit 2).
+        self.reward_models: dict[str, RewardModel] = {
+            task: RewardModel(task, rm) for task, rm in config.reward_models.items()}
         for task, path in config.verifiers.items():
             try:
                 self._verifiers[task] = load_callable(path)
@@ -87,7 +97,17 @@ class RewardRouter:
 
     @property
     def tasks(self) -> list[str]:
-        return sorted(self._verifiers)
+        return sorted(set(self._verifiers) | set(self.reward_models))
+
+    def attach_compute(self, hook: Callable[[int, int], None]) -> None:
+        """Charge every reward model's tokens to the run's FLOPs: `hook(tokens, n_params)` (the
+        compute meter's `add_reward_model`)."""
+        for rm in self.reward_models.values():
+            rm.compute_hook = hook
+
+    def batches(self, task: str) -> bool:
+        """Whether `task` is scored a group at a time (`score_group`): a reward model's task."""
+        return task in self.reward_models
 
     def verifier_for(self, task: str) -> Verifier | None:
         """The verifier of `task`: its own (configured, registered, built-in), else a family's:
@@ -100,7 +120,7 @@ class RewardRouter:
         return fn
 
     def knows(self, task: str) -> bool:
-        return self.verifier_for(task) is not None
+        return task in self.reward_models or self.verifier_for(task) is not None
 
     def register(self, task: str, fn: Verifier) -> None:
         """Use `fn` for `task` in this router only (overrides built-ins and the global registry)."""
@@ -116,8 +136,11 @@ class RewardRouter:
         if missing:
             raise ConfigError(f"no verifier for task(s) {missing} (known: {self.tasks}); set "
                               f"rewards.verifiers.{missing[0]}=package.module:function")
-        if "code" in wanted and self._verifiers["code"] == self._verify_code:
+        builtin_code = self._verifiers["code"] == self._verify_code and "code" not in self.reward_models
+        if "code" in wanted and builtin_code:
             self.sandbox.require_isolation("the code task")
+        for task in sorted(wanted & set(self.reward_models)):
+            self.reward_models[task].load()
 
     # -- built-in verifiers ----------------------------------------------------------------
     def _verify_math(self, completion: str, record: PromptRecord) -> VerifierResult:
@@ -136,6 +159,8 @@ class RewardRouter:
     # -- scoring ---------------------------------------------------------------------------
     def score(self, record: PromptRecord, completion_text: str) -> RewardOutcome:
         """The reward for one completion; never raises for anything a verifier does."""
+        if record.task in self.reward_models:
+            return self.score_group(record, [completion_text])[0]
         fn = self.verifier_for(record.task)
         if fn is None:
             with self._lock:
@@ -176,6 +201,55 @@ class RewardRouter:
         if isinstance(value, BaseException):
             return VerifierResult(0.0, "error", f"verifier raised {type(value).__name__}: {value}"[:500])
         return _coerce(value)
+
+    def score_group(self, record: PromptRecord, completion_texts: Sequence[str]) -> list[RewardOutcome]:
+        """The rewards of one group of completions to `record`, in order: by its task's reward
+        model, in batches; a task without one is scored sample by sample (`score`)."""
+        rm = self.reward_models.get(record.task)
+        if rm is None:
+            return [self.score(record, text) for text in completion_texts]
+        try:
+            scores = rm.score_group(record, completion_texts)
+        except Exception as exc:  # a model crash is a counted failure of every sample, not the run's
+            detail = f"{rm.key} raised {type(exc).__name__}: {exc}"[:500]
+            scores = [ModelScore(0.0, math.nan, "error", detail)] * len(completion_texts)
+        outcomes = self._model_outcomes(rm, scores)
+        with self._lock:
+            counts = self._counts.setdefault(record.task, dict.fromkeys((*STATUSES, "correct", "total"), 0))
+            for outcome in outcomes:
+                counts[outcome.status] += 1
+                counts["correct"] += outcome.correct
+                counts["total"] += 1
+        return outcomes
+
+    def _model_outcomes(self, rm: RewardModel, scores: Sequence[ModelScore]) -> list[RewardOutcome]:
+        cfg, rcfg = self.config, rm.config
+        ok = [i for i, s in enumerate(scores) if s.status == "ok"]
+        rewards: dict[int, float] = {}
+        if rcfg.normalize == "group":
+            # The failed samples are left out of the group's statistics (they score failure_reward).
+            rewards = dict(zip(ok, group_zscores([scores[i].raw for i in ok]), strict=True))
+        else:
+            span = cfg.correct_reward - cfg.incorrect_reward
+            rewards = {i: cfg.incorrect_reward + scores[i].score * span for i in ok}
+        out = []
+        for i, s in enumerate(scores):
+            if s.status != "ok":
+                out.append(RewardOutcome(cfg.failure_reward, False, "error", s.detail, rm.task))
+            else:
+                passed = s.score >= rcfg.correct_threshold
+                out.append(RewardOutcome(rewards[i], passed, "ok", s.detail, rm.task))
+        return out
+
+    def reward_model_figures(self) -> dict[str, float]:
+        """Cumulative figures of each reward model for the step rows: samples scored, tokens through
+        it, inputs truncated to `max_length`, malformed judge verdicts (`reward_model_*/<task>`)."""
+        out: dict[str, float] = {}
+        for task, rm in self.reward_models.items():
+            for key, value in rm.stats().items():
+                if key != "calls":
+                    out[f"reward_model_{key}_total/{task}"] = float(value)
+        return out
 
     def outcome(self, value: Any, task: str) -> RewardOutcome:
         """The reward for a verdict computed elsewhere (an environment's own score): a number in
@@ -229,6 +303,7 @@ class RewardRouter:
             out["_abandoned"] = {"threads": self._abandoned}
         out["_sandbox"] = self.sandbox.stats()
         out["_math"] = {"restarts": self.math.restarts}
+        out["_reward_models"] = {task: rm.stats() for task, rm in self.reward_models.items()}
         return out
 
     def reset_stats(self) -> None:

@@ -80,6 +80,7 @@ class ComputeMeter:
         self.trained_samples = 0
         self.logprob_tokens = 0
         self.auxiliary_trained_tokens = 0
+        self.reward_model_tokens = 0
         self._running_since: float | None = None
         self._running_depth = 0
         # The generator and trainer threads of a pipelined run report to one meter.
@@ -160,6 +161,13 @@ class ComputeMeter:
             self.auxiliary_trained_tokens += int(tokens)
             self.flops += TRAIN_FLOPS_PER_PARAM * int(n_params) * int(tokens)
 
+    def add_reward_model(self, tokens: int, n_params: int) -> None:
+        """Tokens through a reward model (a classifier's inputs; a judge's prompts and generated
+        verdict tokens, scalerl/rewards/reward_model.py): a forward each, 2 n_params per token."""
+        with self._lock:
+            self.reward_model_tokens += int(tokens)
+            self.flops += FORWARD_FLOPS_PER_PARAM * int(n_params) * int(tokens)
+
     # -- reporting -------------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, float | int]:
@@ -194,6 +202,7 @@ class ComputeMeter:
                 "trained_samples": self.trained_samples,
                 "logprob_tokens": self.logprob_tokens,
                 "auxiliary_trained_tokens": self.auxiliary_trained_tokens,
+                "reward_model_tokens": self.reward_model_tokens,
             }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -207,5 +216,6 @@ class ComputeMeter:
                 self.role_devices.setdefault(role, self.num_devices)
             self.flops = float(state["flops"])
             for key in ("generated_tokens", "prompt_tokens", "samples", "trained_tokens",
-                        "trained_samples", "logprob_tokens", "auxiliary_trained_tokens"):
+                        "trained_samples", "logprob_tokens", "auxiliary_trained_tokens",
+                        "reward_model_tokens"):
                 setattr(self, key, int(state.get(key, 0)))

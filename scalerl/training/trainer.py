@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from scalerl.algorithms.aggregation import token_weights, weighted_token_sum
+from scalerl.algorithms.distill import distillation_advantages
 from scalerl.algorithms.entropy import entropy_bonus
 from scalerl.algorithms.filters import zero_variance_filter
 from scalerl.algorithms.kl import kl_penalty, kl_shaped_rewards
@@ -51,7 +52,7 @@ from scalerl.algorithms.objectives import per_token_policy_loss
 from scalerl.algorithms.stats import merge_policy_stats, reduce_token_stats
 from scalerl.config import AlgorithmConfig, OptimConfig
 from scalerl.models.lm_head import decoder_of
-from scalerl.telemetry.compute import ComputeMeter
+from scalerl.telemetry.compute import ComputeMeter, flop_params
 from scalerl.training.advantage import AdvantageEstimator, OutcomeAdvantages
 from scalerl.training.batch import ScoredGroup, TrainBatch, collate
 from scalerl.training.checkpoint import CheckpointState, load_checkpoint, save_checkpoint
@@ -241,6 +242,11 @@ class Trainer:
         self.bad_steps = 0
         self.noop_steps = 0
         self._reference: torch.nn.Module | None = None
+        self._teacher: torch.nn.Module | None = None
+        self._teacher_params = 0
+        if algorithm.distill.teacher is not None and self.collectives.lockstep:
+            raise ValueError("algorithm.distill.teacher: the teacher runs in one local trainer process; "
+                             "sharded ranks have none (use distributed.backend=local)")
         self.advantages = advantages if advantages is not None else self._default_estimator()
 
     def _default_estimator(self) -> AdvantageEstimator:
@@ -283,6 +289,17 @@ class Trainer:
             self._reference = self.policy.load_reference()
         return self._reference
 
+    @property
+    def teacher(self) -> torch.nn.Module:
+        """The distillation teacher (`algorithm.distill.teacher`), loaded on first use."""
+        if self._teacher is None:
+            from scalerl.training.teacher import load_teacher
+
+            assert self.algo.distill.teacher is not None
+            self._teacher = load_teacher(self.algo.distill.teacher, self.policy)
+            self._teacher_params = flop_params(self._teacher)
+        return self._teacher
+
     def _forward(
         self, model: torch.nn.Module, mb: TrainBatch, *, grad: bool, entropy: EntropyMode = "none"
     ) -> ResponseForward:
@@ -302,9 +319,11 @@ class Trainer:
             )
 
     @torch.no_grad()
-    def compute_logprobs(self, batch: TrainBatch, model: torch.nn.Module | None = None) -> Tensor:
+    def compute_logprobs(self, batch: TrainBatch, model: torch.nn.Module | None = None,
+                         n_params: int | None = None) -> Tensor:
         """Log-probs `[N, T]` of the batch's response tokens under `model` (default: the policy),
-        micro-batched, without gradient; 0 at padding."""
+        micro-batched, without gradient; 0 at padding. `n_params`: the FLOPs' N of `model` when it
+        is not the policy's size (the teacher)."""
         model = model if model is not None else self.policy.model
         out = torch.zeros(batch.response_mask.shape, dtype=torch.float32, device=batch.input_ids.device)
         for rows in self.collectives.micro_batch_plan(row_lengths(batch), self.batching):
@@ -313,7 +332,7 @@ class Trainer:
             if rows:
                 out[rows, : lp.shape[1]] = torch.where(mb.token_mask, lp, 0.0).float().to(out.device)
         if self.meter is not None:
-            self.meter.add_logprob_pass(batch.num_tokens)
+            self.meter.add_logprob_pass(batch.num_tokens, n_params)
         return self.collectives.sum_rows(out)
 
     def attach_old_logprobs(self, groups: Sequence[ScoredGroup]) -> None:
@@ -384,7 +403,10 @@ class Trainer:
         metrics.update(self._batch_metrics(full, len(groups)))
         keep = list(range(len(full)))
         metrics["zero_variance_frac"] = 0.0
-        if self.algo.zero_variance_filter:
+        distill = self.algo.distill
+        # With a teacher every sample carries signal (its tokens' reverse KL), so groups of equal
+        # rewards are kept: their outcome advantage is exactly 0 (`compute_advantages`).
+        if self.algo.zero_variance_filter and distill.teacher is None:
             mask, counts = zero_variance_filter(full.rewards, full.group_ids)
             keep = torch.nonzero(mask).flatten().tolist()
             metrics["zero_variance_frac"] = counts.n_dropped_groups / counts.n_groups
@@ -415,6 +437,8 @@ class Trainer:
                 rewards = kl_shaped_rewards(rewards, policy_lp, ref_lp, mask, beta)
         batch.advantages, estimated = self.advantages.estimate(batch, rewards, token_penalty)
         metrics.update(estimated)
+        if distill.teacher is not None:
+            metrics.update(self._distill(batch))
         adv = batch.advantages
         metrics["advantage_abs_mean"] = float(
             (adv.abs() if adv.dim() == 1 else adv[batch.response_mask].abs()).mean()
@@ -425,6 +449,23 @@ class Trainer:
             batch.response_mask, batch.group_ids, self.algo.aggregation, self.max_new_tokens
         )
         return batch, weights
+
+    def _distill(self, batch: TrainBatch) -> dict[str, float]:
+        """Add the teacher's reverse-KL term to `batch.advantages` (scalerl.algorithms.distill):
+        the student's log-probs are the sampler's (pi_old when recomputed), as in on-policy
+        distillation's estimator; the teacher's come from one forward pass (counted in the FLOPs)."""
+        teacher = self.teacher
+        student_lp = batch.old_logprobs if batch.old_logprobs is not None else batch.behavior_logprobs
+        teacher_lp = self.compute_logprobs(batch, teacher, self._teacher_params).to(student_lp.device)
+        mask = batch.response_mask
+        if not _finite(teacher_lp, mask):
+            raise _NonFiniteError("non-finite teacher log-probs")
+        d = self.algo.distill
+        batch.advantages = distillation_advantages(batch.advantages, student_lp, teacher_lp, mask,
+                                                   d.coef, d.reward_weight)
+        reverse_kl = (student_lp - teacher_lp)[mask]
+        return {"distill_reverse_kl": float(reverse_kl.mean()) if reverse_kl.numel() else 0.0,
+                "distill_teacher_logprob": float(teacher_lp[mask].mean()) if reverse_kl.numel() else 0.0}
 
     def _accumulate(self, batch: TrainBatch, weights: Tensor, metrics: dict[str, float]) -> None:
         """Forward and backward this process's micro-batches; gradients accumulate in `.grad`.

@@ -1,0 +1,116 @@
+"""On-policy distillation in the trainer: the gradient is the closed form's, a few steps pull the
+student to the teacher, the teacher's forward pass is counted, and a short run trains with it."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from scalerl.algorithms import token_weights
+from scalerl.config import AlgorithmConfig, ConfigError, DistillConfig, OptimConfig, RunConfig, build_config
+from scalerl.telemetry import ComputeMeter, flop_params
+from scalerl.training.batch import collate
+from scalerl.training.policy import load_policy
+from scalerl.training.trainer import Trainer
+from tests.training.conftest import TINY, tiny_model_config
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("teacher") / "m"
+    load_policy(tiny_model_config(seed=1), device="cpu").save_pretrained(path)
+    return path
+
+
+def _algo(teacher: Path, **kw: object) -> AlgorithmConfig:
+    return AlgorithmConfig(aggregation="token", distill=DistillConfig(teacher=str(teacher), **kw))
+
+
+def test_pure_distillation_gradient_is_the_closed_form(make_policy, make_groups, teacher_dir: Path) -> None:
+    """On-policy (ratio 1), no outcome term: the policy-gradient loss -sum_t w_t A_t log pi_s(y_t)
+    with A_t = -coef d_t has the gradient of coef/2 sum_t w_t d_t^2, d_t = log pi_s - log pi_t."""
+    policy = make_policy()
+    groups = make_groups(policy, noise=0.0, zero_variance_groups=3)  # every group's rewards equal
+    trainer = Trainer(policy, _algo(teacher_dir, coef=0.7, reward_weight=0.0), OptimConfig(lr=1e-3))
+    metrics = trainer.compute_gradients(groups)
+    assert metrics["kept_samples"] == 12  # equal-reward groups are kept: they carry the teacher's signal
+    got = [p.grad.clone() for p in policy.model.parameters()]
+
+    batch = collate(groups, policy.pad_token_id)
+    policy.model.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        teacher_lp = trainer.compute_logprobs(batch, trainer.teacher)
+    from scalerl.training.forward import response_forward
+
+    lp = response_forward(policy.model, batch, temperature=1.0, fp32_lm_head=True).logprobs
+    mask = batch.response_mask
+    w = token_weights(mask, batch.group_ids, "token", None)[:, : lp.shape[1]]
+    d = torch.where(mask, lp - teacher_lp, 0.0)
+    (0.5 * 0.7 * (w * d * d).sum()).backward()
+    for g, p in zip(got, policy.model.parameters(), strict=True):
+        assert torch.allclose(g, p.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_steps_pull_the_student_to_the_teacher_and_count_its_flops(make_policy, make_groups,
+                                                                    teacher_dir: Path) -> None:
+    policy = make_policy()
+    meter = ComputeMeter(flop_params(policy.model))
+    trainer = Trainer(policy, _algo(teacher_dir, reward_weight=0.0), OptimConfig(lr=3e-3, warmup_steps=0),
+                      meter=meter)
+    groups = make_groups(policy, noise=0.0)
+    batch = collate(groups, policy.pad_token_id)
+
+    def sq_gap() -> float:
+        d = trainer.compute_logprobs(batch) - trainer.compute_logprobs(batch, trainer.teacher)
+        return float((d[batch.response_mask] ** 2).mean())
+
+    before = sq_gap()
+    flops0, lp_tokens0 = meter.flops, meter.logprob_tokens
+    m = trainer.step(make_groups(policy, noise=0.0))
+    # The teacher's forward over the batch: 2 N_teacher per token (and the 6N training pass).
+    assert meter.logprob_tokens - lp_tokens0 == batch.num_tokens
+    teacher_n = flop_params(trainer.teacher)
+    assert meter.flops - flops0 == pytest.approx(2 * teacher_n * batch.num_tokens + 6 * meter.n_params
+                                                 * batch.num_tokens)
+    assert math.isfinite(m["distill_reverse_kl"])
+    for _ in range(4):
+        trainer.step(make_groups(policy, noise=0.0))
+    assert sq_gap() < 0.8 * before
+
+
+def test_config_rules_name_the_keys(teacher_dir: Path) -> None:
+    with pytest.raises(ConfigError, match="loss_type"):
+        build_config([({"algorithm": {"loss_type": "kimi", "distill": {"teacher": "t"}}}, {})])
+    with pytest.raises(ConfigError, match=r"distill\.teacher"):
+        build_config([({"algorithm": {"distill": {"teacher": "t"}}, "distributed": {"backend": "ray"}}, {})])
+    with pytest.raises(ConfigError, match=r"algorithm\.distill\.teacher"):
+        policy = load_policy(tiny_model_config(), device="cpu")
+        Trainer(policy, _algo(teacher_dir.parent / "missing"), OptimConfig()).teacher  # noqa: B018
+
+
+def test_a_short_pure_distillation_run(teacher_dir: Path, tmp_path: Path) -> None:
+    from scalerl.assembly.build import build_training
+    from scalerl.telemetry import read_rows
+
+    cfg = RunConfig.model_validate({
+        "max_steps": 6,
+        "model": {"tiny": TINY.model_dump()},
+        "data": {"synthetic": {"num_prompts": 40}, "heldout_size": 0},
+        "generation": {"n": 4, "max_new_tokens": 12, "max_batch_size": 16,
+                       "length_control": {"kind": "none"}},
+        "pipeline": {"off_policy": "sync", "prompts_per_step": 4},
+        "optim": {"lr": 3e-3, "warmup_steps": 0},
+        "algorithm": {"distill": {"teacher": str(teacher_dir), "reward_weight": 0.0}},
+        "eval": {"every": 1000, "at_start": False},
+        "logging": {"progress": False},
+    })
+    with build_training(cfg, tmp_path / "run", device="cpu", checkpoints=False) as run:
+        run.driver.run()
+    rows = [r for r in read_rows(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "step"]
+    kl = [r["distill_reverse_kl"] for r in rows]
+    assert len(kl) == 6 and all(math.isfinite(x) for x in kl)
+    assert all(r["skipped_no_signal"] == 0 for r in rows)  # no group dropped for equal rewards
+    assert kl[-1] < kl[0], kl
