@@ -113,8 +113,8 @@ def gold_free(config: RunConfig) -> frozenset[str]:
 
     try:
         return gold_free_tasks(config.rewards)
-    except ValueError as exc:  # a configured verifier path that does not import: bad input
-        raise ConfigError(f"rewards.verifiers: {exc}") from None
+    except ValueError as exc:  # a configured verifier path that does not import: bad input (names the key)
+        raise ConfigError(str(exc)) from None
 
 
 def load_records(config: RunConfig) -> list[PromptRecord]:

@@ -143,10 +143,15 @@ def register_verifier(name: str, fn: Verifier | None = None, *, overwrite: bool 
 def gold_free_tasks(config: Any) -> frozenset[str]:
     """Tasks whose rows need no gold `answer` or `tests` under a `rewards` section (`RewardConfig`):
     those with a reward model, and those whose verifier (configured in `verifiers`, or registered)
-    is marked `@gold_free`. A configured path that does not import raises ValueError naming it."""
+    is marked `@gold_free`. A configured path that does not import raises ValueError naming its key
+    (`rewards.verifiers.<task>: ...`)."""
     tasks = set(config.reward_models)
     for task, path in config.verifiers.items():
-        if not needs_gold(load_callable(path)):
+        try:
+            fn = load_callable(path)
+        except ValueError as exc:
+            raise ValueError(f"rewards.verifiers.{task}: {exc}") from None
+        if not needs_gold(fn):
             tasks.add(task)
     for task, fn in VERIFIERS.items():
         if task not in config.verifiers and not needs_gold(fn):
