@@ -278,3 +278,62 @@ def test_an_fsdp_rank_refuses_lora_before_joining_the_group(model_config):
     spec = ProcessGroupSpec(0, 1, "tcp://127.0.0.1:1", timeout_s=5)
     with pytest.raises(ConfigError, match=r"model\.lora\.r"):
         ShardedTrainerRank(cfg, settings, spec)
+
+
+# -- export and eval of a LoRA run ----------------------------------------------------------------
+
+
+def _lora_run(make_policy, make_groups, tiny, tmp_path):
+    """A run directory as `scalerl train` leaves it: config.yaml naming the base, start_model.json,
+    one LoRA checkpoint."""
+    import json
+
+    from scalerl.config import RunConfig, config_to_yaml
+    from scalerl.model_identity import model_identity
+
+    base_dir = tmp_path / "base"
+    make_policy().save_pretrained(base_dir)
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = RunConfig(model={"name_or_path": str(base_dir), "tiny": tiny.model_dump(),
+                           "lora": LORA.model_dump()})
+    (run / "config.yaml").write_text(config_to_yaml(cfg))
+    (run / "start_model.json").write_text(json.dumps(model_identity(str(base_dir))))
+    policy = _lora_policy(make_policy)
+    groups = make_groups(policy)
+    trainer = _trainer(policy)
+    trainer.step(groups)
+    trainer.save(run, step=1)
+    return run, base_dir, policy, groups
+
+
+def test_export_writes_merged_weights_that_from_pretrained_loads(make_policy, make_groups, tiny, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from scalerl.cli import main
+
+    run, _, policy, groups = _lora_run(make_policy, make_groups, tiny, tmp_path)
+    out = tmp_path / "merged"
+    assert main(["export", str(run), "--out", str(out)]) == 0
+    model = AutoModelForCausalLM.from_pretrained(out)
+    pad = policy.pad_token_id
+    torch.testing.assert_close(_logprobs(model, groups, pad), _logprobs(policy.model, groups, pad),
+                               rtol=0, atol=1e-5)
+    before = sorted(p.name for p in out.iterdir())
+    assert main(["export", str(run), "--out", str(out)]) == 2  # never overwrites
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_eval_source_of_a_lora_checkpoint_is_the_adapter_on_the_recorded_base(make_policy, make_groups, tiny,
+                                                                              tmp_path):
+    from scalerl.assembly.evaluate import resolve_source, source_policy
+    from scalerl.inputs import InputError
+
+    run, base_dir, policy, groups = _lora_run(make_policy, make_groups, tiny, tmp_path)
+    loaded = source_policy(resolve_source(str(run)), "cpu")
+    pad = policy.pad_token_id
+    torch.testing.assert_close(_logprobs(loaded.model, groups, pad), _logprobs(policy.model, groups, pad),
+                               rtol=0, atol=0)
+    make_policy(seed=5).save_pretrained(base_dir)  # the base changed under the run: refused
+    with pytest.raises(InputError, match="differ from those the run started from"):
+        source_policy(resolve_source(str(run)), "cpu")
