@@ -111,7 +111,7 @@ def source_policy(source: EvalSource, device: str | None = None) -> Any:
         raise MissingInputError(f"{cfg.model.name_or_path}: cannot load a model from it ({err})") from None
     if not lora:
         return policy
-    policy = apply_lora(policy, cfg.model.lora)
+    policy = apply_lora(policy, cfg.model.lora, seed=cfg.seed)  # A is then loaded from the checkpoint
     try:
         load_adapter_weights(policy.model, source.model)
     except ValueError as err:

@@ -62,7 +62,7 @@ def local_backend(
     config: RunConfig, run_path: Path, device: str | None, resume: str | Path | None
 ) -> Backend:
     """The policy and its trainer here, and a generation copy of the model in the embedded engine."""
-    policy = apply_lora(load_policy(config.model, device), config.model.lora)
+    policy = apply_lora(load_policy(config.model, device), config.model.lora, seed=config.seed)
     meter = policy_meter(policy)
     trainer = Trainer.from_settings(trainer_settings(config), policy, meter)
     start_step, resume_state = 0, None

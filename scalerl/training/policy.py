@@ -208,15 +208,21 @@ def load_policy(cfg: ModelConfig, device: str | torch.device | None = None) -> P
     )
 
 
-def apply_lora(policy: Policy, cfg: LoraConfig) -> Policy:
+def apply_lora(policy: Policy, cfg: LoraConfig, seed: int = 0) -> Policy:
     """`policy` with its model wrapped in LoRA adapters (`cfg.r` > 0; `scalerl.models.lora`): only
     the adapter is trainable, the reference is the base with the adapter disabled (no
-    `reference_factory`, so no second copy of the base is ever built)."""
+    `reference_factory`, so no second copy of the base is ever built). The model is wrapped in
+    place: use the returned policy, not `policy`.
+
+    A's random init (peft's Kaiming-uniform; B = 0) is drawn from `seed` (a run passes its own
+    `seed`) on a forked RNG: the same adapter in every process, and the caller's RNG untouched."""
     if cfg.r <= 0:
         return policy
     checkpointing = is_activation_checkpointing(policy.model)
     try:
-        model = wrap_lora(policy.model, cfg.r, cfg.alpha, cfg.dropout, cfg.target_modules)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = wrap_lora(policy.model, cfg.r, cfg.alpha, cfg.dropout, cfg.target_modules)
     except (ImportError, ValueError) as err:
         raise ConfigError(str(err)) from None
     if checkpointing:
