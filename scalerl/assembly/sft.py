@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 
-from scalerl.config import RunConfig
+from scalerl.config import ConfigError, RunConfig
 from scalerl.ownership import check_output_dir_owned, mark_output_dir
 from scalerl.training.sft_config import SFTConfig
 
@@ -45,6 +45,9 @@ def sft_run(
     )
     from scalerl.training.threads import run_threads
 
+    if cfg.model.lora.r > 0:
+        raise ConfigError("model.lora.r: `scalerl sft` trains every weight (the warm start LoRA runs "
+                          "start from); LoRA applies to `scalerl train` (set model.lora.r=0 here)")
     if cfg.model.name_or_path is None and data is None and device in (None, "cpu"):
         path = warm_start_default(cfg, sft, on_step=on_step)
         if output:

@@ -35,6 +35,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sft": ("scalerl.cli.sft", "supervised fine-tuning (warm start before RL)"),
     "train": ("scalerl.cli.train", "run RL training (recipe + config + overrides)"),
     "eval": ("scalerl.cli.eval", "mean@k / pass@k of a checkpoint or model on held-out prompts"),
+    "export": ("scalerl.cli.export",
+               "write a checkpoint's weights as a Hugging Face model (LoRA adapters merged)"),
     "ablate": ("scalerl.cli.ablate",
                "leave-one-out, grid or coupled-axis study: run, fit, tabulate (paper Fig. 7)"),
     "serve": ("scalerl.cli.serve", "an OpenAI-compatible endpoint over a checkpoint or model"),

@@ -33,7 +33,7 @@ from torch import Tensor
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 
-from scalerl.config import ModelConfig
+from scalerl.config import ConfigError, ModelConfig
 from scalerl.distributed.checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
 from scalerl.distributed.collectives import RankCollectives
 from scalerl.distributed.group import ProcessGroupSpec, barrier, init_process_group
@@ -74,6 +74,10 @@ class ShardedTrainerRank:
 
     def __init__(self, model: ModelConfig, settings: TrainerSettings, group: ProcessGroupSpec,
                  meter: ComputeMeter | None = None) -> None:
+        if model.lora.r > 0:
+            # Before joining the group: every rank refuses alike, no peer waits for it.
+            raise ConfigError("model.lora.r > 0: the FSDP2 ranks do not shard peft adapters; LoRA runs "
+                              "in the local trainer (distributed.backend=local)")
         self.model_cfg = model
         self.group = group
         self._owns_group = init_process_group(group)

@@ -12,6 +12,11 @@ N counts the parameters that take part in a matmul per token: every parameter ex
 input-embedding table (a lookup, no FLOPs), with the LM head counted whether or not it is tied to
 that table (the d x V projection is real work, and for small models with large vocabularies a
 large share of it). The attention context term (2 n_layer n_ctx d per token) is left out, as in 6N.
+
+A model trained only in part (LoRA: a frozen base and a trainable adapter) costs
+`train_flops_per_token(N, N_trainable)` = 4N + 2 N_trainable (see there): the forward and the
+backward for the activations still run through the whole frozen base, only the frozen weights'
+gradients are skipped. The engines run the merged weights (`generation_params`: the base alone).
 """
 
 from __future__ import annotations
@@ -28,8 +33,31 @@ FORWARD_FLOPS_PER_PARAM = 2
 TRAIN_FLOPS_PER_PARAM = 6
 
 
-def flop_params(model: torch.nn.Module) -> int:
-    """N for the FLOPs estimate: parameters used in a per-token matmul (see module docstring)."""
+def train_flops_per_token(n_params: int, trainable_params: int | None = None) -> float:
+    """FLOPs per token of a training forward + backward: `2N + 2N + 2 N_trainable`.
+
+    The usual split of 6N (Kaplan et al. 2020, arXiv 2001.08361, Sec. 2.1; Hoffmann et al. 2022,
+    App. F): the forward pass costs 2N, the backward twice that, 2N for the gradients with respect
+    to the activations and 2N for those with respect to the weights. A frozen weight needs no weight
+    gradient, but the activation gradient still flows through it to the trainable weights below, so
+    a model with N_trainable of its N parameters trained costs `4N + 2 N_trainable` per token. For
+    LoRA (Hu et al. 2021, arXiv 2106.09685, Sec. 4.2: no gradients "for the vast majority of the
+    parameters") with N = N_base + N_adapter and N_trainable = N_adapter that is
+    `4 N_base + 6 N_adapter`, about 2/3 of full fine-tuning's 6N; `None` (every parameter trained)
+    is 6N. Counting the activation gradient down to the first layer is exact for adapters on
+    every layer (the default, "all-linear"); with adapters on the top layers only it overcounts.
+    """
+    if n_params <= 0:
+        raise ValueError(f"n_params: expected a positive parameter count, got {n_params}")
+    trained = n_params if trainable_params is None else int(trainable_params)
+    if not 0 <= trained <= n_params:
+        raise ValueError(f"trainable_params: expected 0..{n_params}, got {trainable_params}")
+    return float(2 * FORWARD_FLOPS_PER_PARAM * n_params + FORWARD_FLOPS_PER_PARAM * trained)
+
+
+def flop_params(model: torch.nn.Module, trainable_only: bool = False) -> int:
+    """N for the FLOPs estimate: parameters used in a per-token matmul (see module docstring);
+    `trainable_only`: those of them that are trained (`requires_grad`)."""
     get_in = getattr(model, "get_input_embeddings", None)
     get_out = getattr(model, "get_output_embeddings", None)
     embed = get_in() if callable(get_in) else None
@@ -42,8 +70,9 @@ def flop_params(model: torch.nn.Module) -> int:
         if id(p) in seen or id(p) in excluded:
             continue
         seen.add(id(p))
-        total += p.numel()
-    if head is not None and id(head.weight) in excluded:
+        if p.requires_grad or not trainable_only:
+            total += p.numel()
+    if head is not None and id(head.weight) in excluded and (head.weight.requires_grad or not trainable_only):
         total += head.weight.numel()
     return total
 
@@ -53,6 +82,10 @@ class ComputeMeter:
 
     `num_devices` is every device the run holds (generator and trainer together; on a single shared
     device, 1). `role_devices` gives the devices each role uses, for its busy device-hours.
+
+    `trainable_params` (None: all of `n_params`) prices a training token at
+    `train_flops_per_token`; `generation_params` (None: `n_params`) is the N of the model the
+    engines run and of a forward with the adapter disabled (LoRA: the merged weights, the base's N).
     """
 
     def __init__(
@@ -61,9 +94,15 @@ class ComputeMeter:
         num_devices: int = 1,
         role_devices: Mapping[str, int] | None = None,
         clock: Any = time.monotonic,
+        trainable_params: int | None = None,
+        generation_params: int | None = None,
     ) -> None:
         if n_params <= 0:
             raise ValueError(f"n_params: expected a positive parameter count, got {n_params}")
+        self.train_flops_per_token = train_flops_per_token(n_params, trainable_params)
+        if generation_params is not None and not 0 < generation_params <= n_params:
+            raise ValueError(f"generation_params: expected 1..{n_params}, got {generation_params}")
+        self.generation_params = int(generation_params if generation_params is not None else n_params)
         if num_devices <= 0:
             raise ValueError(f"num_devices: expected >= 1, got {num_devices}")
         self.n_params = int(n_params)
@@ -139,14 +178,15 @@ class ComputeMeter:
             self.prompt_tokens += int(prompt_tokens)
             self.samples += int(samples)
             tokens = int(generated_tokens) + int(prompt_tokens)
-            self.flops += FORWARD_FLOPS_PER_PARAM * self.n_params * tokens
+            self.flops += FORWARD_FLOPS_PER_PARAM * self.generation_params * tokens
 
     def add_training(self, tokens: int, samples: int) -> None:
-        """Tokens through a training forward + backward (prompt and response, no padding): 6N each."""
+        """Tokens through a training forward + backward (prompt and response, no padding): 6N each,
+        `4N + 2 N_trainable` when only part of the model is trained (`train_flops_per_token`)."""
         with self._lock:
             self.trained_tokens += int(tokens)
             self.trained_samples += int(samples)
-            self.flops += TRAIN_FLOPS_PER_PARAM * self.n_params * int(tokens)
+            self.flops += self.train_flops_per_token * int(tokens)
 
     def add_logprob_pass(self, tokens: int, n_params: int | None = None) -> None:
         """A forward-only pass (reference model, old-log-prob recomputation): 2N per token."""

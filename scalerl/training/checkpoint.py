@@ -3,6 +3,8 @@
 Layout of `<run_dir>/checkpoints/step_000120/`:
 
     model.safetensors, config.json, tokenizer files   `from_pretrained(path)` loads the policy
+    adapter/                                           instead, for a LoRA policy: its adapter, peft's
+                                                       format (PeftModel.from_pretrained(base, it))
     optimizer.pt, scheduler.pt                         torch state dicts
     rng.pt                                             python, numpy, torch (CPU and CUDA) RNG states
     state.json                                         step, trainer counters, the caller's extra state
@@ -42,10 +44,13 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from scalerl.models.lora import ADAPTER_NAME, is_lora
+
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
 STATE_FILE = "state.json"
+ADAPTER_DIR = "adapter"  # a LoRA policy's adapter, in peft's format
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "scalerl-checkpoint-manifest"
 MANIFEST_VERSION = 1
@@ -375,7 +380,11 @@ def save_checkpoint(
     tmp, final = begin_checkpoint(run_dir, step, keep, token=str(os.getpid()))
     tmp.mkdir()
     try:
-        model.save_pretrained(str(tmp))
+        if is_lora(model):
+            # peft's format (adapter_config.json, adapter_model.safetensors): the base is the run's.
+            model.save_pretrained(str(tmp / ADAPTER_DIR))
+        else:
+            model.save_pretrained(str(tmp))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
         if optimizer is not None:
@@ -423,6 +432,32 @@ def load_model_weights(model: torch.nn.Module, path: str | Path) -> None:
             raise ValueError(f"{path}: weights missing for {', '.join(really_missing[:5])}")
 
 
+def load_adapter_weights(model: torch.nn.Module, path: str | Path) -> None:
+    """Load the LoRA adapter of checkpoint `path` (`adapter/`, peft's format) into `model`, a peft
+    model with the same adapter settings (rank, alpha, target modules)."""
+    adapter = Path(path) / ADAPTER_DIR
+    if not is_lora(model):
+        raise ValueError(f"{adapter}: the checkpoint holds a LoRA adapter, the model has none "
+                         "(set model.lora.* as in the run that wrote it)")
+    if not adapter.is_dir():
+        raise ValueError(f"{path}: the model is a LoRA model but the checkpoint holds no {ADAPTER_DIR}/ "
+                         "(it was written by a run without model.lora)")
+    from peft.utils import set_peft_model_state_dict
+
+    saved = json.loads((adapter / "adapter_config.json").read_text())
+    own = model.peft_config[ADAPTER_NAME]
+    for key in ("r", "lora_alpha"):
+        if saved.get(key) != getattr(own, key):
+            raise ValueError(f"{adapter}: adapter {key}={saved.get(key)}, the model's {getattr(own, key)} "
+                             "(model.lora.r / model.lora.alpha must match the run that wrote it)")
+    weights = load_file(str(adapter / "adapter_model.safetensors"))
+    result = set_peft_model_state_dict(model, weights, adapter_name=ADAPTER_NAME)
+    missing = [k for k in result.missing_keys if ".lora_" in k]
+    if result.unexpected_keys or missing:
+        raise ValueError(f"{adapter}: adapter does not fit the model (unexpected "
+                         f"{list(result.unexpected_keys)[:3]}, missing {missing[:3]})")
+
+
 def load_checkpoint(
     path: str | Path,
     *,
@@ -440,7 +475,10 @@ def load_checkpoint(
         logger.warning("%s: no %s (written by an older scalerl); loading it unverified", ckpt, MANIFEST_FILE)
     meta = _read_state(state_file)
     try:
-        load_model_weights(model, ckpt)
+        if is_lora(model) or (ckpt / ADAPTER_DIR).is_dir():
+            load_adapter_weights(model, ckpt)
+        else:
+            load_model_weights(model, ckpt)
     except (OSError, RuntimeError) as err:  # safetensors: a header or a tensor it cannot read
         raise CorruptCheckpointError(f"{ckpt}: model weights unreadable ({err})") from None
     device = next(model.parameters()).device

@@ -10,6 +10,7 @@ under autocast.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +23,9 @@ from transformers import (
     PreTrainedModel,
 )
 
-from scalerl.config import ConfigError, ModelConfig
+from scalerl.config import ConfigError, LoraConfig, ModelConfig
 from scalerl.models.loading import load_pretrained_tokenizer
+from scalerl.models.lora import adapter_disabled, is_lora, merged_copy, merged_state_dict, wrap_lora
 from scalerl.models.tiny import TinyModelSpec, build_tiny_model, build_tiny_tokenizer
 
 ModelFactory = Callable[[], torch.nn.Module]
@@ -105,7 +107,8 @@ class Policy:
     """A causal LM being trained, its tokenizer, and how to run it.
 
     `reference_factory` builds the frozen reference model for the KL term (the policy's initial
-    weights); it is called only when a KL term is used.
+    weights); it is called only when a KL term is used. A LoRA policy (`apply_lora`) has none: its
+    reference is the model itself with the adapter disabled (`reference_model`).
     """
 
     model: PreTrainedModel
@@ -133,6 +136,26 @@ class Policy:
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    @property
+    def lora(self) -> bool:
+        """Whether the model is a LoRA (peft) model: only its adapter is trained."""
+        return is_lora(self.model)
+
+    @contextlib.contextmanager
+    def reference_model(self, cached: torch.nn.Module | None = None) -> Any:
+        """The KL reference for the duration of the block: for LoRA the policy itself with the
+        adapter disabled (the base weights, no second copy of them in memory), else `cached` or a
+        fresh `load_reference()`."""
+        if self.lora:
+            with adapter_disabled(self.model) as base:
+                yield base
+        else:
+            yield cached if cached is not None else self.load_reference()
+
+    def generation_copy(self) -> torch.nn.Module:
+        """A plain copy of the model for an in-process engine: the adapter merged in for LoRA."""
+        return merged_copy(self.model) if self.lora else copy.deepcopy(self.model)
+
     def load_reference(self) -> torch.nn.Module:
         if self.reference_factory is None:
             raise ValueError(
@@ -145,16 +168,20 @@ class Policy:
         return ref
 
     def save_pretrained(self, path: str | Path) -> None:
-        """Model (safetensors) and tokenizer, loadable with `from_pretrained(path)`."""
-        self.model.save_pretrained(str(path))
+        """Model (safetensors) and tokenizer, loadable with `from_pretrained(path)`; a LoRA model
+        is saved merged (a plain causal LM: what the engines run)."""
+        (merged_copy(self.model) if self.lora else self.model).save_pretrained(str(path))
         self.tokenizer.save_pretrained(str(path))
 
     def weights_for_engine(self) -> dict[str, torch.Tensor]:
         """A CPU copy of the weights for `engine.update_weights`.
 
         A copy, not views: an engine applying it from another thread must not see the trainer's
-        in-place optimizer updates land half-way through a decode step.
+        in-place optimizer updates land half-way through a decode step. A LoRA model sends its
+        merged weights `W + (alpha / r) B A` under the base model's names (`merged_state_dict`).
         """
+        if self.lora:
+            return merged_state_dict(self.model, "cpu")
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
 
@@ -179,3 +206,29 @@ def load_policy(cfg: ModelConfig, device: str | torch.device | None = None) -> P
         dtype=cfg.dtype,
         reference_factory=lambda: load_model(frozen, dev),
     )
+
+
+def apply_lora(policy: Policy, cfg: LoraConfig, seed: int = 0) -> Policy:
+    """`policy` with its model wrapped in LoRA adapters (`cfg.r` > 0; `scalerl.models.lora`): only
+    the adapter is trainable, the reference is the base with the adapter disabled (no
+    `reference_factory`, so no second copy of the base is ever built). The model is wrapped in
+    place: use the returned policy, not `policy`.
+
+    A's random init (peft's Kaiming-uniform; B = 0) is drawn from `seed` (a run passes its own
+    `seed`) on a forked RNG: the same adapter in every process, and the caller's RNG untouched."""
+    if cfg.r <= 0:
+        return policy
+    checkpointing = is_activation_checkpointing(policy.model)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = wrap_lora(policy.model, cfg.r, cfg.alpha, cfg.dropout, cfg.target_modules)
+    except (ImportError, ValueError) as err:
+        raise ConfigError(str(err)) from None
+    if checkpointing:
+        # Non-reentrant checkpointing (enable_activation_checkpointing) needs no input gradients;
+        # kept on the wrapped model's base as it was set.
+        model.config.use_cache = False
+    model.train()
+    return Policy(model=model, tokenizer=policy.tokenizer, fp32_lm_head=policy.fp32_lm_head,
+                  dtype=policy.dtype, reference_factory=None)

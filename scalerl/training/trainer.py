@@ -34,7 +34,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -220,7 +220,7 @@ class Trainer:
                 "algorithm.tis.enabled needs algorithm.recompute_old_logprobs=true: TIS corrects "
                 "pi_old / pi_gen, and without recomputation pi_old is pi_gen (the weight would be 1)"
             )
-        if algorithm.kl_coef > 0 and policy.reference_factory is None:
+        if algorithm.kl_coef > 0 and policy.reference_factory is None and not policy.lora:
             raise ValueError("algorithm.kl_coef > 0 needs a reference model (policy.reference_factory)")
         self.policy = policy
         self.algo = algorithm
@@ -300,6 +300,19 @@ class Trainer:
             self._teacher_params = flop_params(self._teacher)
         return self._teacher
 
+    @contextlib.contextmanager
+    def _reference_model(self) -> Iterator[torch.nn.Module]:
+        """The KL reference: a LoRA policy with its adapter disabled, else the frozen copy."""
+        if self.policy.lora:
+            with self.policy.reference_model() as base:
+                yield base
+        else:
+            yield self.reference
+
+    def _reference_params(self) -> int | None:
+        """N of a reference pass: a LoRA policy's base alone (the adapter is disabled)."""
+        return self.meter.generation_params if self.meter is not None and self.policy.lora else None
+
     def _forward(
         self, model: torch.nn.Module, mb: TrainBatch, *, grad: bool, entropy: EntropyMode = "none"
     ) -> ResponseForward:
@@ -322,8 +335,8 @@ class Trainer:
     def compute_logprobs(self, batch: TrainBatch, model: torch.nn.Module | None = None,
                          n_params: int | None = None) -> Tensor:
         """Log-probs `[N, T]` of the batch's response tokens under `model` (default: the policy),
-        micro-batched, without gradient; 0 at padding. `n_params`: the FLOPs' N of `model` when it
-        is not the policy's size (the teacher)."""
+        micro-batched, without gradient; 0 at padding. `n_params`: the N its FLOPs are counted
+        with (default: the meter's; the teacher's own size for the teacher)."""
         model = model if model is not None else self.policy.model
         out = torch.zeros(batch.response_mask.shape, dtype=torch.float32, device=batch.input_ids.device)
         for rows in self.collectives.micro_batch_plan(row_lengths(batch), self.batching):
@@ -427,7 +440,8 @@ class Trainer:
         rewards, token_penalty = batch.rewards, None
         if self.algo.kl_in_reward and self.algo.kl_coef > 0:
             policy_lp = batch.old_logprobs if batch.old_logprobs is not None else self.compute_logprobs(batch)
-            ref_lp = self.compute_logprobs(batch, self.reference)
+            with self._reference_model() as reference:
+                ref_lp = self.compute_logprobs(batch, reference, self._reference_params())
             if self.algo.kl_reward_level == "token":
                 # REINFORCE++ eq. 9: KL(t) = log pi_old(t) / pi_ref(t), the k1 estimate per token.
                 kl = kl_penalty(policy_lp, ref_lp, "k1", mask=batch.response_mask)
@@ -488,7 +502,10 @@ class Trainer:
                 local.real_tokens += mb.num_tokens
                 local.slot_tokens += mb.num_tokens if self.batching.packed else int(mb.input_ids.numel())
             out = self._forward(model, mb, grad=True, entropy=entropy_mode)
-            ref_lp = self._forward(self.reference, mb, grad=False).logprobs if use_kl_loss else None
+            ref_lp = None
+            if use_kl_loss:
+                with self._reference_model() as reference:
+                    ref_lp = self._forward(reference, mb, grad=False).logprobs
             loss = None
             if rows and local.problem is None:
                 w = weights[rows][:, : mb.response_width].to(self.device)
@@ -498,7 +515,7 @@ class Trainer:
         stats = _StepStats.merge(self.collectives.gather(local))
         if use_kl_loss and self.meter is not None:
             # The reference passes over the whole batch (all ranks together).
-            self.meter.add_logprob_pass(batch.num_tokens)
+            self.meter.add_logprob_pass(batch.num_tokens, self._reference_params())
         if stats.problem is not None:
             raise _NonFiniteError(stats.problem)
         merged = merge_policy_stats(stats.parts)

@@ -1,0 +1,130 @@
+"""LoRA adapters through peft: wrapping a causal LM, and its merged weights for the engines.
+
+LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models", arXiv 2106.09685,
+eq. 3) replaces a frozen linear layer's `h = W x` by
+
+    h = W x + (alpha / r) B A x,    A: r x d_in,  B: d_out x r,  B = 0 at the start,
+
+and trains only A and B. The generation engines never see the adapter: they are sent the merged
+weights `W' = W + (alpha / r) B A` (`merged_state_dict`), keyed by the base model's own parameter
+names, computed from the training model without changing it (peft's `merge_adapter` would merge
+into the training weights in place, and an optimizer step between merge and unmerge would be
+lost). The sync verification (`scalerl.rollout.fingerprint`) then compares the engine's tensors
+with these merged ones, so an adapter that never reached the engine (verl#7495) is a
+`WeightSyncError`, not "staleness".
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+ADAPTER_NAME = "default"
+
+
+def is_lora(model: nn.Module) -> bool:
+    """Whether `model` is a peft model (a LoRA-wrapped policy)."""
+    try:
+        from peft import PeftModel
+    except ImportError:  # peft not installed: nothing can be wrapped
+        return False
+    return isinstance(model, PeftModel)
+
+
+def wrap_lora(model: nn.Module, r: int, alpha: float, dropout: float,
+              target_modules: list[str] | str) -> nn.Module:
+    """`model` with LoRA adapters of rank `r` on `target_modules` ("all-linear": every linear layer
+    but the output head), every base weight frozen. The base module is modified in place (peft
+    swaps its linear layers); B starts at zero, so the wrapped model computes what `model` did."""
+    if r <= 0:
+        raise ValueError(f"model.lora.r: expected > 0 to wrap, got {r}")
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ImportError("model.lora.r > 0 needs peft: pip install 'scalerl[lora]'") from None
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules,
+                        bias="none", task_type="CAUSAL_LM")
+    try:
+        return get_peft_model(model, config, adapter_name=ADAPTER_NAME)
+    except ValueError as err:  # peft: target modules not found in the model
+        raise ValueError(f"model.lora.target_modules={target_modules!r}: {err}") from None
+
+
+def lora_delta(lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float) -> torch.Tensor:
+    """`scaling * B @ A`, the update LoRA adds to a linear layer's `W` (Hu et al. 2021, eq. 3;
+    `scaling` = alpha / r), in float32 (`[d_out, d_in]`)."""
+    return scaling * (lora_b.detach().float() @ lora_a.detach().float())
+
+
+def _lora_layers(base: nn.Module) -> Iterator[tuple[str, Any]]:
+    from peft.tuners.lora import LoraLayer
+
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer):
+            yield name, module
+
+
+def merged_state_dict(model: nn.Module, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """The weights of the model that `model` (a LoRA peft model) computes, as a plain state dict
+    keyed by the base model's names (`model.layers.0.self_attn.q_proj.weight`, ...):
+    `W + scaling * B A` for every adapted linear layer, every other tensor as it is. Copies on
+    `device`; the training model is not changed."""
+    base = model.get_base_model()
+    out: dict[str, torch.Tensor] = {}
+    for key, value in base.state_dict().items():
+        if ".lora_" in key:
+            continue
+        out[key.replace(".base_layer.", ".")] = value.detach().to(device, copy=True)
+    for name, layer in _lora_layers(base):
+        if layer.merged:
+            raise RuntimeError(f"{name}: adapter merged into the training weights in place; "
+                               "merged_state_dict needs the unmerged layer")
+        if layer.use_dora.get(ADAPTER_NAME) or getattr(layer, "fan_in_fan_out", False):
+            raise NotImplementedError(f"{name}: DoRA / fan-in-fan-out LoRA layers are not supported")
+        if ADAPTER_NAME not in layer.lora_A:
+            continue
+        weight = layer.get_base_layer().weight
+        delta = lora_delta(layer.lora_A[ADAPTER_NAME].weight, layer.lora_B[ADAPTER_NAME].weight,
+                           float(layer.scaling[ADAPTER_NAME]))
+        out[f"{name}.weight"] = (weight.detach().float() + delta.to(weight.device)).to(
+            device=device, dtype=weight.dtype)
+    tied = _tied_head_key(base)
+    if tied is not None:
+        # A tied head shares the embedding's tensor: keep it one tensor for the engine too.
+        head_key, embed_key = tied
+        if head_key in out and embed_key in out:
+            out[head_key] = out[embed_key]
+    return out
+
+
+def _tied_head_key(base: nn.Module) -> tuple[str, str] | None:
+    head, embed = base.get_output_embeddings(), base.get_input_embeddings()
+    if head is None or embed is None or head.weight is not embed.weight:
+        return None
+    names = {id(m): n for n, m in base.named_modules()}
+    return f"{names[id(head)]}.weight", f"{names[id(embed)]}.weight"
+
+
+def merged_copy(model: nn.Module) -> nn.Module:
+    """A plain (peft-free) copy of `model` with the adapter merged in; `model` is unchanged."""
+    return copy.deepcopy(model).merge_and_unload()
+
+
+@contextmanager
+def adapter_disabled(model: nn.Module) -> Iterator[nn.Module]:
+    """`model` computing its base weights only (the KL reference: the policy without its adapter,
+    no second copy of the base)."""
+    with model.disable_adapter():
+        yield model
+
+
+def trainable_share(model: nn.Module) -> tuple[int, int]:
+    """(trainable, total) parameter counts of `model` (tied tensors once)."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return trainable, total
