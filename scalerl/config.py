@@ -65,6 +65,21 @@ class TinyModelConfig(Section):
     num_kv_heads: int = Field(2, gt=0)
     intermediate_size: int = Field(384, gt=0)
     max_position_embeddings: int = Field(1024, gt=0)
+    # Mixture of experts (docs/moe.md): > 0 builds a Qwen2-MoE instead, every layer a sparse block of
+    # `num_experts` routed experts (`num_experts_per_tok` per token, width `moe_intermediate_size`)
+    # plus its shared expert (width `shared_expert_intermediate_size`). 0 = dense.
+    num_experts: int = Field(0, ge=0)
+    num_experts_per_tok: int = Field(2, ge=1)
+    moe_intermediate_size: int = Field(128, gt=0)
+    shared_expert_intermediate_size: int = Field(128, gt=0)
+    norm_topk_prob: bool = False
+
+    @model_validator(mode="after")
+    def _experts(self) -> TinyModelConfig:
+        if self.num_experts and self.num_experts_per_tok > self.num_experts:
+            raise CrossKeyError(("num_experts_per_tok",),
+                                f"{self.num_experts_per_tok} > num_experts={self.num_experts}")
+        return self
 
 
 class ModelConfig(Section):
@@ -292,6 +307,9 @@ class AlgorithmConfig(Section):
     dynamic_sampling: bool = False
     offpolicy_mask_delta: float | None = Field(None, gt=0.0)
     keep_sampling_mask: bool = False
+    # Keep Routing (DeepSeek-V3.2 Sec. 3.1; docs/moe.md): MoE models only. The trainer's passes use
+    # the experts the engine recorded for every token and layer instead of its router's own top-k.
+    keep_routing: bool = False
     curriculum: CurriculumConfig = CurriculumConfig()
     # Dynamic sampling: stop (a clear error) after this many groups dropped in a row; null = never.
     max_consecutive_dropped_groups: int | None = Field(1000, ge=1)

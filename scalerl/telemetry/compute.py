@@ -12,6 +12,9 @@ N counts the parameters that take part in a matmul per token: every parameter ex
 input-embedding table (a lookup, no FLOPs), with the LM head counted whether or not it is tied to
 that table (the d x V projection is real work, and for small models with large vocabularies a
 large share of it). The attention context term (2 n_layer n_ctx d per token) is left out, as in 6N.
+In a mixture-of-experts model a token runs through `k` of the `E` routed experts of each MoE block,
+so N counts those experts' weights `k / E` times (the active parameters, as MoE papers report
+compute); the router and a shared expert run for every token and count whole.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from typing import Any
 
 import torch
 
+from scalerl.models.moe import active_expert_fraction
+
 FORWARD_FLOPS_PER_PARAM = 2
 TRAIN_FLOPS_PER_PARAM = 6
 
@@ -35,17 +40,18 @@ def flop_params(model: torch.nn.Module) -> int:
     embed = get_in() if callable(get_in) else None
     head = get_out() if callable(get_out) else None
     excluded = {id(embed.weight)} if embed is not None else set()
+    active = active_expert_fraction(model)
     seen: set[int] = set()
-    total = 0
+    total = 0.0
     for p in model.parameters():
         # `parameters()` already yields a tied tensor once; `seen` guards odd custom modules.
         if id(p) in seen or id(p) in excluded:
             continue
         seen.add(id(p))
-        total += p.numel()
+        total += p.numel() * active.get(id(p), 1.0)
     if head is not None and id(head.weight) in excluded:
         total += head.weight.numel()
-    return total
+    return round(total)
 
 
 class ComputeMeter:
