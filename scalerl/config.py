@@ -652,6 +652,24 @@ class RunConfig(Section):
         # (`scalerl.rollout.vllm_versions.check_engine_devices`) before any actor starts.
         return self
 
+    @model_validator(mode="after")
+    def _keep_routing(self) -> RunConfig:
+        # docs/moe.md. A named model's routers are found when it is loaded (the trainer checks).
+        if not self.algorithm.keep_routing:
+            return self
+        if self.model.name_or_path is None and not self.model.tiny.num_experts:
+            raise CrossKeyError(("algorithm.keep_routing", "model.tiny.num_experts"),
+                                "Keep Routing replays MoE routing; the tiny model is dense "
+                                "(set model.tiny.num_experts > 0, e.g. 8)")
+        if self.model.gradient_checkpointing:
+            raise CrossKeyError(("algorithm.keep_routing", "model.gradient_checkpointing"),
+                                "the recomputation in backward would route freely, not as recorded")
+        if self.generation.engine == "vllm":
+            raise CrossKeyError(("algorithm.keep_routing", "generation.engine"),
+                                "the vLLM engine does not record routing here (docs/moe.md): "
+                                "use generation.engine=embedded")
+        return self
+
 
 # ---------------------------------------------------------------------------------------------
 # Loading and overrides

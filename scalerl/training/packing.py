@@ -184,6 +184,15 @@ def response_states(decoder: nn.Module, batch: PaddedLayout, *, packed: bool,
     return flat[view.index] if at is None else flat[view.index[at]]
 
 
+def decoder_order_routing(batch: PaddedLayout, routing: Tensor, *, packed: bool) -> Tensor:
+    """`routing [n, P + T, layers, k]` (laid out like `input_ids`) in the order `response_states`'s
+    decoder pass sees the tokens, `[tokens, layers, k]`: every column row-major (padded), or the
+    real tokens only, row after row (packed; `packed_view`)."""
+    if packed:
+        return routing[batch.attention_mask.bool()]
+    return routing.reshape(-1, *routing.shape[2:])
+
+
 #: `check_packed_attention`: the packed pass's largest deviation from the separate passes, as a share
 #: of how far a pass that lets the sequences see each other deviates. Float rounding (bf16 included)
 #: is far below it; any cross-sequence attention is far above.
