@@ -663,10 +663,11 @@ class RunConfig(Section):
                                 "(set model.tiny.num_experts > 0, e.g. 8)")
         if self.model.gradient_checkpointing:
             raise CrossKeyError(("algorithm.keep_routing", "model.gradient_checkpointing"),
-                                "the recomputation in backward would route freely, not as recorded")
+                                "not with model.gradient_checkpointing (its recomputation in backward "
+                                "would route freely, not as recorded)")
         if self.generation.engine == "vllm":
             raise CrossKeyError(("algorithm.keep_routing", "generation.engine"),
-                                "the vLLM engine does not record routing here (docs/moe.md): "
+                                "generation.engine=vllm does not record routing here (docs/moe.md): "
                                 "use generation.engine=embedded")
         return self
 

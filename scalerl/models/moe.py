@@ -113,12 +113,13 @@ class RoutingTally:
 
 @contextmanager
 def replay_routing(
-    model: nn.Module, recorded: Tensor, *, replay: bool
+    model: nn.Module, recorded: Tensor, *, replay: bool, counted: Tensor | None = None
 ) -> Iterator[RoutingTally]:
     """Within the block, every router of `model` reads its layer's slice of `recorded [N, layers, k]`
     (N = the tokens of the forward, flattened in the decoder's order): with `replay`, the recorded
     experts replace its top-k (`replay_routing_weights`; tokens with -1 are routed freely); either
-    way the disagreements between its own top-k and the record are tallied.
+    way the disagreements between its own top-k and the record are tallied, over the tokens
+    `counted [N]` selects (default all; padding is routed but not counted).
 
     One forward per block: a router called twice (gradient checkpointing's recomputation) would
     read the record twice, so callers refuse that combination (`algorithm.keep_routing`).
@@ -129,6 +130,7 @@ def replay_routing(
             f"routing record of shape {tuple(recorded.shape)} for a model with {len(routers)} MoE layers"
         )
     tally = RoutingTally()
+    count = (torch.ones(recorded.shape[0], dtype=torch.bool) if counted is None else counted.bool())
     originals: list[tuple[nn.Module, object]] = []
 
     def patched(router: nn.Module, layer: int) -> Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]:
@@ -143,10 +145,11 @@ def replay_routing(
             k = int(router.top_k)
             free = free_topk(logits, k)
             has = (record >= 0).all(dim=-1)
-            tally.pairs += int(has.sum())
-            tally.mismatched += int((routing_disagreements(free, record) & has).sum())
+            counts = count.to(logits.device)
+            tally.pairs += int((has & counts).sum())
+            tally.mismatched += int((routing_disagreements(free, record) & has & counts).sum())
             if replay:
-                tally.unrecorded += int((~has).sum())
+                tally.unrecorded += int((~has & counts).sum())
                 indices = torch.where(has[:, None], record.long(), free)
             else:
                 indices = free

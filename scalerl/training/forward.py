@@ -309,8 +309,8 @@ def response_forward(
     mask = batch.token_mask.bool()
     replay: contextlib.AbstractContextManager[RoutingTally | None] = contextlib.nullcontext()
     if routing is not None:
-        flat = decoder_order_routing(batch, routing.experts, packed=packed)
-        replay = replay_routing(decoder, flat, replay=routing.replay)
+        flat, needed = decoder_order_routing(batch, routing.experts, packed=packed)
+        replay = replay_routing(decoder, flat, replay=routing.replay, counted=needed)
     if int(mask.sum()) <= chunk:
         with replay as tally:
             hidden = response_states(decoder, batch, packed=packed)

@@ -61,7 +61,7 @@ from scalerl.training.critic import Critic
 from scalerl.training.forward import EntropyMode, ResponseForward, RoutingRecord, SupportRecord
 from scalerl.training.optim import build_optimizer, build_scheduler
 from scalerl.training.packing import MicroBatching, check_packed_attention, row_lengths
-from scalerl.training.policy import Policy
+from scalerl.training.policy import Policy, is_activation_checkpointing
 
 logger = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ class Trainer:
             if routing_shape(policy.model) is None:
                 raise ConfigError(f"algorithm.keep_routing: {type(policy.model).__name__} has no MoE "
                                   "routers to replay (a dense model)")
-            if getattr(policy.model, "is_gradient_checkpointing", False):
+            if is_activation_checkpointing(policy.model):
                 raise ConfigError("algorithm.keep_routing: not with gradient checkpointing (the "
                                   "recomputation in backward would route freely)")
         if algorithm.kl_coef > 0 and policy.reference_factory is None:
