@@ -310,6 +310,9 @@ class AlgorithmConfig(Section):
     # Keep Routing (DeepSeek-V3.2 Sec. 3.1; docs/moe.md): MoE models only. The trainer's passes use
     # the experts the engine recorded for every token and layer instead of its router's own top-k.
     keep_routing: bool = False
+    # MoE load-balancing loss (Switch Transformer; Qwen2-MoE's `router_aux_loss_coef`) added to the
+    # policy loss with this weight. 0 = off, the default for RL (docs/moe.md).
+    router_aux_loss_coef: float = Field(0.0, ge=0.0)
     curriculum: CurriculumConfig = CurriculumConfig()
     # Dynamic sampling: stop (a clear error) after this many groups dropped in a row; null = never.
     max_consecutive_dropped_groups: int | None = Field(1000, ge=1)

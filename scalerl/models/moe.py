@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -105,6 +105,10 @@ class RoutingTally:
     mismatched: int = 0
     # Pairs routed freely although replay was asked for: tokens without a record.
     unrecorded: int = 0
+    # With `capture`: per MoE layer the router's probabilities `[N, E]` (differentiable) and the
+    # experts used `[N, k]`, for the load-balancing loss.
+    probs: list[Tensor] = field(default_factory=list)
+    indices: list[Tensor] = field(default_factory=list)
 
     @property
     def share(self) -> float:
@@ -113,47 +117,51 @@ class RoutingTally:
 
 @contextmanager
 def replay_routing(
-    model: nn.Module, recorded: Tensor, *, replay: bool, counted: Tensor | None = None
+    model: nn.Module, recorded: Tensor | None, *, replay: bool, counted: Tensor | None = None,
+    capture: bool = False,
 ) -> Iterator[RoutingTally]:
     """Within the block, every router of `model` reads its layer's slice of `recorded [N, layers, k]`
     (N = the tokens of the forward, flattened in the decoder's order): with `replay`, the recorded
     experts replace its top-k (`replay_routing_weights`; tokens with -1 are routed freely); either
     way the disagreements between its own top-k and the record are tallied, over the tokens
-    `counted [N]` selects (default all; padding is routed but not counted).
+    `counted [N]` selects (default all; padding is routed but not counted). Without a record
+    (`recorded=None`) every token is routed freely and nothing is tallied. `capture` keeps each
+    layer's router probabilities and experts in the tally (`load_balancing_loss`).
 
     One forward per block: a router called twice (gradient checkpointing's recomputation) would
     read the record twice, so callers refuse that combination (`algorithm.keep_routing`).
     """
     routers = moe_routers(model)
-    if recorded.dim() != 3 or recorded.shape[1] != len(routers):
+    if recorded is not None and (recorded.dim() != 3 or recorded.shape[1] != len(routers)):
         raise ValueError(
             f"routing record of shape {tuple(recorded.shape)} for a model with {len(routers)} MoE layers"
         )
     tally = RoutingTally()
-    count = (torch.ones(recorded.shape[0], dtype=torch.bool) if counted is None else counted.bool())
     originals: list[tuple[nn.Module, object]] = []
 
     def patched(router: nn.Module, layer: int) -> Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]:
         def forward(hidden_states: Tensor) -> tuple[Tensor, Tensor, Tensor]:
             hidden = hidden_states.reshape(-1, router.weight.shape[1])
             logits = functional.linear(hidden, router.weight)
-            record = recorded[:, layer].to(logits.device)
-            if record.shape[0] != logits.shape[0]:
-                raise ValueError(
-                    f"routing record has {record.shape[0]} tokens, the forward {logits.shape[0]}"
-                )
-            k = int(router.top_k)
-            free = free_topk(logits, k)
-            has = (record >= 0).all(dim=-1)
-            counts = count.to(logits.device)
-            tally.pairs += int((has & counts).sum())
-            tally.mismatched += int((routing_disagreements(free, record) & has & counts).sum())
-            if replay:
-                tally.unrecorded += int((~has & counts).sum())
-                indices = torch.where(has[:, None], record.long(), free)
-            else:
-                indices = free
+            free = free_topk(logits, int(router.top_k))
+            indices = free
+            if recorded is not None:
+                record = recorded[:, layer].to(logits.device)
+                if record.shape[0] != logits.shape[0]:
+                    raise ValueError(
+                        f"routing record has {record.shape[0]} tokens, the forward {logits.shape[0]}"
+                    )
+                has = (record >= 0).all(dim=-1)
+                counts = (torch.ones_like(has) if counted is None else counted.to(has.device).bool())
+                tally.pairs += int((has & counts).sum())
+                tally.mismatched += int((routing_disagreements(free, record) & has & counts).sum())
+                if replay:
+                    tally.unrecorded += int((~has & counts).sum())
+                    indices = torch.where(has[:, None], record.long(), free)
             weights = replay_routing_weights(logits, indices, bool(router.norm_topk_prob))
+            if capture:
+                tally.probs.append(torch.softmax(logits, dim=-1, dtype=torch.float))
+                tally.indices.append(indices)
             return logits, weights, indices
 
         return forward
@@ -194,6 +202,30 @@ def record_routing(model: nn.Module) -> Iterator[list[list[Tensor]]]:
     finally:
         for h in handles:
             h.remove()
+
+
+def load_balancing_loss(probs: list[Tensor], indices: list[Tensor], num_experts: int,
+                        mask: Tensor | None = None) -> Tensor:
+    """The Switch Transformer load-balancing loss (Fedus et al. 2022, JMLR, eq. 4-6) as transformers'
+    `load_balancing_loss_func` computes it for Qwen2-MoE: over every (token, layer) pair of the
+    tokens `mask [N]` selects,
+
+        L_aux = E * sum_e f_e * P_e,   f_e = share of the pairs' k expert slots that chose e (per
+                                        slot j: [k, E]), P_e = mean router probability of e,
+
+    summed over the k slots: k at a perfectly balanced routing (each slot's f_e summing to 1 with
+    P_e = 1/E), larger the more the load concentrates. Its gradient reaches the router through P."""
+    p = torch.cat(probs)  # [layers * N, E]
+    idx = torch.cat(indices)  # [layers * N, k]
+    if mask is None:
+        m = torch.ones(p.shape[0], device=p.device)
+    else:
+        m = mask.float().to(p.device).repeat(len(probs))
+    total = m.sum().clamp(min=1.0)
+    hits = functional.one_hot(idx.long(), num_experts).float()  # [layers * N, k, E]
+    f = (hits * m[:, None, None]).sum(0) / total  # [k, E]
+    mean_p = (p * m[:, None]).sum(0) / total  # [E]
+    return num_experts * (f * mean_p[None]).sum()
 
 
 def active_expert_fraction(model: nn.Module) -> dict[int, float]:

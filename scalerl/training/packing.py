@@ -184,6 +184,12 @@ def response_states(decoder: nn.Module, batch: PaddedLayout, *, packed: bool,
     return flat[view.index] if at is None else flat[view.index[at]]
 
 
+def decoder_order_real(batch: PaddedLayout, *, packed: bool) -> Tensor:
+    """`[tokens]` bool, the real (non-padding) tokens of `response_states`'s decoder pass."""
+    real = batch.attention_mask.bool()
+    return real[real] if packed else real.reshape(-1)
+
+
 def decoder_order_routing(batch: PaddedLayout, routing: Tensor, *, packed: bool) -> tuple[Tensor, Tensor]:
     """`routing [n, P + T, layers, k]` (laid out like `input_ids`) in the order `response_states`'s
     decoder pass sees the tokens, `[tokens, layers, k]`: every column row-major (padded), or the

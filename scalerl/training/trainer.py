@@ -138,6 +138,7 @@ class _StepStats:
     routing_pairs: int = 0
     routing_mismatched: int = 0
     routing_unrecorded: int = 0
+    router_aux: float = 0.0  # the load-balancing loss, token-weighted over the passes
     # Forward/backward passes with rows, and their real tokens against the token slots they ran
     # (padding included): `padding_frac`, the share of the step's compute spent on padding.
     passes: int = 0
@@ -165,6 +166,7 @@ class _StepStats:
             routing_pairs=sum(s.routing_pairs for s in per_rank),
             routing_mismatched=sum(s.routing_mismatched for s in per_rank),
             routing_unrecorded=sum(s.routing_unrecorded for s in per_rank),
+            router_aux=sum(s.router_aux for s in per_rank),
             passes=sum(s.passes for s in per_rank),
             real_tokens=sum(s.real_tokens for s in per_rank),
             slot_tokens=sum(s.slot_tokens for s in per_rank),
@@ -228,6 +230,9 @@ class Trainer:
                 "algorithm.tis.enabled needs algorithm.recompute_old_logprobs=true: TIS corrects "
                 "pi_old / pi_gen, and without recomputation pi_old is pi_gen (the weight would be 1)"
             )
+        if algorithm.router_aux_loss_coef > 0 and routing_shape(policy.model) is None:
+            raise ConfigError(f"algorithm.router_aux_loss_coef: {type(policy.model).__name__} has no MoE "
+                              "routers (a dense model)")
         if algorithm.keep_routing:
             if routing_shape(policy.model) is None:
                 raise ConfigError(f"algorithm.keep_routing: {type(policy.model).__name__} has no MoE "
@@ -319,6 +324,7 @@ class Trainer:
                 logit_chunk_tokens=self.optim_cfg.logit_chunk_tokens,
                 packed=self.batching.packed,
                 routing=routing,
+                router_aux=grad and self.algo.router_aux_loss_coef > 0,
             )
 
     @torch.no_grad()
@@ -472,6 +478,11 @@ class Trainer:
             if rows and local.problem is None:
                 w = weights[rows][:, : mb.response_width].to(self.device)
                 loss = self._micro_batch_loss(mb, w, out, ref_lp, entropy_mode, local)
+                if loss is not None and out.router_aux_loss is not None:
+                    # Each pass's load-balancing loss weighted by its share of the batch's tokens.
+                    aux = out.router_aux_loss * (mb.num_tokens / batch.num_tokens)
+                    local.router_aux += float(aux.detach())
+                    loss = loss + self.algo.router_aux_loss_coef * aux
             (loss if loss is not None else _zero_loss(out.logprobs)).backward()
 
         stats = _StepStats.merge(self.collectives.gather(local))
@@ -500,6 +511,7 @@ class Trainer:
                               else math.nan),
             routing_pairs=float(stats.routing_pairs),
             routing_unrecorded_pairs=float(stats.routing_unrecorded),
+            router_aux_loss=stats.router_aux if self.algo.router_aux_loss_coef > 0 else math.nan,
             micro_batches=float(stats.passes),
             padding_frac=1.0 - stats.real_tokens / stats.slot_tokens if stats.slot_tokens else 0.0,
             clip_frac_low=merged["clip_frac_low"],

@@ -310,3 +310,34 @@ def test_free_topk_is_the_routers_own_choice():
     with torch.no_grad():
         _, _, idx = router(x)
         assert torch.equal(free_topk(x @ router.weight.T, 2), idx)
+
+
+def test_load_balancing_loss_is_the_models_own_and_reaches_the_router():
+    from transformers.models.qwen2_moe.modeling_qwen2_moe import load_balancing_loss_func
+
+    from scalerl.models.moe import load_balancing_loss
+
+    g = torch.Generator().manual_seed(3)
+    logits = [torch.randn(2 * 5, 8, generator=g) for _ in range(3)]  # 3 layers, batch 2 x 5 tokens
+    mask = torch.ones(2, 5, dtype=torch.long)
+    mask[1, 3:] = 0
+    probs = [torch.softmax(z, -1) for z in logits]
+    idx = [torch.topk(p, 2, -1).indices for p in probs]
+    want = load_balancing_loss_func(tuple(logits), 8, 2, mask)
+    torch.testing.assert_close(load_balancing_loss(probs, idx, 8, mask.reshape(-1).bool()), want)
+    uniform = [torch.full((4, 8), 1 / 8)]
+    balanced = torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7]])
+    assert float(load_balancing_loss(uniform, [balanced], 8)) == 2.0  # k, at a balanced routing
+
+    policy = _policy()
+    groups = _sample(policy.model)
+    optim = OptimConfig(lr=1e-3, micro_batch_size=4)
+    grads, metrics = {}, {}
+    for coef in (0.0, 0.5):
+        trainer = Trainer(copy.deepcopy(policy), AlgorithmConfig(router_aux_loss_coef=coef), optim)
+        metrics[coef] = trainer.compute_gradients(copy.deepcopy(groups))
+        grads[coef] = moe_routers(trainer.policy.model)[0].weight.grad.clone()
+    assert 0 < metrics[0.5]["router_aux_loss"] < 8  # 0 < L_aux <= E (all load on one expert)
+    assert metrics[0.0]["router_aux_loss"] != metrics[0.0]["router_aux_loss"]  # NaN: off
+    assert metrics[0.5]["loss"] == pytest.approx(metrics[0.0]["loss"], abs=1e-6)  # `loss` is the policy's
+    assert not torch.allclose(grads[0.5], grads[0.0])
