@@ -341,3 +341,13 @@ def test_load_balancing_loss_is_the_models_own_and_reaches_the_router():
     assert metrics[0.0]["router_aux_loss"] != metrics[0.0]["router_aux_loss"]  # NaN: off
     assert metrics[0.5]["loss"] == pytest.approx(metrics[0.0]["loss"], abs=1e-6)  # `loss` is the policy's
     assert not torch.allclose(grads[0.5], grads[0.0])
+
+
+def test_an_moe_checkpoint_loads_back_into_the_model(tmp_path):
+    from scalerl.training.checkpoint import load_model_weights
+
+    policy = _policy()
+    policy.model.save_pretrained(str(tmp_path))  # transformers 5: per-expert tensors on disk
+    other = _policy(seed=4).model
+    load_model_weights(other, tmp_path)
+    torch.testing.assert_close(other.state_dict(), policy.model.state_dict(), rtol=0, atol=0)
