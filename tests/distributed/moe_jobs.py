@@ -45,4 +45,5 @@ def moe_groups(n_groups: int = 4, n: int = 4) -> list[ScoredGroup]:
 def moe_step_job(spec: ProcessGroupSpec, cfg: RunConfig) -> dict[str, Any]:
     rank = ShardedTrainerRank(cfg.model, trainer_settings(cfg), spec)
     metrics = rank.step(copy.deepcopy(moe_groups()))
-    return {"metrics": metrics, "weights": rank.full_state_dict() if spec.rank == 0 else {}}
+    weights = rank.full_state_dict() or {}  # a collective: every rank calls it, rank 0 gets it
+    return {"metrics": metrics, "weights": weights}

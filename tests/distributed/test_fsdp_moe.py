@@ -1,9 +1,5 @@
 """FSDP2 on the tiny MoE with Keep Routing: a 2-rank step equals the 1-process step (routing
-replayed on both, the routing metrics summed over ranks), to the FSDP step tests' tolerance.
-
-KNOWN FAILURE (2026-12-03): on 2 gloo CPU ranks this case hangs (both ranks asleep on a futex
-after start-up, no progress in 7 minutes), so FSDP2 with an MoE model is not working yet; the
-test is kept, not run, as the check the fix must pass (docs/moe.md)."""
+replayed on both, the routing metrics summed over ranks), to the FSDP step tests' tolerance."""
 
 from __future__ import annotations
 
@@ -18,7 +14,6 @@ from scalerl.distributed import spawn_ranks
 pytestmark = pytest.mark.distributed
 
 
-@pytest.mark.xfail(run=False, reason="hangs on 2 gloo ranks: FSDP2 with an MoE model not working yet")
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("optim", [{}, {"micro_batch_tokens": 40}], ids=["padded", "packed"])
 def test_two_rank_moe_step_with_keep_routing_equals_one_process(optim):
