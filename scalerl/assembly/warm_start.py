@@ -77,12 +77,22 @@ WARM_START_MODEL = {"dtype": "float32", "fp32_lm_head": True, "gradient_checkpoi
 WARM_START_THREADS = 1
 
 
+#: `model.tiny` keys that only an MoE model (`num_experts > 0`) reads.
+MOE_TINY_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                 "shared_expert_intermediate_size", "norm_topk_prob")
+
+
 def warm_start_key(model: ModelConfig, sft: SFTConfig, examples: Sequence[SFTExample]) -> str:
     """Hash of everything the warm-started weights depend on: the tiny model's size and init seed,
     the SFT settings, the encoded examples and the torch version (no RL-only setting)."""
+    dumped = model.model_dump(mode="json", include={"tiny", "init_seed"})
+    if not model.tiny.num_experts:
+        # The MoE keys join the digest only for an MoE model, so dense warm starts keep their key.
+        for key in MOE_TINY_KEYS:
+            dumped["tiny"].pop(key, None)
     return content_digest({
         "recipe": SFT_RECIPE_VERSION,
-        "model": model.model_dump(mode="json", include={"tiny", "init_seed"}),
+        "model": dumped,
         "sft": asdict(sft),
         # A mask joins the digest only where one is set, so mask-less warm starts keep their key.
         "examples": content_digest([[list(e.prompt_ids), list(e.response_ids),

@@ -1,5 +1,13 @@
 """The embedded default: a character-level tokenizer and a tiny Qwen2 model built from a config.
 
+With `num_experts > 0` the model is a Qwen2-MoE decoder instead (every layer a sparse MoE block:
+`num_experts` routed experts of width `moe_intermediate_size`, `num_experts_per_tok` of them per
+token, plus Qwen2-MoE's always-on shared expert of width `shared_expert_intermediate_size` behind
+its sigmoid gate). The defaults (8 x 128, top-2, shared 128) run 2 x 128 + 128 = 384 hidden units
+of MLP per token, the dense default's `intermediate_size`, so dense and MoE cost the same FLOPs.
+Its router's load-balancing loss is not used: the trainer calls the decoder, not the causal-LM
+head that adds `router_aux_loss_coef * aux_loss` to a supervised loss (docs/moe.md).
+
 Nothing is downloaded. The tokenizer is a `PreTrainedTokenizerFast` (so everything that takes a
 Hugging Face tokenizer takes it: chat templates, `save_pretrained`, `from_pretrained`), with one
 token per printable ASCII character plus a few multi-character tokens that the synthetic tasks use
@@ -12,7 +20,14 @@ import string
 from dataclasses import dataclass
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
+)
 
 PAD, EOS, SYSTEM, USER, ASSISTANT, UNK = (
     "<|pad|>",
@@ -73,7 +88,7 @@ def build_tiny_tokenizer(pad_to: int | None = None) -> PreTrainedTokenizerFast:
 
 @dataclass(frozen=True)
 class TinyModelSpec:
-    """Size of the embedded default model (a Qwen2 decoder)."""
+    """Size of the embedded default model (a Qwen2 decoder; Qwen2-MoE with `num_experts > 0`)."""
 
     hidden_size: int = 128
     num_layers: int = 4
@@ -82,19 +97,33 @@ class TinyModelSpec:
     intermediate_size: int = 384
     max_position_embeddings: int = 1024
     tie_word_embeddings: bool = True
+    num_experts: int = 0  # 0: dense
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 128
+    shared_expert_intermediate_size: int = 128
+    norm_topk_prob: bool = False  # Qwen2-MoE's default: top-k gate weights not renormalised
+
+    def __post_init__(self) -> None:
+        if self.num_experts < 0:
+            raise ValueError(f"model.tiny.num_experts: must be >= 0 (0 = dense), got {self.num_experts}")
+        if self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(
+                f"model.tiny.num_experts_per_tok: must be in [1, num_experts={self.num_experts}], "
+                f"got {self.num_experts_per_tok}"
+            )
 
 
 def build_tiny_model(
     spec: TinyModelSpec | None = None,
     vocab_size: int | None = None,
     seed: int = 0,
-) -> Qwen2ForCausalLM:
-    """A randomly initialised tiny Qwen2 causal LM (deterministic from `seed`)."""
+) -> PreTrainedModel:
+    """A randomly initialised tiny Qwen2 (or Qwen2-MoE) causal LM (deterministic from `seed`)."""
     import torch
 
     spec = spec or TinyModelSpec()
     tok_vocab = vocab_size if vocab_size is not None else len(build_tiny_tokenizer())
-    config = Qwen2Config(
+    common = dict(
         vocab_size=tok_vocab,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -110,5 +139,20 @@ def build_tiny_model(
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
-    return model
+        if not spec.num_experts:
+            return Qwen2ForCausalLM(Qwen2Config(**common))
+        config = Qwen2MoeConfig(
+            **common,
+            num_experts=spec.num_experts,
+            num_experts_per_tok=spec.num_experts_per_tok,
+            moe_intermediate_size=spec.moe_intermediate_size,
+            shared_expert_intermediate_size=spec.shared_expert_intermediate_size,
+            norm_topk_prob=spec.norm_topk_prob,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            # The trainer never adds the load-balancing loss (module docstring); 0 says so in
+            # the saved config.
+            router_aux_loss_coef=0.0,
+            output_router_logits=False,
+        )
+        return Qwen2MoeForCausalLM(config)

@@ -25,6 +25,12 @@ with the same `fp32_lm_head` option, and the sampling rules of `scalerl.rollout.
 Each sequence samples from its own `torch.Generator` (seeded from `SamplingParams.seed` and its
 sample index, or from the engine's seed), so its draws do not depend on what else is batched.
 
+Mixture-of-experts models (`scalerl.models.moe`): every position fed through the decoder (the
+prompt's, then each sampled token's as it is fed back) records the experts each MoE layer's router
+selected for it, in the router's order; `Completion.routing` carries them, `[prompt + response
+tokens, layers, k]` int16, -1 for the last sampled token (never fed). The trainer replays them
+(`algorithm.keep_routing`) or measures its disagreement with them.
+
 `snapshot()` / `restore()` capture everything in flight (sequences, their sampler states, the KV
 cache, the engine's seed stream), so a run checkpointed mid-generation resumes to the very tokens
 it would have drawn (`scalerl.pipeline.snapshot`).
@@ -50,6 +56,7 @@ from scalerl.models.lm_head import (
     output_head,
     token_logprobs,
 )
+from scalerl.models.moe import NO_ROUTE, ROUTING_DTYPE, moe_routers, record_routing
 from scalerl.rollout.base import Finished, SteppingEngine
 from scalerl.rollout.fingerprint import Fingerprint, state_fingerprints
 from scalerl.rollout.interruption import Action, InterruptionState, draw_think_budget, ends_with
@@ -134,6 +141,8 @@ class _Sequence:
     segment_start: int = 0  # index in token_ids where this segment's sampled tokens begin
     segments: int = 0
     appended: int = 0  # tokens the last `extend` appended
+    # MoE only: the experts chosen at positions 0.. of prompt + tokens, `[n, layers, k]` chunks.
+    routing: list[torch.Tensor] = field(default_factory=list)
 
 
 class EmbeddedEngine(SteppingEngine):
@@ -185,6 +194,7 @@ class EmbeddedEngine(SteppingEngine):
         self._weight_targets: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
         self._weight_targets.update(dict(model.named_buffers(remove_duplicate=False)))
         self._head_cache = Fp32HeadWeight()
+        self._moe_layers = len(moe_routers(model))
         self._rng = np.random.default_rng(seed)
         self._cache = SlotKVCache(max_batch_size)
         self._slots: list[_Sequence | None] = [None] * max_batch_size
@@ -450,9 +460,13 @@ class EmbeddedEngine(SteppingEngine):
                 finished.append((seq.serial, seq.sample_index, self._completion(seq, reason)))
         return finished
 
-    def _run(self, slots: list[int], chunks: list[list[int]], starts: list[int]) -> torch.Tensor:
+    def _run(
+        self, slots: list[int], chunks: list[list[int]], starts: list[int],
+        owners: Sequence[_Sequence | None],
+    ) -> torch.Tensor:
         """Feed `chunks[i]` to slot `slots[i]` from column `starts[i]`; return the decoder's final
-        hidden states `[G, q, hidden]` (right-padded chunks; padded positions are junk)."""
+        hidden states `[G, q, hidden]` (right-padded chunks; padded positions are junk). An MoE
+        model's routing of each chunk is recorded into its owner (`owners[i]`, None for filler)."""
         q = max(len(c) for c in chunks)
         kv_len = self._cache.plan(slots, starts, q, self.device)
         input_ids = torch.tensor([c + [self._pad_id] * (q - len(c)) for c in chunks], device=self.device)
@@ -467,19 +481,24 @@ class EmbeddedEngine(SteppingEngine):
             mask = sliding  # type: ignore[assignment]
         else:
             mask = {"full_attention": full, "sliding_attention": sliding}  # type: ignore[dict-item]
-        out = self._decoder(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=position_ids,
-            use_cache=True,
-            **{self._cache_kw: self._cache},
-        )
+        kwargs = {"input_ids": input_ids, "attention_mask": mask, "position_ids": position_ids,
+                  "use_cache": True, self._cache_kw: self._cache}
+        if not self._moe_layers:
+            return self._decoder(**kwargs).last_hidden_state
+        with record_routing(self.model) as calls:
+            out = self._decoder(**kwargs)
+        # [G * q, layers, k] in the decoder's row-major token order -> [G, q, layers, k]
+        chosen = torch.stack(calls[0], dim=1).view(len(chunks), q, self._moe_layers, -1)
+        for i, seq in enumerate(owners):
+            if seq is not None:
+                _put_routing(seq, starts[i], chosen[i, : len(chunks[i])])
         return out.last_hidden_state
 
     def _prefill(self, group: list[_Sequence], version: int) -> torch.Tensor:
         """Multi-token chunks (new prompts, forced phrases) of `group`: return the logits at each
         chunk's last position `[G, V]`, score forced tokens, and advance the slots' lengths."""
-        hidden = self._run([s.slot for s in group], [s.pending for s in group], [s.cache_len for s in group])
+        hidden = self._run([s.slot for s in group], [s.pending for s in group], [s.cache_len for s in group],
+                           group)
         last = torch.tensor([len(s.pending) - 1 for s in group], device=self.device)
         rows = torch.arange(len(group), device=self.device)
         logits = lm_head_logits(self.model, hidden[rows, last], self.fp32_lm_head, self._head_cache)
@@ -501,13 +520,15 @@ class EmbeddedEngine(SteppingEngine):
         """
         if 2 * len(group) <= self.max_batch_size:
             slots = [s.slot for s in group]
-            hidden = self._run(slots, [s.pending for s in group], [s.cache_len for s in group])
+            hidden = self._run(slots, [s.pending for s in group], [s.cache_len for s in group], group)
             rows = torch.arange(len(group), device=self.device)
         else:
             decoding = {s.slot: s.pending for s in group}
             tokens = [decoding.get(slot, [self._pad_id]) for slot in range(self.max_batch_size)]
             starts = [seq.cache_len if seq is not None else 0 for seq in self._slots]
-            hidden = self._run(list(range(self.max_batch_size)), tokens, starts)
+            by_slot = {s.slot: s for s in group}
+            owners = [by_slot.get(slot) for slot in range(self.max_batch_size)]
+            hidden = self._run(list(range(self.max_batch_size)), tokens, starts, owners)
             rows = torch.tensor([s.slot for s in group], device=self.device)
         logits = lm_head_logits(self.model, hidden[rows, 0], self.fp32_lm_head, self._head_cache)
         for seq in group:
@@ -582,7 +603,20 @@ class EmbeddedEngine(SteppingEngine):
             support=None if seq.support is None else list(seq.support),
             support_cut=None if seq.support is None else (seq.top_k, seq.top_p),
             metadata=metadata,
+            routing=self._routing_of(seq) if self._moe_layers else None,
         )
+
+    def _routing_of(self, seq: _Sequence) -> torch.Tensor:
+        """`[prompt + tokens, layers, k]` routing of `seq`, -1 at positions never fed (the last
+        sampled token)."""
+        total = len(seq.request.prompt_ids) + len(seq.token_ids)
+        have = torch.cat(seq.routing) if seq.routing else None
+        k = int(have.shape[-1]) if have is not None else 1
+        out = torch.full((total, self._moe_layers, k), NO_ROUTE, dtype=ROUTING_DTYPE)
+        if have is not None:
+            n = min(total, int(have.shape[0]))
+            out[:n] = have[:n]
+        return out
 
     # ----------------------------------------------------------------------------- exact resume
     def snapshot(self, include_weights: bool = False) -> dict[str, Any]:
@@ -594,6 +628,17 @@ class EmbeddedEngine(SteppingEngine):
     def restore(self, state: Mapping[str, Any]) -> None:
         """Continue from `snapshot()`: the same sequences in the same slots, sampler states, KV cache."""
         _restore(self, state)
+
+
+def _put_routing(seq: _Sequence, start: int, block: torch.Tensor) -> None:
+    """Record `block [n, layers, k]` as the routing of positions `start..start+n-1` of `seq`
+    (a re-fed prefix, after an eviction, overwrites what was recorded there)."""
+    have = sum(int(c.shape[0]) for c in seq.routing)
+    if start < have:
+        seq.routing = [torch.cat(seq.routing)[:start]]
+    elif start > have:
+        raise RuntimeError(f"routing: position {start} fed before positions {have}..{start - 1}")
+    seq.routing.append(block.clone())
 
 
 # --------------------------------------------------------------------------------- exact resume
@@ -637,6 +682,7 @@ def _sequence_to_plain(seq: _Sequence) -> dict[str, Any]:
         "params": None if seq.params is None else _params_to_plain(seq.params),
         "budget_seed": seq.budget_seed, "hold": seq.hold, "admitted": seq.admitted,
         "segment_start": seq.segment_start, "segments": seq.segments, "appended": seq.appended,
+        "routing": torch.cat(seq.routing) if seq.routing else None,
     }
 
 
@@ -667,6 +713,7 @@ def _sequence_from_plain(d: Mapping[str, Any], device: torch.device) -> _Sequenc
         budget_seed=int(d.get("budget_seed", 0)), hold=bool(d.get("hold", False)),
         admitted=bool(d.get("admitted", False)), segment_start=int(d.get("segment_start", 0)),
         segments=int(d.get("segments", 0)), appended=int(d.get("appended", 0)),
+        routing=[d["routing"]] if d.get("routing") is not None else [],
     )
 
 

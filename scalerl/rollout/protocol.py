@@ -123,6 +123,9 @@ class Completion:
     engine that shows only the top log-probs, see `rollout.vllm_engine`); `SUPPORT_FORCED` (0), a
     forced token. `support_cut` is the request's `(top_k, top_p)`, with which a trainer recomputes
     the cut where no exact size was recorded (`rollout.sampling.support_sizes`).
+    `routing` (MoE models, engines that record it) holds the experts every MoE layer selected at
+    every position of `prompt_ids + token_ids`: `[positions, layers, k]` int16, -1 where none was
+    recorded (`scalerl.models.moe`; replayed by `algorithm.keep_routing`).
     """
 
     request_id: str
@@ -137,9 +140,16 @@ class Completion:
     support: list[int] | None = None
     support_cut: tuple[int, float] | None = None
     metadata: dict = field(default_factory=dict)
+    # Not compared by `==` (a tensor has no single truth value); compare it with `torch.equal`.
+    routing: torch.Tensor | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
+        if self.routing is not None and (
+            self.routing.dim() != 3 or int(self.routing.shape[0]) != len(self.prompt_ids) + n
+        ):
+            raise ValueError(f"routing: shape {tuple(self.routing.shape)}, expected "
+                             f"[{len(self.prompt_ids) + n} (prompt + tokens), layers, k]")
         for name in ("logprobs", "versions", "loss_mask"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"{name}: length {len(getattr(self, name))} != len(token_ids) {n}")

@@ -17,6 +17,10 @@ A model trained only in part (LoRA: a frozen base and a trainable adapter) costs
 `train_flops_per_token(N, N_trainable)` = 4N + 2 N_trainable (see there): the forward and the
 backward for the activations still run through the whole frozen base, only the frozen weights'
 gradients are skipped. The engines run the merged weights (`generation_params`: the base alone).
+
+In a mixture-of-experts model a token runs through `k` of the `E` routed experts of each MoE block,
+so N counts those experts' weights `k / E` times (the active parameters, as MoE papers report
+compute); the router and a shared expert run for every token and count whole.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+
+from scalerl.models.moe import active_expert_fraction
 
 FORWARD_FLOPS_PER_PARAM = 2
 TRAIN_FLOPS_PER_PARAM = 6
@@ -63,18 +69,19 @@ def flop_params(model: torch.nn.Module, trainable_only: bool = False) -> int:
     embed = get_in() if callable(get_in) else None
     head = get_out() if callable(get_out) else None
     excluded = {id(embed.weight)} if embed is not None else set()
+    active = active_expert_fraction(model)
     seen: set[int] = set()
-    total = 0
+    total = 0.0
     for p in model.parameters():
         # `parameters()` already yields a tied tensor once; `seen` guards odd custom modules.
         if id(p) in seen or id(p) in excluded:
             continue
         seen.add(id(p))
         if p.requires_grad or not trainable_only:
-            total += p.numel()
+            total += p.numel() * active.get(id(p), 1.0)
     if head is not None and id(head.weight) in excluded and (head.weight.requires_grad or not trainable_only):
         total += head.weight.numel()
-    return total
+    return round(total)
 
 
 class ComputeMeter:

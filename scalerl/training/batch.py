@@ -89,6 +89,9 @@ class TrainBatch:
     support_size: Tensor | None = None  # [N, T] long
     support_top_k: Tensor | None = None  # [N] long
     support_top_p: Tensor | None = None  # [N] float32
+    # MoE: the engine's recorded experts per column of `input_ids` (prompt and response) and MoE
+    # layer, `Completion.routing` laid out like the tokens; -1 at padding / where none was recorded.
+    routing: Tensor | None = None  # [N, P + T, layers, k] int16
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -152,6 +155,7 @@ class TrainBatch:
             support_size=rows_of(self.support_size, resp),
             support_top_k=rows_of(self.support_top_k),
             support_top_p=rows_of(self.support_top_p),
+            routing=rows_of(self.routing, slice(lo, hi)),
         )
 
 
@@ -243,6 +247,7 @@ def collate(groups: Sequence[ScoredGroup], pad_token_id: int) -> TrainBatch:
             if c.support is not None and c.support_cut is not None:
                 support_size[row, : c.num_tokens] = torch.tensor(c.support, dtype=torch.long)
                 support_top_k[row], support_top_p[row] = int(c.support_cut[0]), float(c.support_cut[1])
+    routing = collate_routing(samples, tokens)
     return TrainBatch(
         input_ids=tokens.input_ids,
         attention_mask=tokens.attention_mask,
@@ -263,4 +268,27 @@ def collate(groups: Sequence[ScoredGroup], pad_token_id: int) -> TrainBatch:
         support_size=support_size,
         support_top_k=support_top_k,
         support_top_p=support_top_p,
+        routing=routing,
     )
+
+
+def collate_routing(samples: Sequence[tuple[int, int, Completion]], tokens: PaddedTokens) -> Tensor | None:
+    """`Completion.routing` of every sample laid out like `tokens.input_ids` (`[N, P + T, layers, k]`,
+    -1 at padding), or None when no sample carries one. A sample without a record (another engine,
+    a multi-turn trajectory) gets -1 throughout: routed freely, counted by the trainer."""
+    records = [c.routing for _, _, c in samples]
+    shapes = {tuple(r.shape[1:]) for r in records if r is not None}
+    if not shapes:
+        return None
+    if len(shapes) > 1:
+        raise ValueError(f"routing: samples recorded with different [layers, k] {sorted(shapes)}")
+    layers, k = shapes.pop()
+    n, width = tokens.input_ids.shape
+    out = torch.full((n, width, layers, k), -1, dtype=torch.int16)
+    p_width = tokens.prompt_width
+    for row, r in enumerate(records):
+        if r is None:
+            continue
+        p = int(tokens.prompt_lengths[row])
+        out[row, p_width - p : p_width - p + int(r.shape[0])] = r.to(torch.int16)
+    return out

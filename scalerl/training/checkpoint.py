@@ -420,6 +420,15 @@ def load_model_weights(model: torch.nn.Module, path: str | Path) -> None:
     state: dict[str, torch.Tensor] = {}
     for file in files:
         state.update(load_file(str(file)))
+    own_keys = set(model.state_dict())
+    if set(state) - own_keys and hasattr(model, "from_pretrained"):
+        # transformers >= 5 saves some architectures (the MoE experts, fused in memory) in their
+        # original per-tensor layout and converts them back on loading: let it.
+        fresh = type(model).from_pretrained(str(path), dtype=next(model.parameters()).dtype)
+        state = dict(fresh.state_dict())
+        if set(state) == own_keys:
+            model.load_state_dict(state, strict=True)
+            return
     result = model.load_state_dict(state, strict=False)
     if result.unexpected_keys:
         raise ValueError(f"{path}: weights not in the model: {', '.join(result.unexpected_keys[:5])}")

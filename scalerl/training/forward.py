@@ -20,6 +20,7 @@ chunked one is tested against, and bit for bit the trainer's arithmetic before c
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -34,8 +35,9 @@ from scalerl.models.lm_head import (
     project_logits,
     token_logprobs,
 )
+from scalerl.models.moe import RoutingTally, load_balancing_loss, moe_routers, replay_routing
 from scalerl.rollout.sampling import support_mask, support_sizes
-from scalerl.training.packing import response_states
+from scalerl.training.packing import decoder_order_real, decoder_order_routing, response_states
 
 EntropyMode = Literal["none", "metric", "grad"]
 
@@ -76,6 +78,19 @@ class ResponseForward:
     # `support_mask`), and positions whose cut was recomputed (no exact size recorded).
     support_mismatch: Tensor | None = None
     support_recomputed: Tensor | None = None
+    # MoE with a routing record: this pass's (token, layer) pairs and the router's disagreements.
+    routing: RoutingTally | None = None
+    # MoE with `router_aux=True`: the load-balancing loss of this pass's real tokens (differentiable).
+    router_aux_loss: Tensor | None = None
+
+
+@dataclass
+class RoutingRecord:
+    """The engine's recorded experts `[n, P + T, layers, k]` of a batch (`TrainBatch.routing`) and
+    whether the pass replays them (`algorithm.keep_routing`) or only measures the disagreement."""
+
+    experts: Tensor
+    replay: bool
 
 
 @dataclass
@@ -273,6 +288,8 @@ def response_forward(
     support: SupportRecord | None = None,
     logit_chunk_tokens: int | None = None,
     packed: bool = False,
+    routing: RoutingRecord | None = None,
+    router_aux: bool = False,
 ) -> ResponseForward:
     """Log-probs of `batch`'s response tokens under `model` at the sampling `temperature`.
 
@@ -285,25 +302,46 @@ def response_forward(
     default, vocabulary 108, always does). Chunked, padding positions are not projected and get
     log-prob 0; unchunked, they hold meaningless values. Mask them either way. `packed` runs the
     decoder on the batch's real tokens packed into one sequence (`training.packing`); the results
-    keep the padded `[n, T]` layout.
+    keep the padded `[n, T]` layout. `routing` (MoE) replays or measures the engine's recorded
+    experts in the decoder pass (`scalerl.models.moe.replay_routing`); `router_aux` returns the
+    MoE load-balancing loss of the pass (`scalerl.models.moe.load_balancing_loss`).
     """
     weight, bias = head_parameters(model, fp32_lm_head)
     chunk = logit_chunk_size(logit_chunk_tokens, int(weight.shape[0]))
     decoder = decoder_of(model)
     softcap = final_logit_softcap(model)
     mask = batch.token_mask.bool()
+    replay: contextlib.AbstractContextManager[RoutingTally | None] = contextlib.nullcontext()
+    if routing is not None:
+        flat, needed = decoder_order_routing(batch, routing.experts, packed=packed)
+        replay = replay_routing(decoder, flat, replay=routing.replay, counted=needed, capture=router_aux)
+    elif router_aux:
+        replay = replay_routing(decoder, None, replay=False, capture=True)
+
+    def aux(tally: RoutingTally | None) -> Tensor | None:
+        if not router_aux or tally is None:
+            return None
+        experts = int(moe_routers(decoder)[0].num_experts)
+        real = decoder_order_real(batch, packed=packed)
+        return load_balancing_loss(tally.probs, tally.indices, experts, real)
+
     if int(mask.sum()) <= chunk:
-        hidden = response_states(decoder, batch, packed=packed)
-        return _unchunked(hidden, weight, bias, batch, support, fp32_lm_head, softcap, temperature, entropy)
+        with replay as tally:
+            hidden = response_states(decoder, batch, packed=packed)
+        out = _unchunked(hidden, weight, bias, batch, support, fp32_lm_head, softcap, temperature, entropy)
+        out.routing = tally if routing is not None else None
+        out.router_aux_loss = aux(tally)
+        return out
 
     codes = top_k = top_p = None
     if support is not None:
         codes, top_k, top_p = support.per_token(mask)
     options = {"chunk": chunk, "fp32": fp32_lm_head, "softcap": softcap,
                "temperature": float(temperature), "entropy": entropy}
+    with replay as tally:
+        states = response_states(decoder, batch, packed=packed, at=mask)
     lp, ent, mismatch, recomputed = ChunkedHeadLogprobs.apply(
-        response_states(decoder, batch, packed=packed, at=mask), weight, bias, batch.response_ids[mask],
-        codes, top_k, top_p, options,
+        states, weight, bias, batch.response_ids[mask], codes, top_k, top_p, options,
     )
 
     def spread(values: Tensor) -> Tensor:
@@ -314,6 +352,8 @@ def response_forward(
         entropy=spread(ent) if entropy != "none" else None,
         support_mismatch=spread(mismatch) if support is not None else None,
         support_recomputed=spread(recomputed) if support is not None else None,
+        routing=tally if routing is not None else None,
+        router_aux_loss=aux(tally),
     )
 
 

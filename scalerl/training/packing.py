@@ -184,6 +184,27 @@ def response_states(decoder: nn.Module, batch: PaddedLayout, *, packed: bool,
     return flat[view.index] if at is None else flat[view.index[at]]
 
 
+def decoder_order_real(batch: PaddedLayout, *, packed: bool) -> Tensor:
+    """`[tokens]` bool, the real (non-padding) tokens of `response_states`'s decoder pass."""
+    real = batch.attention_mask.bool()
+    return real[real] if packed else real.reshape(-1)
+
+
+def decoder_order_routing(batch: PaddedLayout, routing: Tensor, *, packed: bool) -> tuple[Tensor, Tensor]:
+    """`routing [n, P + T, layers, k]` (laid out like `input_ids`) in the order `response_states`'s
+    decoder pass sees the tokens, `[tokens, layers, k]`: every column row-major (padded), or the
+    real tokens only, row after row (packed; `packed_view`); and `[tokens]` bool, the positions
+    whose routing reaches a predicted token: real tokens but each row's last (whose state predicts
+    nothing, and which an engine never feeds, so never records)."""
+    real = batch.attention_mask.bool()
+    last = batch.prompt_width + real[:, batch.prompt_width :].sum(dim=1) - 1
+    needed = real.clone()
+    needed[torch.arange(real.shape[0], device=real.device), last] = False
+    if packed:
+        return routing[real], needed[real]
+    return routing.reshape(-1, *routing.shape[2:]), needed.reshape(-1)
+
+
 #: `check_packed_attention`: the packed pass's largest deviation from the separate passes, as a share
 #: of how far a pass that lets the sequences see each other deviates. Float rounding (bf16 included)
 #: is far below it; any cross-sequence attention is far above.

@@ -40,6 +40,11 @@ def tiny_spec(cfg: ModelConfig) -> TinyModelSpec:
         num_kv_heads=t.num_kv_heads,
         intermediate_size=t.intermediate_size,
         max_position_embeddings=t.max_position_embeddings,
+        num_experts=t.num_experts,
+        num_experts_per_tok=t.num_experts_per_tok,
+        moe_intermediate_size=t.moe_intermediate_size,
+        shared_expert_intermediate_size=t.shared_expert_intermediate_size,
+        norm_topk_prob=t.norm_topk_prob,
     )
 
 

@@ -50,18 +50,19 @@ from scalerl.algorithms.kl import kl_penalty, kl_shaped_rewards
 from scalerl.algorithms.masks import off_policy_sequence_mask
 from scalerl.algorithms.objectives import per_token_policy_loss
 from scalerl.algorithms.stats import merge_policy_stats, reduce_token_stats
-from scalerl.config import AlgorithmConfig, OptimConfig
+from scalerl.config import AlgorithmConfig, ConfigError, OptimConfig
 from scalerl.models.lm_head import decoder_of
+from scalerl.models.moe import routing_shape
 from scalerl.telemetry.compute import ComputeMeter, flop_params
 from scalerl.training.advantage import AdvantageEstimator, OutcomeAdvantages
 from scalerl.training.batch import ScoredGroup, TrainBatch, collate
 from scalerl.training.checkpoint import CheckpointState, load_checkpoint, save_checkpoint
 from scalerl.training.collectives import StepCollectives
 from scalerl.training.critic import Critic
-from scalerl.training.forward import EntropyMode, ResponseForward, SupportRecord
+from scalerl.training.forward import EntropyMode, ResponseForward, RoutingRecord, SupportRecord
 from scalerl.training.optim import build_optimizer, build_scheduler
 from scalerl.training.packing import MicroBatching, check_packed_attention, row_lengths
-from scalerl.training.policy import Policy
+from scalerl.training.policy import Policy, is_activation_checkpointing
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +134,12 @@ class _StepStats:
     # Keep-sampling-mask: loss tokens whose sampler cut these logits put elsewhere / recomputed.
     support_mismatch: int = 0
     support_recomputed: int = 0
+    # MoE with recorded routing (training passes): (token, layer) pairs with a record, those where
+    # the trainer's own top-k differs from it, and (keep_routing) pairs routed freely for want of one.
+    routing_pairs: int = 0
+    routing_mismatched: int = 0
+    routing_unrecorded: int = 0
+    router_aux: float = 0.0  # the load-balancing loss, token-weighted over the passes
     # Forward/backward passes with rows, and their real tokens against the token slots they ran
     # (padding included): `padding_frac`, the share of the step's compute spent on padding.
     passes: int = 0
@@ -157,6 +164,10 @@ class _StepStats:
             mismatch=_MeanMax.merge([s.mismatch for s in per_rank]),
             support_mismatch=sum(s.support_mismatch for s in per_rank),
             support_recomputed=sum(s.support_recomputed for s in per_rank),
+            routing_pairs=sum(s.routing_pairs for s in per_rank),
+            routing_mismatched=sum(s.routing_mismatched for s in per_rank),
+            routing_unrecorded=sum(s.routing_unrecorded for s in per_rank),
+            router_aux=sum(s.router_aux for s in per_rank),
             passes=sum(s.passes for s in per_rank),
             real_tokens=sum(s.real_tokens for s in per_rank),
             slot_tokens=sum(s.slot_tokens for s in per_rank),
@@ -220,6 +231,16 @@ class Trainer:
                 "algorithm.tis.enabled needs algorithm.recompute_old_logprobs=true: TIS corrects "
                 "pi_old / pi_gen, and without recomputation pi_old is pi_gen (the weight would be 1)"
             )
+        if algorithm.router_aux_loss_coef > 0 and routing_shape(policy.model) is None:
+            raise ConfigError(f"algorithm.router_aux_loss_coef: {type(policy.model).__name__} has no MoE "
+                              "routers (a dense model)")
+        if algorithm.keep_routing:
+            if routing_shape(policy.model) is None:
+                raise ConfigError(f"algorithm.keep_routing: {type(policy.model).__name__} has no MoE "
+                                  "routers to replay (a dense model)")
+            if is_activation_checkpointing(policy.model):
+                raise ConfigError("algorithm.keep_routing: not with gradient checkpointing (the "
+                                  "recomputation in backward would route freely)")
         if algorithm.kl_coef > 0 and policy.reference_factory is None and not policy.lora:
             raise ValueError("algorithm.kl_coef > 0 needs a reference model (policy.reference_factory)")
         self.policy = policy
@@ -319,6 +340,9 @@ class Trainer:
         support = None
         if self.algo.keep_sampling_mask and mb.support_size is not None:
             support = SupportRecord(mb.support_size, mb.support_top_k, mb.support_top_p)
+        routing = None
+        if mb.routing is not None:
+            routing = RoutingRecord(mb.routing, replay=self.algo.keep_routing)
         with self.policy.autocast(), (contextlib.nullcontext() if grad else torch.no_grad()):
             return self.collectives.forward(
                 model,
@@ -329,6 +353,8 @@ class Trainer:
                 support=support,
                 logit_chunk_tokens=self.optim_cfg.logit_chunk_tokens,
                 packed=self.batching.packed,
+                routing=routing,
+                router_aux=grad and self.algo.router_aux_loss_coef > 0,
             )
 
     @torch.no_grad()
@@ -510,6 +536,11 @@ class Trainer:
             if rows and local.problem is None:
                 w = weights[rows][:, : mb.response_width].to(self.device)
                 loss = self._micro_batch_loss(mb, w, out, ref_lp, entropy_mode, local)
+                if loss is not None and out.router_aux_loss is not None:
+                    # Each pass's load-balancing loss weighted by its share of the batch's tokens.
+                    aux = out.router_aux_loss * (mb.num_tokens / batch.num_tokens)
+                    local.router_aux += float(aux.detach())
+                    loss = loss + self.algo.router_aux_loss_coef * aux
             (loss if loss is not None else _zero_loss(out.logprobs)).backward()
 
         stats = _StepStats.merge(self.collectives.gather(local))
@@ -532,6 +563,13 @@ class Trainer:
             logprob_mismatch_tokens=float(stats.mismatch.count),
             support_cut_mismatch_tokens=float(stats.support_mismatch),
             support_recomputed_tokens=float(stats.support_recomputed),
+            # Keep Routing (docs/moe.md): share of (token, layer) pairs of the training passes where
+            # the trainer's own top-k differs from the engine's recorded experts (NaN: no record).
+            routing_mismatch=(stats.routing_mismatched / stats.routing_pairs if stats.routing_pairs
+                              else math.nan),
+            routing_pairs=float(stats.routing_pairs),
+            routing_unrecorded_pairs=float(stats.routing_unrecorded),
+            router_aux_loss=stats.router_aux if self.algo.router_aux_loss_coef > 0 else math.nan,
             micro_batches=float(stats.passes),
             padding_frac=1.0 - stats.real_tokens / stats.slot_tokens if stats.slot_tokens else 0.0,
             clip_frac_low=merged["clip_frac_low"],
@@ -618,6 +656,10 @@ class Trainer:
         if out.support_mismatch is not None and out.support_recomputed is not None:
             stats.support_mismatch += int((out.support_mismatch & mb.response_mask).sum())
             stats.support_recomputed += int((out.support_recomputed & mb.response_mask).sum())
+        if out.routing is not None:
+            stats.routing_pairs += out.routing.pairs
+            stats.routing_mismatched += out.routing.mismatched
+            stats.routing_unrecorded += out.routing.unrecorded
         return loss
 
     def _apply(self, batch: TrainBatch, metrics: dict[str, float]) -> None:
