@@ -30,7 +30,8 @@ TOOL_RESPONSE_CLOSE = "</tool_response>"
 _SENTINEL = "\u2063SCALERL-SENTINEL\u2063"
 
 
-def _ids(encoded: Any) -> list[int]:
+def encoded_ids(encoded: Any) -> list[int]:
+    """The token ids of a tokenizer's output (a `BatchEncoding`, a tensor, a list, one row of a batch)."""
     ids = encoded["input_ids"] if isinstance(encoded, Mapping) else encoded
     if hasattr(ids, "tolist"):
         ids = ids.tolist()
@@ -92,7 +93,7 @@ class ChatFormat:
     def render_ids(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
         """The context `messages` as prompt ids, the next assistant turn opened."""
         text = self.render_text(messages, add_generation_prompt)
-        return _ids(self.tokenizer(text, add_special_tokens=False))
+        return encoded_ids(self.tokenizer(text, add_special_tokens=False))
 
     def segment_text(self, observations: Sequence[Message]) -> str:
         """The text between the end of a model turn and the start of the next one."""
@@ -105,7 +106,7 @@ class ChatFormat:
 
     def segment_ids(self, observations: Sequence[Message]) -> list[int]:
         """Token ids of the environment segment carrying `observations` (module docstring)."""
-        return _ids(self.tokenizer(self.segment_text(observations), add_special_tokens=False))
+        return encoded_ids(self.tokenizer(self.segment_text(observations), add_special_tokens=False))
 
     def truncate(self, text: str, max_tokens: int) -> str:
         """`text` cut to at most `max_tokens` tokens (a note says how much was cut)."""

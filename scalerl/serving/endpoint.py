@@ -40,6 +40,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from scalerl.agentic.chat import encoded_ids
 from scalerl.agentic.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, CallError, parse_tool_calls
 from scalerl.rollout.protocol import Completion, Engine, GenerationRequest, SamplingParams
 from scalerl.serving.trace import Call, Session, Trace, normalize_arguments
@@ -72,15 +73,6 @@ class _Pending:
     request: GenerationRequest
     future: Future[list[Completion]]
     received: list[Completion] = field(default_factory=list)
-
-
-def _ids(encoded: Any) -> list[int]:
-    ids = encoded["input_ids"] if isinstance(encoded, Mapping) else encoded
-    if hasattr(ids, "tolist"):
-        ids = ids.tolist()
-    if ids and isinstance(ids[0], (list, tuple)):
-        ids = ids[0]
-    return [int(i) for i in ids]
 
 
 def message_text(content: Any, where: str) -> str:
@@ -245,7 +237,7 @@ class Endpoint:
             raise RequestError(f"messages: the chat template cannot render them: {err}") from None
 
     def encode(self, text: str) -> list[int]:
-        return _ids(self.tokenizer(text, add_special_tokens=False))
+        return encoded_ids(self.tokenizer(text, add_special_tokens=False))
 
     def inserted_chat_text(self, head: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]],
                            tools: list[dict[str, Any]] | None, completion_ids: Sequence[int]) -> str:
