@@ -215,6 +215,30 @@ def default_kv_cache_bytes(
     return layout.kv_elements_per_token * itemsize * max_batch_size * per_sequence
 
 
+def per_expert_tensors(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A transformers-5 MoE state dict in the per-expert layout of the checkpoint vLLM loaded.
+
+    transformers 5 holds each MoE block's experts as two fused parameters (`Qwen2MoeExperts`):
+    `mlp.experts.gate_up_proj` [E, 2I, H] (gate rows first, then up) and `mlp.experts.down_proj`
+    [E, H, I]; `save_pretrained` writes them back one tensor per expert, which is what vLLM read
+    (`mlp.experts.{e}.gate_proj.weight` [I, H], `.up_proj.weight`, `.down_proj.weight` [H, I]). The
+    trainer's weights are split the same way (views, no copy); every other tensor passes as is."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in state.items():
+        prefix, _, leaf = name.rpartition(".")
+        if prefix.endswith("mlp.experts") and leaf in ("gate_up_proj", "down_proj") and t.dim() == 3:
+            for e in range(t.shape[0]):
+                if leaf == "down_proj":
+                    out[f"{prefix}.{e}.down_proj.weight"] = t[e]
+                else:
+                    gate, up = t[e].chunk(2, dim=0)
+                    out[f"{prefix}.{e}.gate_proj.weight"] = gate
+                    out[f"{prefix}.{e}.up_proj.weight"] = up
+        else:
+            out[name] = t
+    return out
+
+
 def check_full_update(layout: CheckpointLayout, state: Mapping[str, torch.Tensor]) -> None:
     """An update must name every checkpoint tensor (plus `lm_head.weight` for a tied head), with the
     checkpoint's shapes; raises before anything is copied."""
@@ -635,6 +659,7 @@ class VLLMEngine(SteppingEngine):
             return self._engine.collective_rpc(held_fingerprints, args=(shapes, self.layout.tied_head))[0]
 
     def _load_weights_locked(self, state: Mapping[str, torch.Tensor]) -> None:
+        state = per_expert_tensors(state)  # an MoE trainer's fused experts, as the checkpoint has them
         check_full_update(self.layout, state)
         # In the engine's dtype already (a float32 trainer feeding a bf16 engine): vLLM's loader would
         # cast each tensor anyway, warning once per tensor and update.
