@@ -29,6 +29,7 @@ import sys
 from typing import Any
 
 from scalerl.assembly.evaluate import eval_records, evaluate_source, resolve_source
+from scalerl.cli.argtypes import positive_int
 from scalerl.data.benchmarks import BENCHMARK_FORMATS
 from scalerl.data.loaders import FORMATS
 
@@ -55,13 +56,6 @@ def render(metrics: dict[str, float], header: str) -> str:
     return "\n".join([header, *(f"  {name:<{width}}  {value}" for name, value in rows)])
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
-    return value
-
-
 def _temperature(text: str) -> float:
     value = float(text)
     if not (math.isfinite(value) and value >= 0):
@@ -82,11 +76,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--format", choices=FORMATS, default="auto",
                    help="how --data is read: a file type (default auto: by suffix) or a benchmark's "
                         f"published layout ({', '.join(BENCHMARK_FORMATS)}; docs/data.md)")
-    p.add_argument("--k", type=_positive_int, metavar="K",
+    p.add_argument("--k", type=positive_int, metavar="K",
                    help="samples per prompt (default: the run's eval.k)")
     p.add_argument("--temperature", type=_temperature, metavar="T",
                    help="sampling temperature (default: the run's eval.temperature)")
-    p.add_argument("--max-prompts", type=_positive_int, metavar="N", help="evaluate the first N prompts only")
+    p.add_argument("--max-prompts", type=positive_int, metavar="N", help="evaluate the first N prompts only")
     p.add_argument("--seed", type=int, help="evaluation seed (default: the run's seed)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda if available)")
     p.add_argument("--engine", choices=("embedded", "vllm"),

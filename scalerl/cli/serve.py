@@ -23,19 +23,13 @@ import threading
 from typing import Any
 
 from scalerl.assembly.evaluate import resolve_source
+from scalerl.cli.argtypes import positive_int
 
 
 def _port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"expected a port in [0, 65535], got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
     return value
 
 
@@ -53,7 +47,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--engine", choices=("embedded", "vllm"),
                    help="generation engine (config key generation.engine; default: the run's, or embedded)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda if available)")
-    p.add_argument("--max-tokens", type=_positive_int, default=256,
+    p.add_argument("--max-tokens", type=positive_int, default=256,
                    help="max_tokens of a request that names none (default 256)")
     p.add_argument("--served-model-name", metavar="NAME", help="the model id /v1/models lists")
     p.add_argument("--record", metavar="PATH", help="append every call's token ids, log-probs and versions")
