@@ -8,13 +8,15 @@
    sessions of one chat call each (32 tokens), tokens per second. The endpoint queues concurrent
    calls, so one engine step decodes them together.
 
-    PYTHONPATH=. python benchmarks/bench_endpoint.py
+    python benchmarks/bench_endpoint.py
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -23,6 +25,10 @@ from scalerl.models.tiny import TinyModelSpec, build_tiny_model, build_tiny_toke
 from scalerl.rollout.embedded import EmbeddedEngine
 from scalerl.serving.endpoint import Endpoint
 from scalerl.serving.http import EngineDriver, start_server
+
+# The scripted engine is the tests' (tests/agentic/fakes.py): the repository root on the path, so the
+# script runs as `python benchmarks/bench_endpoint.py` from a checkout without PYTHONPATH.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.agentic.fakes import ScriptedEngine
 
 MESSAGES = [{"role": "user", "content": "hello"}]

@@ -46,6 +46,9 @@ TESTED = {
     "bench_real_shape.py",
     "bench_sync_check.py",
     "forecast_calibration.py",
+    "bench_lora.py",
+    "bench_endpoint.py",
+    "bench_distill.py",
 }
 
 
@@ -463,3 +466,44 @@ def test_bench_sync_check_measures_both_sides(cache_dir: Path) -> None:
                   rf"compare ({{N}}) ms; the weights' CPU copy ({{N}}) ms$", out)
         assert positive(m[1]) and int(m[2]) > 0
         assert all(positive(m[i]) for i in (3, 4, 5, 6))
+
+
+@pytest.mark.timeout(240)
+def test_bench_lora_quick(cache_dir: Path) -> None:
+    out = run_script("bench_lora.py", "--quick", cache_dir=cache_dir, timeout=220)
+    rows = {}
+    for name in ("full", "lora_r8", "lora_r32"):
+        m = match(rf"^{name}\s+([\d,]+)\s+({{N}})%\s+({{N}})\s+({{N}})\s+({{N}})\s+({{N}})\s+({{N}})$", out)
+        rows[name] = (int(m[1].replace(",", "")), float(m[2]), *(positive(m[i]) for i in range(3, 8)))
+    full, r8, r32 = rows["full"], rows["lora_r8"], rows["lora_r32"]
+    assert full[1] == 100.0 and 0 < r8[1] < r32[1] < 100.0 and r8[0] < r32[0] < full[0]
+    # FLOPs per token: 6N full, 4N + 2 N_trainable with an adapter (N grows by the adapter's size).
+    assert full[6] == 1.0 and r8[6] < 1.0
+
+
+@pytest.mark.timeout(240)
+def test_bench_endpoint_times_calls_and_batches_sessions(cache_dir: Path) -> None:
+    out = run_script("bench_endpoint.py", cache_dir=cache_dir, timeout=220)
+    direct = positive(match(r"^Endpoint\.chat, direct:\s+({N}) ms/call", out)[1])
+    http = positive(match(r"^through HTTP, openai client:\s+({N}) ms/call", out)[1])
+    positive(match(r"^GET /health \(uvicorn, httpx\):\s+({N}) ms/call", out)[1])
+    assert direct < http  # HTTP adds to the in-process call, never the other way round
+    for k in (1, 8):
+        m = match(rf"^embedded tiny, {k} session\(s\):\s+(\d+) tokens in\s+({{N}}) s =\s+({{N}}) tokens/s",
+                  out)
+        tokens, seconds = int(m[1]), positive(m[2])
+        assert 0 < tokens <= 32 * k and positive(m[3]) == pytest.approx(tokens / seconds, rel=0.02)
+
+
+@pytest.mark.timeout(600)
+def test_bench_distill_small(cache_dir: Path, tmp_path: Path) -> None:
+    args = ("--steps", "2", "--rl-steps", "2", "--prompts", "2", "--n", "2", "--max-new-tokens", "8",
+            "--heldout", "4", "--eval-every", "1", "--out", str(tmp_path / "d"))
+    out = run_script("bench_distill.py", *args, cache_dir=cache_dir, timeout=580)
+    result = json.loads(out[out.index("{"):])
+    assert 0.0 <= result["teacher_pass_rate"] <= 1.0
+    d, rl = result["distill"], result["rl"]
+    assert len(d["reverse_kl"]) == 2 and all(math.isfinite(x) for x in d["reverse_kl"])
+    assert d["flops"] > 0 and rl["flops"] > 0 and d["flops_per_step"] == pytest.approx(d["flops"] / 2)
+    for curve in (d["curve"], rl["curve"]):
+        assert all(0.0 <= p <= 1.0 for _, _, p in curve)
