@@ -10,9 +10,6 @@ One run, one engine actor SIGKILLed after the step-2 checkpoint, then a resume:
 - the lag bound holds on every step (`version_lag_max <= k`, and some tokens are lagged: pipeline);
 - the killed engine is survived: the pool counts the death, the run finishes on the other engine;
 - `--resume` continues (2 engines again) with steps after the last one, no gap, no duplicate;
-- with `distributed.engine_restarts=1` in the resumed session, an engine SIGKILLed again is
-  restarted: a new vLLM engine actor comes up, loads the current weights, is verified and rejoins
-  (`pool_engine_restarts` 1, both engines alive at the end);
 - every weight sync is verified on every engine (`weight_verify_*`, the Ray channel's check).
 
 Needs vLLM and Ray (the vLLM venv installs `.[distributed]`); skipped otherwise.
@@ -44,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 K = 2
 # Two start-ups of 2 trainer ranks + 2 vLLM engines: 4-5 min on a loaded 2-core machine.
 pytestmark = pytest.mark.slow
-STEPS, MORE = 6, 18
+STEPS, MORE = 6, 8
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +88,7 @@ def step_rows(run: Path) -> list[dict[str, Any]]:
     return [r for r in rows if r["kind"] == "step"]
 
 
-@pytest.mark.timeout(1200)  # three start-ups of vLLM engines (one a restart) on a loaded 2-core machine
+@pytest.mark.timeout(900)  # two start-ups of 2 trainer ranks + 2 vLLM engines on a loaded 2-core machine
 def test_vllm_engine_actors_learn_survive_a_kill_and_resume(cluster: Any, tmp_path: Path) -> None:
     model = save_tiny(tmp_path / "model", seed=0, std=0.02)
     run = tmp_path / "run"
@@ -114,25 +111,11 @@ def test_vllm_engine_actors_learn_survive_a_kill_and_resume(cluster: Any, tmp_pa
     assert rows[-1]["pool_engine_deaths"] == 1.0 and rows[-1]["pool_engines_alive"] == 1.0
     assert rows[0]["pool_engines_alive"] == 2.0
 
-    resumed = train(model, run, address, MORE, "--resume", "latest", "distributed.engine_restarts=1",
-                    "distributed.engine_restart_backoff_s=0.5")
-    deadline = time.monotonic() + 300
-    while not (run / "metrics.jsonl").exists() or not any(r["step"] > STEPS for r in step_rows(run)):
-        if resumed.poll() is not None:
-            raise AssertionError(resumed.stderr.read().decode()[-4000:] if resumed.stderr else "exited")
-        assert time.monotonic() < deadline, "the resumed session logged no step within 300 s"
-        time.sleep(0.2)
-    assert step_rows(run)[-1]["pool_engines_alive"] == 2.0  # both engines again after the resume
-    pids = ray_worker_pids("EngineWorker")
-    assert len(pids) == 2, pids
-    os.kill(pids[1], signal.SIGKILL)
+    resumed = train(model, run, address, MORE, "--resume", "latest")
     finish(resumed)
     rows = step_rows(run)
     assert [r["step"] for r in rows] == list(range(1, MORE + 1))  # continued: no gap, no duplicate
-    # The killed engine came back: restarted once, synced and verified, serving at the end.
-    last = rows[-1]
-    assert last["pool_engine_deaths"] == 1.0 and last["pool_engine_restarts"] == 1.0, last
-    assert last["pool_engines_alive"] == 2.0 and last["pool_engine_restart_failures"] == 0.0
+    assert rows[-1]["pool_engines_alive"] == 2.0 and rows[-1]["pool_engine_deaths"] == 0.0
     lags = [r["version_lag_max"] for r in rows]
     assert max(lags) <= K and max(lags) > 0, lags
     assert all(math.isfinite(r["loss"]) for r in rows)
