@@ -44,11 +44,12 @@ from scalerl.rollout.fingerprint import (
 
 @dataclass
 class RemoteWeights(Mapping[str, torch.Tensor]):
-    """Full weights of `version`, gathered on the trainer's rank 0 (a lazy mapping).
+    """Full weights of `version`, held by the trainer's ranks (a lazy mapping).
 
     `buckets` is the plan; `refs` the object-store objects of the buckets (object-store sync) or
-    None (collective: rank 0 keeps the tensors until the broadcast). Reading it as a mapping fetches
-    the tensors into this process (for a local consumer; the channel never does).
+    None (collective: the buckets are streamed from the shards by `senders`, every trainer rank's
+    actor, at the broadcast). Reading it as a mapping fetches the tensors into this process (for a
+    local consumer; the channel never does): the objects, or a full gather (`fetch`).
     """
 
     version: int
@@ -71,10 +72,9 @@ class RemoteWeights(Mapping[str, torch.Tensor]):
                 state: dict[str, torch.Tensor] = {}
                 for bucket in ray.get(list(self.refs), timeout=self.timeout_s):
                     state.update(bucket)
-            elif self.fetch is not None:
-                state = self.fetch()
             else:
-                state = ray.get(self.rank0.gathered_state.remote(), timeout=self.timeout_s)
+                assert self.fetch is not None, "a streamed sync's weights carry their fetch"
+                state = self.fetch()
             self._cache = state
         return self._cache
 
@@ -186,12 +186,11 @@ class RayWeightChannel:
             same = self._group_members == tuple(m.index for m in members)
             if not same or self._group_rank0 is not weights.rank0:
                 self._form_group(weights.rank0, members)
-            if weights.senders is None:
-                calls = {"trainer rank 0": weights.rank0.broadcast_weights.remote(weights.version)}
-            else:  # streamed: every trainer rank gathers bucket by bucket while rank 0 sends
-                calls = {f"trainer rank {r}": a.stream_weights.remote(weights.version, weights.buckets,
-                                                                     weights.fingerprint_dtype)
-                         for r, a in enumerate(weights.senders)}
+            assert weights.senders is not None, "a collective sync streams from every trainer rank"
+            # Every trainer rank gathers bucket by bucket while rank 0 sends.
+            calls = {f"trainer rank {r}": a.stream_weights.remote(weights.version, weights.buckets,
+                                                                 weights.fingerprint_dtype)
+                     for r, a in enumerate(weights.senders)}
             for m in members:
                 calls[m.name] = m.actor.receive_weights.remote(weights.buckets, version)
             outcomes = wait_each(calls, self.timeout_s)
@@ -199,7 +198,7 @@ class RayWeightChannel:
             for name, (kind, value) in outcomes.items():
                 if name.startswith("trainer rank ") and name != "trainer rank 0" and kind != "ok":
                     raise PeerError(name, kind, f"weight sync at version {version}: {name} {kind}: {value}")
-            if weights.senders is not None and outcomes["trainer rank 0"][0] == "ok":
+            if outcomes["trainer rank 0"][0] == "ok":
                 weights.fingerprints = outcomes["trainer rank 0"][1]
             if not dead:
                 for m in members:

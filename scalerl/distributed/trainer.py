@@ -82,8 +82,6 @@ class TrainerRankWorker:
         self.rank = rank
         self.world_size = world_size
         self.trainer: Any = None
-        self._gathered: dict[str, torch.Tensor] | None = None
-        self._gathered_buckets: list[BucketMeta] = []
         self._group: WeightGroup | None = None
 
     def rendezvous(self) -> tuple[str, int]:
@@ -114,10 +112,10 @@ class TrainerRankWorker:
         work = {k: after[k] - before[k] for k in ("trained_tokens", "trained_samples", "logprob_tokens")}
         return {"metrics": metrics, "work": work, "version": int(self.trainer.version)}
 
-    def gather(self, bucket_bytes: int, put: bool, fingerprint_dtype: str | None = None
-               ) -> tuple[list[BucketMeta], list[Any] | None, dict[str, Fingerprint] | None] | None:
-        """All ranks gather the full weights (a collective); rank 0 keeps or puts them, and
-        fingerprints what it sends in the engines' weight dtype (`fingerprint_dtype`; None: none)."""
+    def gather(self, bucket_bytes: int, fingerprint_dtype: str | None = None
+               ) -> tuple[list[BucketMeta], list[Any], dict[str, Fingerprint] | None] | None:
+        """Object-store sync: all ranks gather the full weights (a collective); rank 0 puts them in
+        buckets and fingerprints them in the engines' weight dtype (`fingerprint_dtype`; None: none)."""
         state = self.trainer.full_state_dict()
         if self.rank != 0:
             return None
@@ -126,17 +124,12 @@ class TrainerRankWorker:
         prints = None
         if fingerprint_dtype is not None:
             prints = state_fingerprints(state, getattr(torch, fingerprint_dtype))
-        if put:
-            ray = import_ray()
-            self._gathered = None
-            return buckets, [ray.put(bucket_state(state, b)) for b in buckets], prints
-        self._gathered, self._gathered_buckets = state, buckets
-        return buckets, None, prints
+        ray = import_ray()
+        return buckets, [ray.put(bucket_state(state, b)) for b in buckets], prints
 
     def plan_stream(self, bucket_bytes: int) -> list[BucketMeta]:
         """Rank 0, local: the bucket plan of a streamed sync, from the shards' global shapes and
         dtypes (nothing is gathered)."""
-        self._gathered = None
         return plan_buckets(self.trainer.sharded_state_dict(), bucket_bytes)
 
     def stream_weights(self, version: int, buckets: list[BucketMeta], fingerprint_dtype: str | None = None
@@ -164,26 +157,12 @@ class TrainerRankWorker:
         in the controller's process that reads a streamed sync's weights as a mapping."""
         return self.trainer.full_state_dict()
 
-    def gathered_state(self) -> dict[str, torch.Tensor]:
-        if self._gathered is None:
-            raise RuntimeError("trainer rank 0 holds no gathered weights")
-        return self._gathered
-
     def init_weight_group(
         self, host: str, port: int, world_size: int, backend: str, timeout_s: float
     ) -> None:
         if self._group is not None:
             self._group.close()
         self._group = WeightGroup(host, port, 0, world_size, backend, timeout_s)
-
-    def broadcast_weights(self, version: int) -> None:
-        if self._group is None or self._gathered is None:
-            raise RuntimeError("trainer rank 0: broadcast_weights before init_weight_group / gather")
-        if int(self.trainer.version) != version:
-            raise RuntimeError(
-                f"trainer rank 0 holds version {self.trainer.version}, asked to send {version}"
-            )
-        self._group.send_state(self._gathered, self._gathered_buckets)
 
     def save(self, run_dir: str, step: int, extra: dict[str, Any], keep: int | None) -> str:
         return str(self.trainer.save(run_dir, step, extra=extra, keep=keep))
@@ -286,7 +265,7 @@ class RayTrainer:
             self.last_gather_s = time.perf_counter() - start
             return RemoteWeights(self._version, buckets, None, self.actors[0], self.timeout_s,
                                  senders=list(self.actors), fingerprint_dtype=dtype, fetch=self._full_state)
-        results = self._all(lambda r, a: a.gather.remote(self.bucket_bytes, put, dtype), "weight gather")
+        results = self._all(lambda r, a: a.gather.remote(self.bucket_bytes, dtype), "weight gather")
         self.last_gather_s = time.perf_counter() - start
         buckets, refs, prints = results[0]
         return RemoteWeights(self._version, buckets, refs, self.actors[0], self.timeout_s,

@@ -137,11 +137,6 @@ class WeightGroup:
         opts.rootRank = 0
         self.pg.broadcast([tensor], opts).wait()
 
-    def send_state(self, state: Mapping[str, torch.Tensor], buckets: Iterable[BucketMeta]) -> None:
-        """Rank 0: broadcast every bucket of `state`."""
-        for meta in buckets:
-            self.broadcast(flatten_bucket(state, meta, self.device))
-
     def receive_state(self, buckets: Iterable[BucketMeta]) -> dict[str, torch.Tensor]:
         """An engine: receive every bucket; CPU tensors (owned, not views of a shared buffer)."""
         out: dict[str, torch.Tensor] = {}
