@@ -22,6 +22,7 @@ from scalerl.assembly.sections import (
     gold_free,
     load_records,
     sampling_params,
+    stream_seed,
 )
 from scalerl.config import RunConfig
 from scalerl.data import (
@@ -147,7 +148,7 @@ def _build_training(
 
     pool = PromptPool(
         train.records,
-        d.shuffle_seed,
+        stream_seed(config.seed, d.shuffle_seed),  # the run's seed moves the prompt order
         retire_threshold=config.algorithm.retire_threshold,
         no_positive_resampling=config.algorithm.no_positive_resampling,
         heldout_ids=split.heldout_ids,

@@ -11,7 +11,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from scalerl.config import ConfigError, ReasoningGymConfig, ReasoningGymDatasetConfig, RunConfig
+from scalerl.config import (
+    ConfigError,
+    GenerationConfig,
+    ReasoningGymConfig,
+    ReasoningGymDatasetConfig,
+    RunConfig,
+)
 from scalerl.data import PromptRecord, load_prompts, make_synthetic
 from scalerl.pipeline.driver import DriverSettings
 from scalerl.rollout import InterruptionSpec, SamplingParams
@@ -20,6 +26,29 @@ from scalerl.training.optim import scaled_optim
 from scalerl.training.trainer import TrainerSettings
 
 THINK_END = "</think>"
+
+# A prime well above any study's seed offset (`generation.seed + i`, i < a few hundred), so the
+# streams of (seed S, section seed G) and (seed S', section seed G') never coincide for S != S'.
+RUN_SEED_STRIDE = 1_000_003
+
+
+def stream_seed(run_seed: int, section_seed: int) -> int:
+    """The seed of one RL random stream (rollout sampling, prompt order): the section's own seed
+    offset by the run's, `section_seed + 1_000_003 * run_seed`.
+
+    Why: `seed=S` must give another run (other rollouts, another data order), as a run's seed does
+    in TRL and verl; before, only the held-out evaluation draws read `seed`, so two "seeds" of a run
+    trained identically. Seed 0 leaves the section's seed as it is (runs and checkpoints of seed 0
+    are unchanged), and a study that holds `seed` and moves `generation.seed` / `data.shuffle_seed`
+    by the seed index (`scalerl.studies.study.seed_overrides`) still gets one stream per index.
+    """
+    return section_seed + RUN_SEED_STRIDE * run_seed
+
+
+def run_generation(cfg: RunConfig) -> GenerationConfig:
+    """The `generation` section the engines and the generator take: its sampling seed moved by the
+    run's `seed` (`stream_seed`)."""
+    return cfg.generation.model_copy(update={"seed": stream_seed(cfg.seed, cfg.generation.seed)})
 
 
 def samples_per_step(cfg: RunConfig) -> int:
@@ -41,7 +70,7 @@ def driver_settings(cfg: RunConfig) -> DriverSettings:
     """The driver's sections and limits."""
     return DriverSettings(
         pipeline=cfg.pipeline,
-        generation=cfg.generation,
+        generation=run_generation(cfg),
         rewards=cfg.rewards,
         eval=cfg.eval,
         max_steps=cfg.max_steps,
@@ -62,7 +91,7 @@ def engine_spec(
     initial_version: int = 0,
 ) -> EngineSpec:
     """The engine `generation` asks for, its length limit from `data.max_prompt_tokens`."""
-    return spec_from_config(cfg.generation, cfg.model, max_prompt_tokens=cfg.data.max_prompt_tokens,
+    return spec_from_config(run_generation(cfg), cfg.model, max_prompt_tokens=cfg.data.max_prompt_tokens,
                             model_path=model_path, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
                             initial_version=initial_version)
 
