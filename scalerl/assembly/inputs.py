@@ -233,4 +233,5 @@ def check_run_inputs(cfg: RunConfig) -> None:
 
 
 __all__ = ["check_code_sandbox", "check_colocated_platform", "check_prompt_file", "check_prompt_lengths",
-           "check_prompt_tasks", "check_run_inputs", "check_study_inputs", "check_verifiers", "load_prompt_data", "prompt_tasks"]
+           "check_prompt_tasks", "check_run_inputs", "check_study_inputs", "check_verifiers",
+           "load_prompt_data", "prompt_tasks"]
