@@ -28,8 +28,8 @@ def test_every_phase_command_exists() -> None:
     text = (GPU / "run_vllm_gpu.sh").read_text()
     called = set(re.findall(r"vllm_gpu\.py (\w+)", text))
     assert {"throughput", "mismatch", "colocate", "graphs"} <= called
-    proc = subprocess.run([sys.executable, str(GPU / "vllm_gpu.py"), "--help"], capture_output=True, text=True,
-                          check=False, cwd=ROOT)
+    proc = subprocess.run([sys.executable, str(GPU / "vllm_gpu.py"), "--help"], capture_output=True,
+                          text=True, check=False, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     commands = [set(c.split(",")) for c in re.findall(r"\{([\w.,]+)\}", proc.stdout) if "throughput" in c]
     assert commands, proc.stdout

