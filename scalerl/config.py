@@ -839,6 +839,12 @@ class RunConfig(Section):
                                 "the colocated layout runs trainer and engine in one process: use "
                                 "distributed.backend=local (the Ray backend places engines on GPUs "
                                 "of their own)")
+        if self.generation.vllm.tensor_parallel_size > 1:
+            raise CrossKeyError(("generation.vllm.colocate", "generation.vllm.tensor_parallel_size"),
+                                "the colocated engine takes the trainer's tensors by reference, which "
+                                "needs its one worker in this process; tensor-parallel workers are "
+                                "processes of their own (a CUDA-IPC handoff to them is not built): "
+                                "use generation.vllm.tensor_parallel_size=1")
         return self
 
     @model_validator(mode="after")

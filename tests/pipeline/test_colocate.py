@@ -197,6 +197,7 @@ def test_in_flight_schedules_refuse_a_sleeping_channel() -> None:
     (["generation.engine=embedded"], "generation.vllm.colocate"),
     (["pipeline.off_policy=pipeline"], "pipeline.off_policy"),
     (["distributed.backend=ray"], "distributed.backend"),
+    (["generation.vllm.tensor_parallel_size=2"], "generation.vllm.tensor_parallel_size"),
     (["generation.vllm.sleep_level=3"], "generation.vllm.sleep_level"),
     (["generation.vllm.sleep_timeout_s=0"], "generation.vllm.sleep_timeout_s"),
 ])
