@@ -109,7 +109,7 @@ def bounded(call: Callable[[], T], timeout_s: float, what: str) -> T:
     thread.join(timeout_s)
     if thread.is_alive():
         raise EngineCallTimeoutError(f"{what}: no answer within {timeout_s:g} s "
-                                "(generation.vllm.sleep_timeout_s); the run stops")
+                                     "(generation.vllm.sleep_timeout_s); the run stops")
     if "error" in box:
         raise box["error"]
     return box["value"]
@@ -144,17 +144,19 @@ class ColocatedWeightChannel(EngineWeightChannel):
     bounded by `timeout_s` (`EngineCallTimeoutError` naming the engine and the call).
     """
 
-    def __init__(self, engine: Any, *, level: int = 1, timeout_s: float = 300.0, name: str = "vLLM engine"
-                 ) -> None:
+    def __init__(self, engine: SleepingEngine, *, level: int = 1, timeout_s: float = 300.0,
+                 name: str = "vLLM engine") -> None:
         if level not in (1, 2):
             raise ValueError(f"level: vLLM sleeps at level 1 or 2, got {level}")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s: must be > 0, got {timeout_s}")
-        super().__init__(engine)
+        super().__init__(engine)  # type: ignore[arg-type]  # an Engine with sleep and wake
+        self.engine: Any = engine
         self.level = int(level)
         self.timeout_s = float(timeout_s)
         self.name = name
         self.asleep = False
+        self.slept_level = 0  # the level of the sleep in progress (`level` may change between rounds)
         self.sleeps = 0
         self.sleep_seconds = 0.0  # cumulative, sleep calls
         self.wake_seconds = 0.0  # cumulative, both wakes (the load in between not included)
@@ -178,7 +180,7 @@ class ColocatedWeightChannel(EngineWeightChannel):
         self.sleep_seconds += time.perf_counter() - start
         self.last_freed_bytes = int(freed or 0)
         self.sleeps += 1
-        self.asleep = True
+        self.asleep, self.slept_level = True, self.level
 
     def publish(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         start = time.perf_counter()
@@ -203,7 +205,7 @@ class ColocatedWeightChannel(EngineWeightChannel):
     def prepare(self, weights: Callable[[], Mapping[str, torch.Tensor]], version: int) -> None:
         if self.engine.version == version and not self.asleep:
             return
-        if self.engine.version == version and self.level == 1:
+        if self.engine.version == version and self.slept_level == 1:
             # Level 1 kept the weights in host memory: both pools back, nothing to load.
             if not self._wake([WAKE_WEIGHTS, WAKE_KV_CACHE]):
                 raise RuntimeError(f"{self.name}: still asleep after waking its weights and KV cache")
