@@ -18,6 +18,7 @@ import torch
 from scalerl.pipeline.interfaces import ReadyGroup
 from scalerl.rollout.fingerprint import SyncFigures, channel_metrics, timed_verify
 from scalerl.rollout.protocol import Engine
+from scalerl.rollout.vllm_versions import WAKE_KV_CACHE, WAKE_WEIGHTS
 
 T = TypeVar("T")
 
@@ -81,7 +82,6 @@ class EngineWeightChannel:
 
 
 # ----------------------------------------------------------------------------- colocated layout
-WAKE_WEIGHTS, WAKE_KV_CACHE = "weights", "kv_cache"  # vLLM's wake-up tags (rollout.vllm_versions)
 
 
 class EngineCallTimeoutError(RuntimeError):
