@@ -35,7 +35,7 @@ import torch
 from scalerl.config import DistributedConfig
 from scalerl.distributed.cluster import PeerError, classify, import_ray, startup_hint, wait_all, wait_each
 from scalerl.distributed.weights import bucket_state, plan_buckets
-from scalerl.rollout.fingerprint import WeightSyncError
+from scalerl.rollout.fingerprint import SyncCheck, WeightSyncError
 from scalerl.rollout.protocol import ENGINE_METADATA_KEY, Completion, Engine, GenerationRequest
 from scalerl.rollout.vllm_engine import combined_figures
 
@@ -160,6 +160,8 @@ class EnginePool:
         self._last_sync: tuple[list[Any], int] | None = None
         self.last_expected: Mapping[str, Any] | None = None
         self.last_restart_s = 0.0  # the last rejoin: seconds from its actor's spawn to live
+        # Told of each restarted engine's verified sync (the channel counts it in `weight_verify_*`).
+        self.on_restart_check: Callable[[SyncCheck, float], None] | None = None
         # Engine figures of members replaced by a restart, so the pool's cumulative sums never fall.
         self._retired_figures: list[dict[str, float]] = []
 
@@ -365,10 +367,13 @@ class EnginePool:
                 self._ray.get(r.actor.update_weights.remote(version, *refs), timeout=self.timeout_s)
                 expected = self.last_expected
                 if expected is not None:
+                    check_start = time.perf_counter()
                     held = self._ray.get(r.actor.weight_fingerprints.remote(), timeout=self.timeout_s)
                     if held is not None:
-                        verify(expected, held, engine=f"{name} (restarted)", version=version)
+                        check = verify(expected, held, engine=f"{name} (restarted)", version=version)
                         verified = True
+                        if self.on_restart_check is not None:
+                            self.on_restart_check(check, time.perf_counter() - check_start)
             with self._lock:
                 if self._last_sync is last:  # nothing newer was published meanwhile: rejoin now
                     old = self.members[r.index]
