@@ -180,7 +180,10 @@ def test_vllm_engine_actors_learn_survive_a_kill_restart_one_and_resume(cluster:
     assert extra[1] - extra[0] == 1.0, (first, last)
     lags = [r["version_lag_max"] for r in rows]
     assert max(lags) <= K and max(lags) > 0, lags
-    assert all(math.isfinite(r["loss"]) for r in rows)
+    # Every step trained with a finite loss, or was skipped for lack of signal (counted): once the
+    # digit-share reward saturates at 1.0 every group has zero variance.
+    assert all(math.isfinite(r["loss"]) if "loss" in r else r["skipped_no_signal"] for r in rows)
+    assert all("loss" in r for r in rows[:STEPS])
     rewards = [r["reward_mean"] for r in rows]
     first, last = sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
     assert last > first + 0.1, [round(x, 3) for x in rewards]
