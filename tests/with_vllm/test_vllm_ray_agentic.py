@@ -50,6 +50,7 @@ from scalerl.rollout.factory import EngineSpec  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.slow
+KEYS = ("vllm_requests", "vllm_prompt_tokens", "vllm_cached_prompt_tokens")
 DIST = DistributedConfig(backend="ray", num_engines=2, engine_num_cpus=1, timeout_s=60, startup_timeout_s=300)
 
 
@@ -90,6 +91,8 @@ def test_episodes_stay_on_one_vllm_engine_and_read_its_prefix_cache(cluster: Any
 
     infos = [c.metadata["agentic"] for c in remote]
     turns = [i["turns"] for i in infos]
+    print(f"pool: turns {turns}, engines {[i['turn_engines'] for i in infos]}, per engine (requests, "
+          f"prompt, cached tokens) {[tuple(int(f[k]) for k in KEYS) for f in per_engine]}")
     assert max(turns) >= 2, turns  # later turns exist
     engines = [i["turn_engines"] for i in infos]
     # Every turn of an episode on one engine, recorded once per model turn; both engines used.
@@ -144,6 +147,8 @@ def test_an_agentic_train_run_on_two_vllm_engine_actors(cluster: Any, tool_model
         assert r["pool_engines_alive"] == 2.0 and r["pool_engine_deaths"] == 0.0
         assert r["agentic_engine_switches"] == 0.0  # every turn on its episode's engine
     last = steps[-1]
+    print("run:", [{k: r[k] for k in ("agentic_turns_mean", "agentic_engine_switches", "pool_sticky_requests",
+                                      *KEYS, "vllm_prefix_hit_rate")} for r in steps])
     assert last["pool_sticky_requests"] > 0  # later turns were placed on their episode's engine
     assert last["vllm_requests"] > 0 and last["vllm_cached_prompt_tokens"] > 0, last
     hits = [r["vllm_cached_prompt_tokens"] for r in steps]
