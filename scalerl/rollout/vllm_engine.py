@@ -378,6 +378,19 @@ class VLLMStats:
                 "vllm_cached_prompt_tokens": float(self.cached_prompt_tokens), "vllm_prefix_hit_rate": hit}
 
 
+def combined_figures(per_engine: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The `figures()` of several engines as one engine's: the counters summed, the hit rate
+    recomputed from the sums (cached / prompt tokens), not averaged. Engines without vLLM figures
+    (an empty mapping) add nothing; none at all gives {}."""
+    rows = [f for f in per_engine if "vllm_prompt_tokens" in f]
+    if not rows:
+        return {}
+    total = VLLMStats(requests=int(sum(f["vllm_requests"] for f in rows)),
+                      prompt_tokens=int(sum(f["vllm_prompt_tokens"] for f in rows)),
+                      cached_prompt_tokens=int(sum(f["vllm_cached_prompt_tokens"] for f in rows)))
+    return total.figures()
+
+
 @dataclass(eq=False)
 class _Sample:
     serial: int
