@@ -265,12 +265,13 @@ def test_the_embedded_engine_judges_token_for_token_as_hf_generate(judge: Path) 
 
 
 def test_the_judge_engine_key_is_checked() -> None:
+    def build(rm: dict) -> RunConfig:
+        return build_config([({"rewards": {"reward_models": {"t": {"path": "x", **rm}}}}, {})])
+
     with pytest.raises(ConfigError, match=r"rewards\.reward_models\.t\.engine"):
-        build_config([({"rewards": {"reward_models": {"t": {"path": "x", "kind": "classifier",
-                                                            "engine": "vllm"}}}}, {})])
+        build({"kind": "classifier", "engine": "vllm"})
     with pytest.raises(ConfigError, match=r"rewards\.reward_models\.t\.engine"):
-        build_config([({"rewards": {"reward_models": {"t": {"path": "x", "kind": "judge", "template": "{prompt}{response}",
-                                                            "engine": "sglang"}}}}, {})])
+        build({"kind": "judge", "template": "{prompt}{response}", "engine": "sglang"})
 
 
 def test_a_vllm_judge_without_vllm_is_a_config_error_naming_the_key(judge: Path) -> None:
