@@ -355,8 +355,8 @@ class RewardModel:
         ids = [list(row[-cfg.max_length:]) for row in ids]  # keep the end, as truncation_side="left"
         eos = () if tok.eos_token_id is None else (int(tok.eos_token_id),)
         params = SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens, stop_token_ids=eos)
-        requests = [GenerationRequest(request_id=f"{self.key}:{self.calls}:{i}", prompt_ids=row, params=params)
-                    for i, row in enumerate(ids)]
+        requests = [GenerationRequest(request_id=f"{self.key}:{self.calls}:{i}", prompt_ids=row,
+                                      params=params) for i, row in enumerate(ids)]
         done = self._engine.generate(requests)
         # A completion's tokens end at (and include) its stop token: the hf path's count.
         self._charge(sum(len(row) for row in ids) + sum(c.num_tokens for c in done))
