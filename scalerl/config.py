@@ -877,6 +877,19 @@ class RunConfig(Section):
                                 "use generation.engine=embedded")
         return self
 
+    @model_validator(mode="after")
+    def _one_vllm_engine(self) -> RunConfig:
+        # vLLM holds one in-process engine at a time (docs/vllm.md): the policy's and a judge's
+        # cannot both be built in the process that scores (docs/rewards.md, the judge's engine).
+        if self.generation.engine != "vllm":
+            return self
+        for task, rm in sorted(self.rewards.reward_models.items()):
+            if rm.engine == "vllm":
+                raise CrossKeyError((f"rewards.reward_models.{task}.engine", "generation.engine"),
+                                    "a vLLM judge beside generation.engine=vllm: vLLM holds one "
+                                    "in-process engine at a time; use engine: embedded or hf")
+        return self
+
 
 # ---------------------------------------------------------------------------------------------
 # Loading and overrides

@@ -272,6 +272,11 @@ def test_the_judge_engine_key_is_checked() -> None:
         build({"kind": "classifier", "engine": "vllm"})
     with pytest.raises(ConfigError, match=r"rewards\.reward_models\.t\.engine"):
         build({"kind": "judge", "template": "{prompt}{response}", "engine": "sglang"})
+    judge = {"kind": "judge", "template": "{prompt}{response}", "engine": "vllm"}
+    assert build(judge).rewards.reward_models["t"].engine == "vllm"
+    with pytest.raises(ConfigError, match=r"rewards\.reward_models\.t\.engine: a vLLM judge beside"):
+        build_config([({"generation": {"engine": "vllm"},
+                        "rewards": {"reward_models": {"t": {"path": "x", **judge}}}}, {})])
 
 
 def test_a_vllm_judge_without_vllm_is_a_config_error_naming_the_key(judge: Path) -> None:
