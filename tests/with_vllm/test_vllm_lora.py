@@ -2,7 +2,7 @@
 default's SFT warm start (no `--model`: the cached warm start, `scalerl.assembly.warm_start`) on
 the synthetic math task raises the held-out pass rate by a margin that sampling noise cannot give
 (measured: 0.211 -> 0.342 in 30 sync steps, lr 2e-3, 64 prompts x 8; the bound below is 0.083;
-about 2 min 40 s on 2 shared CPU cores).
+1.5-2.7 min on 2 shared CPU cores).
 
 The engine generates with the merged weights `W + (alpha / r) B A` sent after every step
 (`test_vllm_train.py::test_lora_sends_merged_weights_that_vllm_runs_exactly` shows vLLM runs them
