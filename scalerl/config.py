@@ -634,6 +634,11 @@ class RewardModelConfig(Section):
     verdict_regex: str | None = Field(None, description="judge: group 1 is the verdict (yes/no or a number)")
     score_max: float = Field(10.0, gt=0.0, description="judge verdict 'score': score / score_max")
     max_new_tokens: int = Field(16, ge=1, description="judge: greedy tokens for the verdict")
+    # Which engine generates the judge's verdicts (the names of `generation.engine`, plus `hf`):
+    # `hf` is Hugging Face `generate` on `device`; `embedded` the project's engine on `device`;
+    # `vllm` an in-process vLLM engine on vLLM's platform device (scalerl/rewards/reward_model.py).
+    engine: Literal["hf", "embedded", "vllm"] = Field(
+        "hf", description="judge: the engine that generates verdicts (hf | embedded | vllm)")
 
     @model_validator(mode="after")
     def _judge_template(self) -> RewardModelConfig:
@@ -642,6 +647,9 @@ class RewardModelConfig(Section):
                                 "a judge needs exactly one of template (inline) or template_path")
         if self.kind == "classifier" and (self.template is not None or self.template_path is not None):
             raise CrossKeyError(("template", "kind"), "a classifier reads no template (kind: judge does)")
+        if self.kind == "classifier" and self.engine != "hf":
+            raise CrossKeyError(("engine", "kind"), f"{self.engine!r} generates; a classifier runs one "
+                                "forward in this process (engine: hf)")
         if self.kind == "judge" and self.normalize == "group":
             raise CrossKeyError(("normalize", "kind"), "'group' normalises a classifier's raw logits")
         if self.template is not None:
@@ -908,6 +916,19 @@ class RunConfig(Section):
             raise CrossKeyError(("algorithm.keep_routing", "generation.engine"),
                                 "generation.engine=vllm does not record routing here (docs/moe.md): "
                                 "use generation.engine=embedded")
+        return self
+
+    @model_validator(mode="after")
+    def _one_vllm_engine(self) -> RunConfig:
+        # vLLM holds one in-process engine at a time (docs/vllm.md): the policy's and a judge's
+        # cannot both be built in the process that scores (docs/rewards.md, the judge's engine).
+        if self.generation.engine != "vllm":
+            return self
+        for task, rm in sorted(self.rewards.reward_models.items()):
+            if rm.engine == "vllm":
+                raise CrossKeyError((f"rewards.reward_models.{task}.engine", "generation.engine"),
+                                    "a vLLM judge beside generation.engine=vllm: vLLM holds one "
+                                    "in-process engine at a time; use engine: embedded or hf")
         return self
 
 
