@@ -67,7 +67,8 @@ def replay(curve: Curve, widths: list[float], min_evals: int = 4) -> dict[str, o
         stops[w] = None if hit is None else (float(curve.x[hit[0]]) / end, abs(hit[1].A - a_full), hit[0])  # type: ignore[operator]
     return {"label": curve.label, "n": int(curve.x.size), "A_full": a_full, "full_status": full.status,
             "prefixes": len(rows), "covered": float(np.mean(inside)) if inside else None,
-            "n_ok": len(ok), "covered_ok": float(np.mean(ok)) if ok else None, "stops": stops}
+            "n_ok": len(ok), "covered_ok": float(np.mean(ok)) if ok else None, "stops": stops,
+            "inside": (sum(inside), len(inside), sum(ok), len(ok))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     widths = args.width or [0.02]
     curves = [replace(read_curves(reference_csv(name))[0], label=label) for label, name in PAPER_CURVES]
     for path in args.paths:
-        curves.extend(read_curves(Path(path), args.x))
+        # Run folders of one study share a run name (`demo`): the folder tells them apart.
+        name = Path(path).name
+        curves.extend(replace(c, label=f"{c.label} ({name})") for c in read_curves(Path(path), args.x))
     results = [replay(c, widths) for c in curves]
     body = []
     for r in results:
@@ -92,9 +95,19 @@ def main(argv: list[str] | None = None) -> int:
         body.append(row)
     head = ["curve", "evals", "A full", "A interval covers", "unflagged cover",
             *(f"--stop-when-known {w:g} stops at" for w in widths)]
-    sys.stdout.write(table(head, body) + "\n")
+    sys.stdout.write(table(head, body) + "\n" + pooled(results) + "\n")
     return 0
 
+
+def pooled(results: list[dict[str, object]]) -> str:
+    """Coverage over every prefix of every curve (each prefix one trial), all and unflagged."""
+    counts = np.array([r["inside"] for r in results], dtype=float).reshape(-1, 4).sum(axis=0)
+    hit, n, hit_ok, n_ok = counts
+    if not n:
+        return "pooled: no prefixes"
+    ok = f"{hit_ok / n_ok:.0%} of {n_ok:.0f}" if n_ok else "- of 0"
+    return (f"pooled over {len(results)} curves: the A interval contains the full-curve A at "
+            f"{hit / n:.0%} of {n:.0f} prefixes (unflagged: {ok})")
 
 if __name__ == "__main__":
     raise SystemExit(main())

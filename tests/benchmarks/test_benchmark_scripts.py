@@ -454,6 +454,10 @@ def test_forecast_calibration_replays_the_paper_curves(cache_dir: Path) -> None:
         assert stop is not None, m[8]
         if stop[1] is not None:
             assert 0 < int(stop[1]) <= 100 and 4 <= int(stop[2]) < evals
+    # The pooled line counts every prefix of both curves: 30 + 28.
+    pool = match(r"^pooled over 2 curves: .* at (\d+)% of (\d+) prefixes "
+                 r"\(unflagged: (\d+)% of (\d+)\)$", out)
+    assert int(pool[2]) == 58 and int(pool[4]) <= 58
 
 
 def test_bench_sync_check_measures_both_sides(cache_dir: Path) -> None:
