@@ -798,12 +798,7 @@ class RunConfig(Section):
                 "LoRA trains the policy's adapter only; the critic (a full copy of the policy as a "
                 "value model) has no LoRA form: use model.lora.r=0 or another baseline",
             )
-        if self.distributed.backend != "local":
-            raise CrossKeyError(
-                ("model.lora.r", "distributed.backend"),
-                "LoRA runs in the local trainer only; the FSDP2 ranks of distributed.backend=ray do "
-                "not shard peft adapters: use distributed.backend=local or model.lora.r=0",
-            )
+        # distributed.backend=ray: the FSDP2 ranks shard the peft model (scalerl.distributed.fsdp).
         return self
 
     @model_validator(mode="after")

@@ -68,11 +68,18 @@ def test_two_rank_lora_step_equals_the_one_process_lora_step(run):
 
 
 def test_only_the_adapter_is_optimized_and_everything_is_sharded(run):
+    from scalerl.telemetry.compute import flop_params
+
     local = run["local"]
     adapter = sum(p.numel() for p in local.policy.model.parameters() if p.requires_grad)
+    n = flop_params(local.policy.model)
+    n_adapter = flop_params(local.policy.model, trainable_only=True)
     for r in ("rank0", "rank1"):
         assert run[r]["optimizer_params"] == adapter  # the global numel of the sharded adapter
         assert run[r]["frozen_dtensors"] > 0 and run[r]["adapter_dtensors"] > 0
+        # The rank's meter prices LoRA as the local run's: 4N + 2 N_adapter per trained token
+        # (N counted on the sharded model: global sizes), generation at the base's N.
+        assert run[r]["info"] == (n, n_adapter, 4 * n + 2 * n_adapter, n - n_adapter)
 
 
 def test_engines_get_the_local_merge_streamed_and_gathered(run):

@@ -58,12 +58,17 @@ def test_lora_keys_default_off_and_parse_from_overrides():
 
 @pytest.mark.parametrize(("overrides", "named"), [
     (["algorithm.baseline=critic", "algorithm.adv_norm=batch"], "algorithm.baseline"),
-    (["distributed.backend=ray"], "distributed.backend"),
 ])
-def test_lora_refuses_the_critic_and_the_fsdp_ranks(overrides, named):
+def test_lora_refuses_the_critic(overrides, named):
     with pytest.raises(ConfigError, match=r"model\.lora\.r") as info:
         load_config(overrides=["model.lora.r=8", *overrides])
     assert named in str(info.value)
+
+
+def test_lora_runs_on_the_fsdp_ranks():
+    # tests/distributed/test_fsdp_lora.py: the 2-rank LoRA step equals the 1-process one.
+    cfg = load_config(overrides=["model.lora.r=8", "distributed.backend=ray"])
+    assert cfg.model.lora.r == 8 and cfg.distributed.backend == "ray"
 
 
 def test_unknown_target_module_is_a_config_error(make_policy):
