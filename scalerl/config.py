@@ -789,19 +789,6 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _lora_combinations(self) -> RunConfig:
-        if self.model.lora.r == 0:
-            return self
-        if self.algorithm.baseline == "critic":
-            raise CrossKeyError(
-                ("model.lora.r", "algorithm.baseline"),
-                "LoRA trains the policy's adapter only; the critic (a full copy of the policy as a "
-                "value model) has no LoRA form: use model.lora.r=0 or another baseline",
-            )
-        # distributed.backend=ray: the FSDP2 ranks shard the peft model (scalerl.distributed.fsdp).
-        return self
-
-    @model_validator(mode="after")
     def _distributed_combinations(self) -> RunConfig:
         d = self.distributed
         if d.backend == "local":

@@ -169,7 +169,8 @@ def save_sharded_checkpoint(
             msd, osd = get_state_dict(model, optimizer, options=options)
             dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / DCP_DIR))
         else:
-            dcp.save({"model": get_model_state_dict(model, options=options)}, checkpoint_id=str(tmp / DCP_DIR))
+            dcp.save({"model": get_model_state_dict(model, options=options)},
+                     checkpoint_id=str(tmp / DCP_DIR))
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
                                                                     ignore_frozen_params=lora))
 

@@ -41,7 +41,7 @@ from torch import Tensor
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 
-from scalerl.config import ConfigError, ModelConfig
+from scalerl.config import ModelConfig
 from scalerl.distributed.checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
 from scalerl.distributed.collectives import RankCollectives
 from scalerl.distributed.group import ProcessGroupSpec, barrier, init_process_group

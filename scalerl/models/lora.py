@@ -79,7 +79,8 @@ class MergedWeight:
     (`scalerl.distributed.weights.plan_buckets`) can be made without gathering anything.
     """
 
-    def __init__(self, base: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float) -> None:
+    def __init__(self, base: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
+                 scaling: float) -> None:
         self.base = base
         self.lora_a = lora_a
         self.lora_b = lora_b
@@ -169,6 +170,23 @@ def _tied_head_key(base: nn.Module) -> tuple[str, str] | None:
         return None
     names = {id(m): n for n, m in base.named_modules()}
     return f"{names[id(head)]}.weight", f"{names[id(embed)]}.weight"
+
+
+def base_copy(model: nn.Module) -> nn.Module:
+    """A plain (peft-free) copy of the base of `model` (a LoRA peft model), its adapter left out
+    (`unload`: the layers given back unmerged); `model` is unchanged."""
+    return copy.deepcopy(model).unload()
+
+
+def own_adapter_like(model: nn.Module, lm: nn.Module, seed: int) -> nn.Module:
+    """`lm` wrapped in a LoRA adapter of its own with `model`'s adapter settings (rank, alpha,
+    dropout, target modules), A drawn from `seed` on a forked RNG (the caller's RNG untouched)."""
+    cfg = model.peft_config[ADAPTER_NAME]
+    targets = cfg.target_modules
+    targets = sorted(targets) if isinstance(targets, set) else targets
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return wrap_lora(lm, int(cfg.r), float(cfg.lora_alpha), float(cfg.lora_dropout), targets)
 
 
 def merged_copy(model: nn.Module) -> nn.Module:
