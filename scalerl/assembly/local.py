@@ -11,7 +11,7 @@ from scalerl.assembly.backend import Backend
 from scalerl.assembly.sections import engine_spec, trainer_settings
 from scalerl.config import RunConfig
 from scalerl.inputs import InputError
-from scalerl.pipeline.local import EngineWeightChannel
+from scalerl.pipeline.local import ColocatedWeightChannel, EngineWeightChannel
 from scalerl.pipeline.snapshot import SNAPSHOT_FILE
 from scalerl.rollout import Engine
 from scalerl.rollout.factory import build_engine, close_engine
@@ -48,6 +48,18 @@ def _build_engine(config: RunConfig, trainer: Trainer, closers: list[Any]) -> En
     return engine
 
 
+def weight_channel(config: RunConfig, engine: Engine) -> EngineWeightChannel:
+    """The channel into the engine of this process: a colocated vLLM engine's
+    (`generation.vllm.colocate`: it sleeps between rounds and is woken, handed the trainer's device
+    tensors and verified by `ColocatedWeightChannel`), else the plain one."""
+    v = config.generation.vllm
+    if config.generation.engine == "vllm" and v.colocate:
+        model = config.model.name_or_path or "model.tiny"
+        return ColocatedWeightChannel(engine, level=v.sleep_level, timeout_s=v.sleep_timeout_s,
+                                      name=f"colocated vLLM engine ({model})")
+    return EngineWeightChannel(engine)
+
+
 def policy_meter(policy: Policy) -> ComputeMeter:
     """The run's compute meter; a LoRA policy's training tokens are priced at `4N + 2 N_adapter`
     and its generation and reference passes at the base's N (`scalerl.telemetry.compute`)."""
@@ -79,7 +91,7 @@ def local_backend(
     engine = _build_engine(config, trainer, closers)
     # Every sync is verified (scalerl.rollout.fingerprint); the vLLM engine gets the trainer's weights
     # before its first prompt, the first check of its loader.
-    channel = EngineWeightChannel(engine)
+    channel = weight_channel(config, engine)
     if config.generation.engine != "embedded":
         channel.publish(trainer.weights_for_engine(), trainer.version)
 

@@ -23,6 +23,7 @@ Every wait is bounded by `distributed.timeout_s`; `publish_seconds` / `last_seco
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from scalerl.distributed.pool import EngineMember, EnginePool
 from scalerl.distributed.weights import BucketMeta
 from scalerl.rollout.fingerprint import (
     Fingerprint,
+    SyncCheck,
     SyncFigures,
     channel_metrics,
     state_fingerprints,
@@ -107,6 +109,10 @@ class RayWeightChannel:
         self.verification = SyncFigures()
         self._group_members: tuple[int, ...] | None = None
         self._group_rank0: Any = None
+        # A restarted engine's sync (the pool loads and checks it, on the thread that steps it)
+        # counts as a verified engine sync; the lock keeps both threads' counts.
+        self._verification_lock = threading.Lock()
+        pool.on_restart_check = self._count_check
 
     def publish(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         start = time.perf_counter()
@@ -127,13 +133,17 @@ class RayWeightChannel:
         self.syncs += 1
         self.published_version = version
 
+    def _count_check(self, check: SyncCheck | None, seconds: float) -> None:
+        with self._verification_lock:
+            self.verification.add(check, seconds)
+
     def _verify(self, expected: Mapping[str, Fingerprint] | None, version: int) -> None:
         """Every live engine's fingerprints against the sender's; a mismatch raises WeightSyncError
         naming the engine, the tensor and the version. An engine that died meanwhile is dropped."""
         start = time.perf_counter()
         members = self.pool.live()
         if expected is None:
-            self.verification.add(None, time.perf_counter() - start)
+            self._count_check(None, time.perf_counter() - start)
             return
         outcomes = wait_each({m.name: m.actor.weight_fingerprints.remote() for m in members}, self.timeout_s)
         check = None
@@ -148,7 +158,7 @@ class RayWeightChannel:
             if held is None:
                 continue
             check = verify(expected, held, engine=m.name, version=version)
-        self.verification.add(check, time.perf_counter() - start)
+        self._count_check(check, time.perf_counter() - start)
 
     # ------------------------------------------------------------------------------ collective
     def _form_group(self, rank0: Any, members: Sequence[EngineMember]) -> None:

@@ -8,9 +8,12 @@ whose message says which peer, doing what, and after how long, and which kind (`
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from scalerl.config import DistributedConfig
@@ -45,11 +48,35 @@ def connect(cfg: DistributedConfig) -> tuple[Any, bool]:
     env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TOKENIZERS_PARALLELISM": "false"}
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True,
                               "runtime_env": {"env_vars": env}}
-    if cfg.address is not None:
-        ray.init(address=cfg.address, **kwargs)
-    else:
-        ray.init(num_cpus=local_num_cpus(cfg), **kwargs)
+    with keep_signal_handlers():
+        if cfg.address is not None:
+            ray.init(address=cfg.address, **kwargs)
+        else:
+            ray.init(num_cpus=local_num_cpus(cfg), **kwargs)
     return ray, True
+
+
+@contextlib.contextmanager
+def keep_signal_handlers(
+    signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT),
+) -> Iterator[None]:
+    """Put this process's Python handlers of `signals` back after the block.
+
+    `ray.init` in a driver installs Ray's own fatal-signal handler at the C level, which replaces
+    Python's: a SIGTERM then aborts the controller (exit -6, a stack dump) instead of reaching the
+    handler `scalerl train` installed to stop at the next step with a checkpoint (exit 143;
+    `scalerl.pipeline.preemption`). Re-registering a Python handler restores Python's C handler.
+    Only the main thread can; elsewhere, and for signals without a Python handler, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {sig: signal.getsignal(sig) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            if callable(handler):
+                signal.signal(sig, handler)
 
 
 def requested_cpus(cfg: DistributedConfig) -> float:

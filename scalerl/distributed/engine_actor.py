@@ -64,6 +64,14 @@ class EngineFactory:
         return build_engine(self.spec)
 
 
+def engine_figures(engine: Engine) -> dict[str, float]:
+    """The engine's cumulative figures if it keeps any (vLLM's `stats.figures()`: prompt tokens,
+    prefix-cache hits), else {}."""
+    stats = getattr(engine, "stats", None)
+    figures = getattr(stats, "figures", None)
+    return dict(figures()) if callable(figures) else {}
+
+
 def cpu_threads(num_cpus: float) -> int:
     """Intra-op threads for an actor reserving `num_cpus` logical CPUs: floor, at least 1."""
     return max(1, int(num_cpus))
@@ -77,6 +85,7 @@ class PollResult:
     busy_s: float  # cumulative seconds inside engine steps
     idle_s: float  # cumulative seconds with nothing to run
     steps: int
+    figures: dict[str, float]  # the engine's own cumulative figures (`stats.figures()`), or {}
 
 
 class EngineWorker:
@@ -157,7 +166,8 @@ class EngineWorker:
             done, self._outbox = self._outbox, []
             idle = self._idle_s + (time.perf_counter() - self._idle_since if self._idle_since else 0.0)
             unfinished = len(self._inbox) + self.engine.num_unfinished()
-            return PollResult(done, self.engine.version, unfinished, self._busy_s, idle, self._steps)
+            return PollResult(done, self.engine.version, unfinished, self._busy_s, idle, self._steps,
+                              engine_figures(self.engine))
 
     def update_weights(self, version: int, *buckets: dict[str, torch.Tensor]) -> int:
         """Object-store sync: Ray resolved the bucket refs into tensors; load them in flight."""

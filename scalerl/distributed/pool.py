@@ -35,8 +35,9 @@ import torch
 from scalerl.config import DistributedConfig
 from scalerl.distributed.cluster import PeerError, classify, import_ray, startup_hint, wait_all, wait_each
 from scalerl.distributed.weights import bucket_state, plan_buckets
-from scalerl.rollout.fingerprint import WeightSyncError
-from scalerl.rollout.protocol import Completion, Engine, GenerationRequest
+from scalerl.rollout.fingerprint import SyncCheck, WeightSyncError
+from scalerl.rollout.protocol import ENGINE_METADATA_KEY, Completion, Engine, GenerationRequest
+from scalerl.rollout.vllm_engine import combined_figures
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +100,8 @@ class EngineMember:
     idle_s: float = 0.0
     steps: int = 0
     samples: int = 0  # completions returned
+    restarted: bool = False  # a restart of a dead engine (rejoined after a verified sync)
+    figures: dict[str, float] = field(default_factory=dict)  # the engine's own, as of its last poll
 
 
 @dataclass
@@ -110,6 +113,8 @@ class PoolCounters:
     sticky_requests: int = 0  # requests sent to the engine holding their cache_key's context
     engine_restarts: int = 0  # dead engines started again and rejoined (synced, verified)
     engine_restart_failures: int = 0  # restart attempts whose actor did not come up
+    engine_restarts_verified: int = 0  # rejoins whose loaded weights matched the sender's fingerprints
+    restarted_samples: int = 0  # completions returned by restarted engines since they rejoined
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -154,6 +159,11 @@ class EnginePool:
         # a restarted engine loads and is checked against before it rejoins.
         self._last_sync: tuple[list[Any], int] | None = None
         self.last_expected: Mapping[str, Any] | None = None
+        self.last_restart_s = 0.0  # the last rejoin: seconds from its actor's spawn to live
+        # Told of each restarted engine's verified sync (the channel counts it in `weight_verify_*`).
+        self.on_restart_check: Callable[[SyncCheck, float], None] | None = None
+        # Engine figures of members replaced by a restart, so the pool's cumulative sums never fall.
+        self._retired_figures: list[dict[str, float]] = []
 
     @classmethod
     def launch(
@@ -349,6 +359,7 @@ class EnginePool:
 
         name = f"engine {r.index}"
         for _ in range(4):
+            verified = False
             with self._lock:
                 last = self._last_sync
             if last is not None:
@@ -356,15 +367,26 @@ class EnginePool:
                 self._ray.get(r.actor.update_weights.remote(version, *refs), timeout=self.timeout_s)
                 expected = self.last_expected
                 if expected is not None:
+                    check_start = time.perf_counter()
                     held = self._ray.get(r.actor.weight_fingerprints.remote(), timeout=self.timeout_s)
                     if held is not None:
-                        verify(expected, held, engine=f"{name} (restarted)", version=version)
+                        check = verify(expected, held, engine=f"{name} (restarted)", version=version)
+                        verified = True
+                        if self.on_restart_check is not None:
+                            self.on_restart_check(check, time.perf_counter() - check_start)
             with self._lock:
                 if self._last_sync is last:  # nothing newer was published meanwhile: rejoin now
-                    self.members[r.index] = EngineMember(r.index, name, r.actor, version)
+                    old = self.members[r.index]
+                    if old.figures:
+                        self._retired_figures.append(old.figures)
+                    self.members[r.index] = EngineMember(r.index, name, r.actor, version, restarted=True)
                     del self._restarting[r.index]
                     self.counters.engine_restarts += 1
-                    logger.warning("%s restarted (attempt %d) at version %d", name, r.attempt, version)
+                    self.counters.engine_restarts_verified += int(verified)
+                    self.last_restart_s = time.monotonic() - r.started
+                    logger.warning("%s restarted (attempt %d) at version %d, %.1f s after its spawn%s",
+                                   name, r.attempt, version, self.last_restart_s,
+                                   ", weights verified" if verified else "")
                     return
         raise RuntimeError(f"{name}: weights were published faster than a restarted engine could load them")
 
@@ -401,14 +423,18 @@ class EnginePool:
                 member.poll_ref = None
             member.version = max(member.version, result.version)
             member.busy_s, member.idle_s, member.steps = result.busy_s, result.idle_s, result.steps
+            member.figures = dict(result.figures)
             for c in result.completions:
                 flight = self._flights.get(c.request_id)
                 if flight is None or flight.engine != member.index:
                     raise RuntimeError(f"{member.name} returned a completion for {c.request_id!r}, "
                                        "which is not in flight on it")
+                # Which engine ran it (an agentic episode records it per turn).
+                c.metadata = {**c.metadata, ENGINE_METADATA_KEY: member.index}
                 flight.received[c.sample_index] = c
                 member.load -= 1
                 member.samples += 1
+                self.counters.restarted_samples += int(member.restarted)
                 if len(flight.received) == flight.request.params.n:
                     del self._flights[c.request_id]
                     self.counters.groups_completed += 1
@@ -501,6 +527,9 @@ class EnginePool:
             idle = sum(m.idle_s for m in self.members)
             out["pool_engine_busy_s"] = busy
             out["pool_engine_idle_s"] = idle
+            out["pool_engine_restart_s"] = self.last_restart_s
+            # The engines' own figures (vLLM's prompt tokens and prefix-cache hits), summed.
+            out.update(combined_figures([*self._retired_figures, *(m.figures for m in self.members)]))
             return out
 
     def close(self) -> None:

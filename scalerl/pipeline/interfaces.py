@@ -10,7 +10,7 @@ or multi-node backend implements: a `GroupQueue` (finished, scored groups -> tra
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -83,3 +83,16 @@ class WeightChannel(Protocol):
     """Trainer weights to the generator. `publish` returns once the generator side has them."""
 
     def publish(self, state: Mapping[str, torch.Tensor], version: int) -> None: ...
+
+
+@runtime_checkable
+class SleepingChannel(WeightChannel, Protocol):
+    """A weight channel whose engine shares its devices with the trainer (the colocated layout,
+    `scalerl.pipeline.local.ColocatedWeightChannel`). The round schedules call `prepare` before the
+    engine generates (it wakes holding `version`, loading `weights()` when it must) and `release`
+    when it has nothing to generate until the next round (it frees its device memory for the
+    trainer). The in-flight `pipeline` schedule cannot use one: its engine never idles."""
+
+    def prepare(self, weights: Callable[[], Mapping[str, torch.Tensor]], version: int) -> None: ...
+
+    def release(self) -> None: ...

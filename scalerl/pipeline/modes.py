@@ -3,7 +3,9 @@
 * `sync` (`RoundBatches` with k = 1): generate B groups with the current weights, one update.
 * `ppo_offpolicy` k (`RoundBatches`): generate k x B groups with one policy, then k updates on
   mini-batches of B groups in completion order, then load the new weights (Qwen3 / ProRL style).
-  The engine is idle while the trainer works; weights are loaded between rounds.
+  The engine is idle while the trainer works; weights are loaded between rounds. A colocated
+  engine (`SleepingChannel`) sleeps from the end of a round's generation to the next round (and
+  around each evaluation), so the trainer has the device memory meanwhile.
 * `pipeline` k (PipelineRL): the generator streams rollouts without pause; after every optimizer
   step the new weights go to the engine in flight; groups reach the trainer as they finish;
   admission control keeps every group within k versions of its start. Two schedules:
@@ -26,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from scalerl.pipeline.generator import Generator
-from scalerl.pipeline.interfaces import GroupQueue, ReadyGroup, Trainer, WeightChannel
+from scalerl.pipeline.interfaces import GroupQueue, ReadyGroup, SleepingChannel, Trainer, WeightChannel
 from scalerl.pipeline.preemption import Interrupted
 from scalerl.rollout.protocol import Completion, Engine, GenerationRequest
 
@@ -52,8 +54,25 @@ class BatchSource(Protocol):
 
 
 def _push_weights(engine: Engine, channel: WeightChannel, trainer: Trainer) -> None:
-    if engine.version != trainer.version:
+    if isinstance(channel, SleepingChannel):
+        # Colocated: the engine may sleep; it wakes holding the trainer's version (loading the
+        # weights only when its own are stale or were discarded).
+        channel.prepare(trainer.weights_for_engine, trainer.version)
+    elif engine.version != trainer.version:
         channel.publish(trainer.weights_for_engine(), trainer.version)
+
+
+def _release_engine(channel: WeightChannel) -> None:
+    """The engine has nothing to generate until the next round: a colocated one frees its device
+    memory for the trainer (`SleepingChannel.release`); any other keeps going."""
+    if isinstance(channel, SleepingChannel):
+        channel.release()
+
+
+def _refuse_sleeping(channel: WeightChannel, schedule: str) -> None:
+    if isinstance(channel, SleepingChannel):
+        raise ValueError(f"the {schedule} schedule generates while the trainer steps: a colocated engine "
+                         "(generation.vllm.colocate) needs pipeline.off_policy=sync or ppo_offpolicy")
 
 
 class _Batches:
@@ -123,6 +142,8 @@ class RoundBatches(_Batches):
             # An interrupted fill resumes here, with the round's weights and target unchanged.
             self.generator.fill(self.updates_per_round * self.batch_size, self.should_stop)
             self._filling = False
+            # The round's rollouts are all finished: the trainer's k steps come next.
+            _release_engine(self.channel)
         return self.queue.get_batch(self.batch_size, timeout=0)
 
     def state_dict(self) -> dict[str, Any]:
@@ -143,7 +164,10 @@ class RoundBatches(_Batches):
         if engine.num_unfinished():
             raise RuntimeError("evaluation in a round mode needs an idle engine")
         _push_weights(engine, self.channel, self.trainer)
-        return engine.generate(requests)
+        try:
+            return engine.generate(requests)
+        finally:
+            _release_engine(self.channel)
 
     def close(self) -> None:
         """Nothing runs in the background."""
@@ -161,6 +185,7 @@ class PipelineBatches(_Batches):
         batch_size: int,
         poll_s: float = 0.05,
     ) -> None:
+        _refuse_sleeping(channel, "pipeline")
         super().__init__(generator, queue, channel, trainer, batch_size)
         self.poll_s = poll_s
 
@@ -223,6 +248,7 @@ class InterleavedBatches(_Batches):
     ) -> None:
         if train_ticks < 0:
             raise ValueError(f"train_ticks: must be >= 0, got {train_ticks}")
+        _refuse_sleeping(channel, "interleaved pipeline")
         super().__init__(generator, queue, channel, trainer, batch_size)
         self.train_ticks = train_ticks
         self.ticks = 0

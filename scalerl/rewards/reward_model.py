@@ -11,14 +11,22 @@ Two kinds (`RewardModelConfig.kind`, docs/rewards.md):
   is instead the logit's z-score within its group (`group_zscores`), the raw value normalised per
   group, and the sigmoid only decides what counts as a pass.
 * `judge`: any causal LM asked `template` with `{prompt}` and `{response}` filled in, generating
-  greedily (`max_new_tokens`) in this process with Hugging Face `generate`; its verdict is parsed
-  by `parse_verdict` (a yes/no, or a number out of `score_max`). A verdict that does not parse is a
-  failure (status "error", counted in `malformed`), never a silent zero.
+  greedily (`max_new_tokens`); its verdict is parsed by `parse_verdict` (a yes/no, or a number out
+  of `score_max`). A verdict that does not parse is a failure (status "error", counted in
+  `malformed`), never a silent zero. `engine` picks what generates (the engines of
+  `generation.engine`, built by `scalerl.rollout.factory`): `hf`, Hugging Face `generate` on
+  `device` (left-padded batches); `embedded`, the project's continuous-batching engine on `device`
+  (`scalerl.rollout.embedded`); `vllm`, an in-process vLLM engine (`scalerl.rollout.vllm_engine`,
+  float32 weights, float32 LM head, on vLLM's platform device; vLLM is imported only then). All
+  three decode greedily (temperature 0: the argmax token) from the same token ids (the template
+  rendered and tokenized here, inputs over `max_length` keeping their end) and stop at the
+  tokenizer's eos, so in float32 their verdicts differ only where two logits tie to rounding.
 
-Both run batched (`batch_size` sequences per call, one group at a time) on `device`, one call at a
-time per model (a lock: the scoring pool's threads share it). Every token through a model is
-counted (`tokens`) and, when the router has a compute meter, charged to the run's FLOPs: 2N per
-token of input and of generated verdict (the dense forward estimate of scalerl.telemetry.compute).
+Both run batched (`batch_size` sequences per call, one group at a time; the engines' slot count),
+one call at a time per model (a lock: the scoring pool's threads share it). Every token through a
+model is counted (`tokens`) and, when the router has a compute meter, charged to the run's FLOPs:
+2N per token of input and of generated verdict up to and including eos, whichever engine generated
+it (the dense forward estimate of scalerl.telemetry.compute).
 """
 
 from __future__ import annotations
@@ -150,6 +158,7 @@ class RewardModel:
         self.template: str | None = config.template
         self._model: Any = None
         self._tokenizer: Any = None
+        self._engine: Any = None  # the judge's generation engine (engine: embedded | vllm)
         self.n_params = 0
         self.compute_hook: ComputeHook | None = None
         self._lock = threading.Lock()
@@ -161,7 +170,7 @@ class RewardModel:
 
     @property
     def loaded(self) -> bool:
-        return self._model is not None
+        return self._tokenizer is not None
 
     def load(self) -> None:
         """Load the model, tokenizer and template; a `ConfigError` naming the key when they cannot be."""
@@ -192,7 +201,15 @@ class RewardModel:
         cls = AutoModelForSequenceClassification if cfg.kind == "classifier" else AutoModelForCausalLM
         try:
             tokenizer = AutoTokenizer.from_pretrained(cfg.path)
-            model = cls.from_pretrained(cfg.path, dtype=torch.float32)
+            if cfg.engine == "vllm":
+                # vLLM loads the weights itself; here only the parameter count (FLOPs) is needed,
+                # so the model is built on the meta device (no weights read, no memory).
+                from transformers import AutoConfig
+
+                with torch.device("meta"):
+                    model = cls.from_config(AutoConfig.from_pretrained(cfg.path), dtype=torch.float32)
+            else:
+                model = cls.from_pretrained(cfg.path, dtype=torch.float32)
         except (OSError, ValueError) as err:
             raise ConfigError(f"{self.key}.path: cannot load a {cfg.kind} from {cfg.path!r}: "
                               f"{str(err).splitlines()[0]}") from None
@@ -210,9 +227,49 @@ class RewardModel:
         tokenizer.truncation_side = "left"
         if model.config.pad_token_id is None:
             model.config.pad_token_id = pad
-        model.to(device).eval()
-        self._model, self._tokenizer, self._device = model, tokenizer, device
         self.n_params = matmul_params(model)
+        if cfg.engine == "vllm":
+            self._engine = self._build_engine(model, tokenizer)
+            model = None  # the meta-device copy served its purpose (n_params)
+        else:
+            model.to(device).eval()
+            if cfg.engine == "embedded":
+                self._engine = self._build_engine(model, tokenizer)
+        self._model, self._tokenizer, self._device = model, tokenizer, device
+
+    def _build_engine(self, model: Any, tokenizer: Any) -> Any:
+        """The judge's `embedded` or `vllm` engine through the run's engine factory: greedy requests
+        only, `batch_size` slots, float32 with the float32 LM head (the arithmetic of the float32
+        `hf` path), stopping at the tokenizer's eos. Failures to build are the user's setting."""
+        from scalerl.rollout.factory import EngineSpec, EngineUnavailableError, build_engine
+
+        cfg = self.config
+        eos = () if tokenizer.eos_token_id is None else (int(tokenizer.eos_token_id),)
+        length = None
+        if cfg.engine == "vllm":
+            limit = getattr(model.config, "max_position_embeddings", None)
+            length = cfg.max_length + cfg.max_new_tokens
+            if limit is not None and length > int(limit):
+                raise ConfigError(f"{self.key}.max_length: {cfg.max_length} + max_new_tokens "
+                                  f"{cfg.max_new_tokens} = {length} exceeds {cfg.path}'s "
+                                  f"max_position_embeddings {limit} (vLLM's max_model_len)")
+        spec = EngineSpec(kind=cfg.engine, model_path=cfg.path, fp32_lm_head=True, seed=0,
+                          max_batch_size=cfg.batch_size, eos_token_ids=eos,
+                          pad_token_id=tokenizer.pad_token_id, dtype="float32", max_model_len=length)
+        try:
+            return build_engine(spec, model=model if cfg.engine == "embedded" else None)
+        except (EngineUnavailableError, ValueError, FileNotFoundError) as err:
+            # UnsupportedModelError (an attention head size vLLM lacks) is a ValueError too.
+            raise ConfigError(f"{self.key}.engine: {cfg.engine} cannot serve {cfg.path!r}: "
+                              f"{str(err).splitlines()[0]}") from None
+
+    def close(self) -> None:
+        """Release the judge's engine (vLLM's engine core); idempotent."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            from scalerl.rollout.factory import close_engine
+
+            close_engine(engine)
 
     # -- scoring ----------------------------------------------------------------------------------
 
@@ -280,11 +337,36 @@ class RewardModel:
                                                add_generation_prompt=True))
         return text
 
-    def _judge(self, record: PromptRecord, responses: list[str]) -> list[ModelScore]:
+    def judge_texts(self, prompts: list[str]) -> list[str]:
+        """The judge's decoded output for each full prompt (`judge_prompt`), generated greedily by
+        the configured engine; every input and generated token is charged (module docstring)."""
+        if not self.loaded:
+            self.load()
+        if self._engine is not None:
+            return self._engine_texts(prompts)
+        return self._hf_texts(prompts)
+
+    def _engine_texts(self, prompts: list[str]) -> list[str]:
+        from scalerl.rollout.protocol import GenerationRequest, SamplingParams
+
+        cfg, tok = self.config, self._tokenizer
+        ids = tok(prompts, add_special_tokens=False)["input_ids"]
+        self.truncated += sum(len(row) > cfg.max_length for row in ids)
+        ids = [list(row[-cfg.max_length:]) for row in ids]  # keep the end, as truncation_side="left"
+        eos = () if tok.eos_token_id is None else (int(tok.eos_token_id),)
+        params = SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens, stop_token_ids=eos)
+        requests = [GenerationRequest(request_id=f"{self.key}:{self.calls}:{i}", prompt_ids=row,
+                                      params=params) for i, row in enumerate(ids)]
+        done = self._engine.generate(requests)
+        # A completion's tokens end at (and include) its stop token: the hf path's count.
+        self._charge(sum(len(row) for row in ids) + sum(c.num_tokens for c in done))
+        return [str(tok.decode(c.token_ids, skip_special_tokens=True)) for c in done]
+
+    def _hf_texts(self, prompts: list[str]) -> list[str]:
         import torch
 
         cfg = self.config
-        enc = self._encode([self.judge_prompt(record, r) for r in responses])
+        enc = self._encode(prompts)
         tok = self._tokenizer
         with torch.no_grad():
             seqs = self._model.generate(
@@ -301,6 +383,11 @@ class RewardModel:
             generated += len(row)
             texts.append(str(tok.decode(row, skip_special_tokens=True)))
         self._charge(int(enc["attention_mask"].sum()) + generated)
+        return texts
+
+    def _judge(self, record: PromptRecord, responses: list[str]) -> list[ModelScore]:
+        cfg = self.config
+        texts = self.judge_texts([self.judge_prompt(record, r) for r in responses])
         out = []
         for text in texts:
             parsed = parse_verdict(text, cfg.verdict, cfg.verdict_regex, cfg.score_max)

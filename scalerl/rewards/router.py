@@ -311,8 +311,10 @@ class RewardRouter:
             self._counts.clear()
 
     def close(self) -> None:
-        """Stop the math worker processes."""
+        """Stop the math worker processes and the judges' engines."""
         self.math.close()
+        for rm in self.reward_models.values():
+            rm.close()
 
 
 def _coerce(value: Any) -> VerifierResult:

@@ -62,7 +62,7 @@ class EngineSpec:
     matter to vLLM only (the embedded engine runs the model object as it is and has no length
     limit of its own). `options` are engine-specific extras (for vLLM: `enforce_eager` (None: by
     platform), `tensor_parallel_size`, `prefix_caching`, `block_size`, `kv_cache_bytes`,
-    `engine_kwargs` for further `vllm.EngineArgs` fields).
+    `sleep_mode` (the colocated layout), `engine_kwargs` for further `vllm.EngineArgs` fields).
     """
 
     kind: EngineKind
@@ -102,6 +102,8 @@ def spec_from_config(
         options["block_size"] = g.vllm.block_size
     if g.vllm.kv_cache_gib is not None:
         options["kv_cache_bytes"] = int(g.vllm.kv_cache_gib * 2**30)
+    if g.engine == "vllm" and g.vllm.colocate:
+        options["sleep_mode"] = True  # the colocated layout sleeps it between rounds
     return EngineSpec(
         kind=g.engine,
         model_path=model_path,
@@ -153,6 +155,7 @@ def build_engine(spec: EngineSpec, model: nn.Module | None = None) -> Engine:
         prefix_caching = bool(options.pop("prefix_caching", True))
         block_size = options.pop("block_size", None)
         engine_kwargs = options.pop("engine_kwargs", None)
+        sleep_mode = bool(options.pop("sleep_mode", False))
         if options:
             raise ValueError(f"EngineSpec.options: unknown vLLM engine options {sorted(options)}")
         return VLLMEngine(
@@ -170,6 +173,7 @@ def build_engine(spec: EngineSpec, model: nn.Module | None = None) -> Engine:
             prefix_caching=prefix_caching,
             block_size=block_size,
             engine_kwargs=engine_kwargs,
+            sleep_mode=sleep_mode,
         )
     if spec.kind == "emulated":
         if model is not None:

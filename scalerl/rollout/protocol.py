@@ -108,6 +108,11 @@ class GenerationRequest:
     cache_key: str | None = None
 
 
+# Completion metadata: the index of the engine of a pool that generated it (the Ray engine pool
+# stamps it; an agentic episode records it per turn). Absent for a single engine.
+ENGINE_METADATA_KEY = "pool_engine"
+
+
 @dataclass
 class Completion:
     """One finished sample.

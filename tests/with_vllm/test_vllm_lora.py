@@ -1,0 +1,63 @@
+"""LoRA learns on vLLM: `scalerl train model.lora.r=8 generation.engine=vllm` from the embedded
+default's SFT warm start (no `--model`: the cached warm start, `scalerl.assembly.warm_start`) on
+the synthetic math task raises the held-out pass rate by a margin that sampling noise cannot give
+(measured: 0.211 -> 0.342 in 30 sync steps, lr 2e-3, 64 prompts x 8; the bound below is 0.083;
+1.5-2.7 min on 2 shared CPU cores).
+
+The engine generates with the merged weights `W + (alpha / r) B A` sent after every step
+(`test_vllm_train.py::test_lora_sends_merged_weights_that_vllm_runs_exactly` shows vLLM runs them
+exactly); here the question is whether those updates add up to learning. The noise bound of the
+held-out check is a closed form: with the same `n` prompts evaluated `k` times at the start and at
+the end, and per-prompt pass probabilities `p_i`, the variance of a mean pass rate is
+`sum_i p_i (1 - p_i) / (k n^2) <= p (1 - p) / (k n)` (Jensen: `p (1 - p)` is concave), so under no
+learning the difference of the two has a standard error of at most
+`sqrt((p0 (1 - p0) + p1 (1 - p1)) / (k n))`; the test asks for more than 3 of them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm)")
+pytest.importorskip("peft", reason="LoRA needs peft (the lora extra)")
+
+from vllm_helpers import vllm_device
+
+from scalerl.cli import main
+
+STEPS, HELDOUT, K = 30, 64, 8
+
+
+def null_se(p0: float, p1: float, n: int, k: int) -> float:
+    """Upper bound of the standard error of `p1 - p0` when nothing was learned (module docstring)."""
+    return math.sqrt((p0 * (1 - p0) + p1 * (1 - p1)) / (k * n))
+
+
+def test_null_se_closed_form() -> None:
+    assert null_se(0.5, 0.5, 64, 8) == pytest.approx(math.sqrt(0.5 / 512))
+    assert null_se(0.0, 1.0, 10, 1) == 0.0
+
+
+def test_lora_on_vllm_learns_from_the_default_warm_start(tmp_path: Path) -> None:
+    run = tmp_path / "lora_vllm"
+    assert main([
+        "train", "--output-dir", str(run), "--max-steps", str(STEPS), "--off-policy", "sync",
+        "--device", vllm_device(), "generation.engine=vllm", "model.lora.r=8", "optim.lr=2e-3",
+        "logging.progress=false", f"data.heldout_size={HELDOUT}", f"eval.k={K}", f"eval.every={STEPS}",
+    ]) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["kind"] == "step"]
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [0, STEPS] and len(steps) == STEPS
+    p0, p1 = evals[0]["val_pass_rate"], evals[-1]["val_pass_rate"]
+    margin = 3 * null_se(p0, p1, HELDOUT, K)
+    assert p1 - p0 > max(margin, 0.08), (p0, p1, margin)
+    # (The training reward rises too, 0.24 -> 0.30 from the first to the last 10 steps in the measured
+    # run, but each step draws new prompts, so its noise bound, one draw per group of 8, is ~0.2:
+    # not asserted.)
+    # Every step on-policy and float32: vLLM ran the merged weights it was sent.
+    assert all(s["logprob_mismatch"] < 1e-4 for s in steps if s["logprob_mismatch_tokens"] > 0)
