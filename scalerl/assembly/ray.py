@@ -74,7 +74,7 @@ def ray_backend(config: RunConfig, run_path: Path, resume: str | Path | None) ->
     ray, started = connect(d)
     closers: list[Any] = []
     try:
-        trainer = RayTrainer(config.model, trainer_settings(config), d, resume=resume)
+        trainer = RayTrainer(config.model, trainer_settings(config), d, resume=resume, lora_seed=config.seed)
         closers.append(trainer.close)
         start_step, resume_state = 0, None
         if trainer.resumed is not None:

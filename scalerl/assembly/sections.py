@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from scalerl.assembly.inputs import gold_free  # the one gold-free rule (re-exported here)
 from scalerl.config import (
-    ConfigError,
     GenerationConfig,
     ReasoningGymConfig,
     ReasoningGymDatasetConfig,
@@ -133,17 +133,6 @@ def reasoning_gym_mix(source: str, rg: ReasoningGymConfig) -> dict[str, tuple[fl
         entry: ReasoningGymDatasetConfig = spec
         out[dataset] = (entry.weight, dict(entry.config))
     return out
-
-
-def gold_free(config: RunConfig) -> frozenset[str]:
-    """Tasks whose prompt rows need no gold answer or tests: scored by a reward model
-    (`rewards.reward_models`) or by a verifier marked `@gold_free` (scalerl.rewards.registry)."""
-    from scalerl.rewards.registry import gold_free_tasks
-
-    try:
-        return gold_free_tasks(config.rewards)
-    except ValueError as exc:  # a configured verifier path that does not import: bad input (names the key)
-        raise ConfigError(str(exc)) from None
 
 
 def load_records(config: RunConfig) -> list[PromptRecord]:

@@ -2,10 +2,12 @@
 vet a real one, drop prompts that overlap evaluation sets, rate it with a model, curate it.
 
 `check` runs exactly the loading and prompt-length checks a training run does (the same functions,
-`scalerl.assembly.inputs.load_prompt_data` and `check_prompt_lengths`, from train's defaults: a
-file `check` accepts, `train` accepts), so a bad row is found (with its file:line) before any
-compute is spent. `difficulty` and `curate` live in
-`scalerl.cli.curation`. Registered by ``scalerl.cli`` through ``register(subparsers)``.
+`scalerl.assembly.inputs.load_prompt_data` and `check_prompt_lengths`, from train's defaults or the
+run's config given with `-c`: a file `check` accepts, `train` accepts), so a bad row is found (with
+its file:line) before any compute is spent. Rows of a task that needs no gold (scored by
+`rewards.reward_models.<task>` or a verifier marked `@gold_free`) need no `answer`, as in training.
+`difficulty` and `curate` live in `scalerl.cli.curation`. Registered by ``scalerl.cli`` through
+``register(subparsers)``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerl.cli.curation import field_pair, register_curation
-from scalerl.config import DataConfig
+from scalerl.config import DataConfig, RunConfig
 from scalerl.data.loaders import FORMATS
 from scalerl.data.synthetic import SYNTHETIC_TASKS, write_synthetic_jsonl
 from scalerl.data.tokenize import TEMPLATES
@@ -46,34 +48,51 @@ def _synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_settings(args: argparse.Namespace) -> tuple[DataConfig, RunConfig]:
+    """`data check`'s data settings and the run config they come from: the `-c` files' (or train's
+    defaults, `RunConfig()`), each flag given replacing its key. The run config's `rewards` decide
+    which tasks need no gold (`assembly.inputs.gold_free`) and which tasks are scored."""
+    from scalerl.config import load_config
+
+    cfg = load_config(*args.config) if args.config else RunConfig()
+    given: dict[str, Any] = {}
+    if args.field_map:
+        given["field_map"] = dict(args.field_map)
+    for key in ("default_task", "format", "max_prompt_tokens", "template", "system_prompt"):
+        if getattr(args, key) is not None:
+            given[key] = getattr(args, key)
+    if args.think:
+        given["think_system_prompt"] = True
+    if args.skip:
+        given["on_bad_row"] = "skip"
+    return cfg.data.model_copy(update=given), cfg
+
+
 def _check(args: argparse.Namespace) -> int:
     # Exactly what a training run does with the same data settings (`scalerl.assembly.inputs`:
-    # one function for both), from train's defaults (`DataConfig`) and the flags given.
-    from scalerl.assembly.inputs import check_prompt_lengths, check_prompt_tasks, load_prompt_data
+    # one function for both), from train's defaults or the run's config (`-c`) and the flags given;
+    # rows of gold-free tasks (a reward model, an `@gold_free` verifier) need no answer, as in training.
+    from scalerl.assembly.inputs import check_prompt_lengths, check_prompt_tasks, gold_free, load_prompt_data
 
-    data = DEFAULTS.model_copy(update={
-        "field_map": dict(args.field_map), "default_task": args.default_task, "format": args.format,
-        "on_bad_row": "skip" if args.skip else "error", "max_prompt_tokens": args.max_prompt_tokens,
-        "template": args.template, "think_system_prompt": args.think, "system_prompt": args.system_prompt,
-    })
-    loaded = load_prompt_data(args.path, data, split=args.split)
+    data, cfg = check_settings(args)
+    loaded = load_prompt_data(args.path, data, split=args.split, gold_free_tasks=gold_free(cfg))
     records = loaded.records
     print(f"{args.path}: {loaded.rows_read} rows read, {len(records)} records loaded")
     if loaded.rejects:
         print(loaded.rejects.summary())
     tasks = Counter(r.task for r in records)
     print("tasks: " + ", ".join(f"{task} {n}" for task, n in sorted(tasks.items())))
-    check_prompt_tasks({task: [args.path] for task in tasks})  # as a run with the default rewards does
+    check_prompt_tasks({task: [args.path] for task in tasks}, cfg.rewards)  # as the run's rewards do
     # Lengths are always checked, as a training run checks them (data.max_prompt_tokens).
     enc = check_prompt_lengths(records, data, _load_tokenizer(args.tokenizer))
     lengths = sorted(len(ids) for ids in enc.token_ids.values())
     if lengths:
         print(
             f"prompt tokens ({args.tokenizer}): min {lengths[0]}, median {lengths[len(lengths) // 2]}, "
-            f"max {lengths[-1]}; {len(enc)} fit max_prompt_tokens={args.max_prompt_tokens}"
+            f"max {lengths[-1]}; {len(enc)} fit max_prompt_tokens={data.max_prompt_tokens}"
         )
     else:
-        print(f"prompt tokens ({args.tokenizer}): no prompt fits max_prompt_tokens={args.max_prompt_tokens}")
+        print(f"prompt tokens ({args.tokenizer}): no prompt fits max_prompt_tokens={data.max_prompt_tokens}")
     if enc.rejects:
         print(enc.rejects.summary())
     return 0
@@ -168,22 +187,30 @@ def register(subparsers: Any) -> None:
     check.add_argument("path", metavar="PATH", help="JSONL/JSON/Parquet/CSV/TSV file, or a folder")
     check.add_argument("--field-map", type=field_pair, action="append", default=[], metavar="FIELD=COL",
                        help="read record FIELD from column COL (repeatable), e.g. prompt=question")
-    check.add_argument("--default-task", default=DEFAULTS.default_task,
+    check.add_argument("-c", "--config", action="append", default=[], metavar="FILE",
+                       help="the run's config YAML (repeatable): its data.* settings are the defaults of "
+                            "the flags below, and its rewards.* decide which tasks need no gold answer "
+                            "(rewards.reward_models, @gold_free verifiers) and which tasks are scored")
+    check.add_argument("--default-task", default=None,
                        help="task for rows without a task column (config key data.default_task; default "
-                            f"{DEFAULTS.default_task}, as in training)")
+                            f"the config's, else {DEFAULTS.default_task}, as in training)")
     check.add_argument("--split", help="split of a DatasetDict folder, or file-name prefix in a folder")
-    check.add_argument("--format", choices=FORMATS, default=DEFAULTS.format)
-    check.add_argument("--skip", action="store_true", help="skip and count bad rows instead of failing")
-    check.add_argument("--max-prompt-tokens", type=int, default=DEFAULT_MAX_PROMPT_TOKENS, metavar="N",
+    check.add_argument("--format", choices=FORMATS, default=None,
+                       help=f"config key data.format (default the config's, else {DEFAULTS.format})")
+    check.add_argument("--skip", action="store_true", help="skip and count bad rows instead of failing "
+                                                           "(data.on_bad_row=skip)")
+    check.add_argument("--max-prompt-tokens", type=int, default=None, metavar="N",
                        help="longest prompt, chat template included, in tokens of --tokenizer "
-                            f"(default {DEFAULT_MAX_PROMPT_TOKENS}, the default data.max_prompt_tokens)")
+                            "(default the config's data.max_prompt_tokens, else "
+                            f"{DEFAULT_MAX_PROMPT_TOKENS})")
     check.add_argument("--tokenizer", default="tiny",
                        help="'tiny' (embedded default) or a local Hugging Face tokenizer folder")
     check.add_argument("--think", action="store_true", help="include the <think> system prompt")
     check.add_argument("--system-prompt", help="a custom system prompt (overrides --think)")
-    check.add_argument("--template", choices=TEMPLATES, default=DEFAULTS.template,
+    check.add_argument("--template", choices=TEMPLATES, default=None,
                        help="prompt template (config key data.template): the tokenizer's chat template, "
-                            "or a text template for base models (r1, qwen_math, raw); default chat")
+                            "or a text template for base models (r1, qwen_math, raw); default the "
+                            f"config's, else {DEFAULTS.template}")
     check.set_defaults(func=_check)
 
     dec = sub.add_parser(

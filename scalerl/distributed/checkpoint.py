@@ -12,6 +12,11 @@ Layout of `<run_dir>/checkpoints/step_000120/` (the same directory names and `st
     state.json                             step, trainer counters, world size, the caller's extra
     manifest.json                          size and SHA-256 of every file, shards included
 
+A LoRA model (a peft model, `model.lora.r` > 0) keeps only what training changes: `dcp/` holds the
+adapter and its optimizer state (the frozen base is the run's `model.name_or_path`, left out), and
+`adapter/` (peft's format, `PeftModel.from_pretrained(base, it)`, the local trainer's layout)
+replaces the HF export.
+
 Every rank writes into one hidden temporary directory (the run directory must be on a
 filesystem all ranks see); once every rank has finished, rank 0 writes `state.json` and renames
 the directory into place (`finish_checkpoint` writes the manifest first, hashing every rank's
@@ -45,7 +50,9 @@ from torch.distributed.fsdp import FSDPModule
 from transformers import PreTrainedModel
 
 from scalerl.distributed.group import barrier
+from scalerl.models.lora import is_lora
 from scalerl.training.checkpoint import (
+    ADAPTER_DIR,
     STATE_FILE,
     CheckpointState,
     begin_checkpoint,
@@ -116,6 +123,12 @@ def export_pretrained(model: nn.Module, state: Mapping[str, torch.Tensor], path:
     plain.save_pretrained(str(path))
 
 
+def _dcp_options(model: nn.Module) -> StateDictOptions:
+    """What DCP saves and loads: everything, or for a LoRA model the trainable (adapter) tensors
+    only (the frozen base is rebuilt from the run's model on load)."""
+    return StateDictOptions(ignore_frozen_params=is_lora(model))
+
+
 def save_sharded_checkpoint(
     run_dir: str | Path,
     step: int,
@@ -150,19 +163,27 @@ def save_sharded_checkpoint(
         # An optimizer that never stepped has no state; asking DCP for it would initialise it
         # (an AdamW step with zero gradients), changing the run being saved.
         with_optimizer = bool(optimizer.state)
+        lora = is_lora(model)
+        options = _dcp_options(model)
         if with_optimizer:
-            msd, osd = get_state_dict(model, optimizer)
+            msd, osd = get_state_dict(model, optimizer, options=options)
             dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / DCP_DIR))
         else:
-            dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(tmp / DCP_DIR))
-        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            dcp.save({"model": get_model_state_dict(model, options=options)},
+                     checkpoint_id=str(tmp / DCP_DIR))
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                                    ignore_frozen_params=lora))
 
         def write_rank_files() -> None:
             rng = _rng_file(tmp, rank)
             rng.parent.mkdir(parents=True, exist_ok=True)
             torch.save(rng_state(), rng)
             if rank == 0:
-                export_pretrained(model, full, tmp)
+                if lora:
+                    # peft picks the adapter's tensors out of the gathered (trainable) state dict.
+                    model.save_pretrained(str(tmp / ADAPTER_DIR), state_dict=full)
+                else:
+                    export_pretrained(model, full, tmp)
                 if tokenizer is not None:
                     tokenizer.save_pretrained(str(tmp))
                 torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
@@ -219,14 +240,31 @@ def load_sharded_checkpoint(
     sharding = trainer_meta.pop(SHARDING_KEY, {})
     saved_world = int(sharding.get("world_size", dist.get_world_size()))
     with_optimizer = bool(sharding.get("optimizer_saved", True))
+    lora = is_lora(model)
+    if lora != (ckpt / ADAPTER_DIR).is_dir():
+        # Checked on every rank alike (the directory is on a filesystem all ranks see).
+        raise ValueError(f"{ckpt}: " + (
+            f"the model is a LoRA model but the checkpoint holds no {ADAPTER_DIR}/ (written by a run "
+            "without model.lora)" if lora else
+            f"the checkpoint holds a LoRA adapter ({ADAPTER_DIR}/), the model has none (set model.lora.* "
+            "as in the run that wrote it)"))
+    options = _dcp_options(model)
+    # LoRA: the frozen base is not in the checkpoint, so the load cannot be strict; every trainable
+    # tensor must be there (DCP raises on a key the checkpoint lacks) and nothing else may be.
+    load_options = StateDictOptions(ignore_frozen_params=lora, strict=not lora)
     if with_optimizer:
-        msd, osd = get_state_dict(model, optimizer)
+        msd, osd = get_state_dict(model, optimizer, options=options)
         dcp.load({"model": msd, "optim": osd}, checkpoint_id=str(ckpt / DCP_DIR))
-        set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd)
+        result = set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd,
+                                options=load_options)
     else:
-        msd = get_model_state_dict(model)
+        msd = get_model_state_dict(model, options=options)
         dcp.load({"model": msd}, checkpoint_id=str(ckpt / DCP_DIR))
-        set_model_state_dict(model, msd)
+        result = set_model_state_dict(model, msd, options=load_options)
+    missing = [k for k in result.missing_keys if ".lora_" in k]
+    if result.unexpected_keys or missing:
+        raise ValueError(f"{ckpt / DCP_DIR}: the adapter does not fit the model (unexpected "
+                         f"{list(result.unexpected_keys)[:3]}, missing {missing[:3]})")
 
     def restore_local() -> None:
         scheduler.load_state_dict(load_torch_file(ckpt / "scheduler.pt"))

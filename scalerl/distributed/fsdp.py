@@ -5,6 +5,7 @@
     metrics = rank.step(groups)               # EVERY rank, with the SAME groups (collective)
     state = rank.full_state_dict()            # every rank calls; rank 0 gets the HF state dict
     shards = rank.sharded_state_dict()        # local: the DTensor shards (streamed: weights.py)
+    sent = rank.engine_tensors()              # local: what the engines get (LoRA: merged when gathered)
     rank.save(run_dir, step, extra={...})     # every rank; DCP shards + HF export + state.json
     saved = rank.load(path)                   # every rank; any world size DCP can reshard to
 
@@ -17,6 +18,13 @@ prepares the whole batch (so advantages and the aggregation's token/sample/promp
 are global), trains its own slice of the rows, and FSDP sums the gradients; the metrics are merged
 from all ranks, so every rank returns the global metrics of the 1-process step. A non-finite value
 on any rank skips the step on all ranks (and counts it on all).
+
+LoRA (`model.lora.r` > 0): the peft model's base is sharded (frozen W and trainable A, B in the
+same per-layer FSDP units), the optimizer holds the adapter only, the KL reference is the base
+with the adapter disabled, and the engines get `W + (alpha / r) B A` merged layer by layer as
+the streamed sync gathers it (`engine_tensors`). A checkpoint holds the adapter and its
+optimizer state (DCP, frozen base left out) and the adapter in peft's format (`adapter/`) instead
+of an HF export, as the local trainer's.
 """
 
 from __future__ import annotations
@@ -33,17 +41,18 @@ from torch import Tensor
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 
-from scalerl.config import ConfigError, ModelConfig
+from scalerl.config import ModelConfig
 from scalerl.distributed.checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
 from scalerl.distributed.collectives import RankCollectives
 from scalerl.distributed.group import ProcessGroupSpec, barrier, init_process_group
 from scalerl.distributed.sharding import shard_causal_lm
 from scalerl.models.lm_head import decoder_of
+from scalerl.models.lora import MergedWeight, merged_tensors
 from scalerl.telemetry.compute import ComputeMeter
 from scalerl.training.batch import ScoredGroup
 from scalerl.training.checkpoint import CheckpointState
 from scalerl.training.packing import MicroBatching, check_packed_attention
-from scalerl.training.policy import Policy, load_model, load_policy
+from scalerl.training.policy import Policy, apply_lora, load_model, load_policy
 from scalerl.training.trainer import Trainer, TrainerSettings
 
 
@@ -73,11 +82,7 @@ class ShardedTrainerRank:
     """
 
     def __init__(self, model: ModelConfig, settings: TrainerSettings, group: ProcessGroupSpec,
-                 meter: ComputeMeter | None = None) -> None:
-        if model.lora.r > 0:
-            # Before joining the group: every rank refuses alike, no peer waits for it.
-            raise ConfigError("model.lora.r > 0: the FSDP2 ranks do not shard peft adapters; LoRA runs "
-                              "in the local trainer (distributed.backend=local)")
+                 meter: ComputeMeter | None = None, lora_seed: int = 0) -> None:
         self.model_cfg = model
         self.group = group
         self._owns_group = init_process_group(group)
@@ -90,12 +95,23 @@ class ShardedTrainerRank:
             # Before sharding: the decoder of a sharded model cannot be called on its own.
             vocab = int(loaded.model.get_input_embeddings().weight.shape[0])
             check_packed_attention(decoder_of(loaded.model), vocab, "cpu")
+        if model.lora.r > 0:
+            # LoRA: the adapter is added on the CPU from `lora_seed` (A's init, as the local
+            # trainer's `apply_lora` with the run's seed: the same adapter on every rank), then the
+            # peft model's base (the HF model, its linear layers now peft's) is sharded: frozen base
+            # weights and adapters alike, per decoder layer. The optimizer takes the trainable
+            # (adapter) parameters only; the KL reference is the base with the adapter disabled.
+            loaded = apply_lora(loaded, model.lora, seed=lora_seed)
+            shard_causal_lm(loaded.model.get_base_model(), self.mesh)
+            sharded, reference = loaded.model, None
+        else:
+            sharded, reference = shard_causal_lm(loaded.model, self.mesh), self._sharded_reference
         self.policy = Policy(
-            model=shard_causal_lm(loaded.model, self.mesh),
+            model=sharded,
             tokenizer=loaded.tokenizer,
             fp32_lm_head=loaded.fp32_lm_head,
             dtype=loaded.dtype,
-            reference_factory=self._sharded_reference,
+            reference_factory=reference,
         )
         self.collectives = RankCollectives(group.rank, group.world_size, self.device)
         self.trainer = Trainer.from_settings(settings, self.policy, meter=meter, collectives=self.collectives)
@@ -176,13 +192,47 @@ class ShardedTrainerRank:
 
     def sharded_state_dict(self) -> dict[str, Tensor]:
         """The model's parameters and buffers as this rank holds them (FSDP2 `DTensor` shards, no
-        copy) under the names `full_state_dict` gives: what `weights.stream_to_group` gathers bucket
-        by bucket. Local; the gathering is the collective."""
+        copy) under the names `full_state_dict` gives. Local."""
         return dict(get_model_state_dict(self.policy.model, options=StateDictOptions(full_state_dict=False)))
 
+    @property
+    def lora(self) -> bool:
+        return self.policy.lora
+
+    def engine_tensors(self) -> dict[str, Tensor | MergedWeight]:
+        """What the engines get, as this rank holds it, under the base model's Hugging Face names:
+        the `DTensor` shards (`sharded_state_dict`), and for LoRA every adapted layer's weight as a
+        `MergedWeight` over the shards of W, A and B, merged (`W + (alpha / r) B A`) only when
+        gathered. What `weights.stream_to_group` gathers bucket by bucket: a LoRA layer is merged
+        there, one layer at a time, never the whole model on one rank. Local; the gathering is
+        the collective."""
+        if not self.lora:
+            return self.sharded_state_dict()
+        base = self.policy.model.get_base_model()
+        shards = get_model_state_dict(base, options=StateDictOptions(full_state_dict=False))
+        return merged_tensors(self.policy.model, shards)
+
+    def engine_state_dict(self) -> dict[str, Tensor] | None:
+        """The engines' weights whole, as a CPU state dict on rank 0 (None elsewhere; collective):
+        `full_state_dict()`, or for LoRA the merged weights, gathered tensor by tensor."""
+        if not self.lora:
+            return self.full_state_dict()
+        out: dict[str, Tensor] = {}
+        made: dict[int, Tensor | None] = {}  # a tied head stays one tensor (gathered once)
+        for name, t in self.engine_tensors().items():
+            if id(t) not in made:
+                whole = t.full_tensor() if hasattr(t, "full_tensor") else t
+                made[id(t)] = whole.detach().to("cpu", copy=True) if self.rank == 0 else None
+                del whole
+            kept = made[id(t)]
+            if kept is not None:
+                out[name] = kept
+        barrier(self.device)  # as full_state_dict: no rank returns while a peer still gathers
+        return out if self.rank == 0 else None
+
     def weights_for_engine(self) -> dict[str, Tensor] | None:
-        """`full_state_dict()`: what `engine.update_weights` takes (rank 0; None elsewhere)."""
-        return self.full_state_dict()
+        """`engine_state_dict()`: what `engine.update_weights` takes (rank 0; None elsewhere)."""
+        return self.engine_state_dict()
 
     # -- state -----------------------------------------------------------------------------------
 

@@ -43,9 +43,12 @@ class TrainerRankError(RuntimeError):
     """A trainer rank died, failed or timed out; the message names the rank."""
 
 
-def settings_payload(model: ModelConfig, settings: TrainerSettings, d: DistributedConfig) -> dict[str, Any]:
-    """What a rank needs to build its trainer, as JSON-able values (read back by `settings_from_payload`)."""
+def settings_payload(model: ModelConfig, settings: TrainerSettings, d: DistributedConfig,
+                     lora_seed: int = 0) -> dict[str, Any]:
+    """What a rank needs to build its trainer, as JSON-able values (read back by `settings_from_payload`);
+    `lora_seed` draws a LoRA adapter's initial A (the run's `seed`, as the local trainer's)."""
     return {
+        "lora_seed": int(lora_seed),
         "model": model.model_dump(mode="json"),
         "algorithm": settings.algorithm.model_dump(mode="json"),
         "optim": settings.optim.model_dump(mode="json"),
@@ -66,12 +69,21 @@ def settings_from_payload(payload: dict[str, Any]) -> tuple[ModelConfig, Trainer
             DistributedConfig.model_validate(payload["distributed"]))
 
 
+def lora_meter_kwargs(n_params: int, n_trainable: int) -> dict[str, int]:
+    """`ComputeMeter`'s LoRA pricing: training tokens at `4N + 2 N_adapter`, generation and reference
+    passes at the base's N (`scalerl.telemetry.compute`); nothing when every parameter trains."""
+    if n_trainable >= n_params:
+        return {}
+    return {"trainable_params": n_trainable, "generation_params": n_params - n_trainable}
+
+
 @dataclass
 class RankInfo:
     rank: int
     pid: int
     version: int
     n_params: int
+    n_trainable: int  # the adapter's N for LoRA (a training token costs 4N + 2 N_adapter), else n_params
     resumed: CheckpointState | None  # what the rank restored, when resuming
 
 
@@ -97,13 +109,15 @@ class TrainerRankWorker:
         # Ray sets CUDA_VISIBLE_DEVICES to the GPU it granted this actor: it is cuda:0 here.
         spec = ProcessGroupSpec(self.rank, self.world_size, f"tcp://{host}:{port}", timeout_s=d.timeout_s,
                                 backend="nccl" if gpu else "gloo", device="cuda:0" if gpu else "cpu")
-        self.trainer = ShardedTrainerRank(model, settings, spec)
+        self.trainer = ShardedTrainerRank(model, settings, spec, lora_seed=int(payload.get("lora_seed", 0)))
         # The rank's trainer counts the step's work (the whole batch); the controller's meter takes
-        # rank 0's counts.
-        self.meter = ComputeMeter(flop_params(self.trainer.policy.model))
+        # rank 0's counts. LoRA: priced as the local trainer's (`assembly.local.policy_meter`).
+        n = flop_params(self.trainer.policy.model)
+        trainable = flop_params(self.trainer.policy.model, trainable_only=True) if self.trainer.lora else n
+        self.meter = ComputeMeter(n, **lora_meter_kwargs(n, trainable))
         self.trainer.trainer.meter = self.meter
         saved = self.trainer.load(resume) if resume is not None else None
-        return RankInfo(self.rank, os.getpid(), int(self.trainer.version), self.meter.n_params, saved)
+        return RankInfo(self.rank, os.getpid(), int(self.trainer.version), n, trainable, saved)
 
     def step(self, groups: Sequence[ScoredGroup]) -> dict[str, Any]:
         before = self.meter.state_dict()
@@ -116,7 +130,7 @@ class TrainerRankWorker:
                ) -> tuple[list[BucketMeta], list[Any], dict[str, Fingerprint] | None] | None:
         """Object-store sync: all ranks gather the full weights (a collective); rank 0 puts them in
         buckets and fingerprints them in the engines' weight dtype (`fingerprint_dtype`; None: none)."""
-        state = self.trainer.full_state_dict()
+        state = self.trainer.engine_state_dict()  # LoRA: merged
         if self.rank != 0:
             return None
         assert state is not None
@@ -130,13 +144,14 @@ class TrainerRankWorker:
     def plan_stream(self, bucket_bytes: int) -> list[BucketMeta]:
         """Rank 0, local: the bucket plan of a streamed sync, from the shards' global shapes and
         dtypes (nothing is gathered)."""
-        return plan_buckets(self.trainer.sharded_state_dict(), bucket_bytes)
+        return plan_buckets(self.trainer.engine_tensors(), bucket_bytes)
 
     def stream_weights(self, version: int, buckets: list[BucketMeta], fingerprint_dtype: str | None = None
                        ) -> dict[str, Fingerprint] | None:
         """Every rank (collective sync, streamed): gather the weights bucket by bucket while rank 0
         broadcasts each bucket to the engines as soon as it is whole (`weights.stream_to_group`):
-        no rank ever holds the full model. Rank 0 returns the fingerprints of what it sent."""
+        no rank ever holds the full model (LoRA: each adapted layer merged as it is gathered). Rank 0
+        returns the fingerprints of what it sent."""
         if int(self.trainer.version) != version:
             raise RuntimeError(f"trainer rank {self.rank} holds version {self.trainer.version}, asked to "
                                f"send {version}")
@@ -148,14 +163,14 @@ class TrainerRankWorker:
             if dtype is not None:
                 prints.update(state_fingerprints(bucket, dtype))
 
-        stream_to_group(self.trainer.sharded_state_dict(), buckets, self.trainer.device,
+        stream_to_group(self.trainer.engine_tensors(), buckets, self.trainer.device,
                         self._group if self.rank == 0 else None, on_bucket if dtype is not None else None)
         return prints if self.rank == 0 and dtype is not None else None
 
     def full_state(self) -> dict[str, torch.Tensor] | None:
         """Every rank (collective): the full CPU state dict on rank 0 (None elsewhere), for a consumer
-        in the controller's process that reads a streamed sync's weights as a mapping."""
-        return self.trainer.full_state_dict()
+        in the controller's process that reads a streamed sync's weights as a mapping (LoRA: merged)."""
+        return self.trainer.engine_state_dict()
 
     def init_weight_group(
         self, host: str, port: int, world_size: int, backend: str, timeout_s: float
@@ -175,7 +190,8 @@ class RayTrainer:
     """`Trainer` over `trainer_world_size` rank actors (module docstring)."""
 
     def __init__(self, model: ModelConfig, settings: TrainerSettings, distributed: DistributedConfig, *,
-                 resume: str | Path | None = None, meter_devices: int | None = None) -> None:
+                 resume: str | Path | None = None, meter_devices: int | None = None,
+                 lora_seed: int = 0) -> None:
         ray = import_ray()
         d = distributed
         self.timeout_s = d.timeout_s
@@ -189,7 +205,7 @@ class RayTrainer:
         ]
         self.names = [f"trainer rank {r}" for r in range(d.trainer_world_size)]
         try:
-            infos = self._start(settings_payload(model, settings, d), d, resume)
+            infos = self._start(settings_payload(model, settings, d, lora_seed), d, resume)
         except BaseException:
             self.close()
             raise
@@ -202,7 +218,8 @@ class RayTrainer:
         self.n_params = infos[0].n_params
         devices = meter_devices if meter_devices is not None else d.trainer_world_size + d.num_engines
         self.meter = ComputeMeter(self.n_params, num_devices=devices,
-                                  role_devices={"generator": d.num_engines, "trainer": d.trainer_world_size})
+                                  role_devices={"generator": d.num_engines, "trainer": d.trainer_world_size},
+                                  **lora_meter_kwargs(self.n_params, infos[0].n_trainable))
 
     def _start(
         self, payload: dict[str, Any], d: DistributedConfig, resume: str | Path | None

@@ -17,7 +17,7 @@ with these merged ones, so an adapter that never reached the engine (verl#7495) 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -69,30 +69,77 @@ def _lora_layers(base: nn.Module) -> Iterator[tuple[str, Any]]:
             yield name, module
 
 
-def merged_state_dict(model: nn.Module, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """The weights of the model that `model` (a LoRA peft model) computes, as a plain state dict
-    keyed by the base model's names (`model.layers.0.self_attn.q_proj.weight`, ...):
-    `W + scaling * B A` for every adapted linear layer, every other tensor as it is. Copies on
-    `device`; the training model is not changed."""
+class MergedWeight:
+    """`W + scaling * B A` of one adapted linear layer, computed only when asked (`full_tensor`).
+
+    Holds the three tensors as the caller has them: plain tensors (one process) or FSDP2
+    `DTensor` shards (each is all-gathered in `full_tensor`: a collective, so every rank must ask
+    for the same merged weights in the same order). `shape`, `dtype`, `numel()`, `element_size()`
+    are those of the base weight (what the engine receives), so a bucket plan
+    (`scalerl.distributed.weights.plan_buckets`) can be made without gathering anything.
+    """
+
+    def __init__(self, base: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
+                 scaling: float) -> None:
+        self.base = base
+        self.lora_a = lora_a
+        self.lora_b = lora_b
+        self.scaling = float(scaling)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.base.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.base.dtype
+
+    def numel(self) -> int:
+        return self.base.numel()
+
+    def element_size(self) -> int:
+        return self.base.element_size()
+
+    def full_tensor(self) -> torch.Tensor:
+        """The merged weight, whole, in the base weight's dtype on its device (float32 arithmetic:
+        `(W.float() + scaling * B.float() @ A.float()).to(W.dtype)`)."""
+        weight, lora_a, lora_b = (_whole(t) for t in (self.base, self.lora_a, self.lora_b))
+        delta = lora_delta(lora_a, lora_b, self.scaling)
+        return (weight.detach().float() + delta.to(weight.device)).to(weight.dtype)
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor gathered whole (a collective), a plain tensor as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def merged_tensors(model: nn.Module, state: Mapping[str, torch.Tensor] | None = None
+                   ) -> dict[str, torch.Tensor | MergedWeight]:
+    """The weights the engines get from `model` (a LoRA peft model), keyed by the base model's
+    names (`model.layers.0.self_attn.q_proj.weight`, ...), nothing copied or gathered: every
+    adapted linear layer's weight as a `MergedWeight`, every other tensor as `state` holds it.
+
+    `state` is the base model's state dict (`model.get_base_model().state_dict()` by default; on
+    FSDP2 ranks, its sharded state dict: `DTensor`s, merged per layer when gathered)."""
     base = model.get_base_model()
-    out: dict[str, torch.Tensor] = {}
-    for key, value in base.state_dict().items():
+    if state is None:
+        state = base.state_dict()
+    out: dict[str, torch.Tensor | MergedWeight] = {}
+    for key, value in state.items():
         if ".lora_" in key:
             continue
-        out[key.replace(".base_layer.", ".")] = value.detach().to(device, copy=True)
+        out[key.replace(".base_layer.", ".")] = value
     for name, layer in _lora_layers(base):
         if layer.merged:
             raise RuntimeError(f"{name}: adapter merged into the training weights in place; "
-                               "merged_state_dict needs the unmerged layer")
+                               "the merged weights need the unmerged layer")
         if layer.use_dora.get(ADAPTER_NAME) or getattr(layer, "fan_in_fan_out", False):
             raise NotImplementedError(f"{name}: DoRA / fan-in-fan-out LoRA layers are not supported")
         if ADAPTER_NAME not in layer.lora_A:
             continue
-        weight = layer.get_base_layer().weight
-        delta = lora_delta(layer.lora_A[ADAPTER_NAME].weight, layer.lora_B[ADAPTER_NAME].weight,
-                           float(layer.scaling[ADAPTER_NAME]))
-        out[f"{name}.weight"] = (weight.detach().float() + delta.to(weight.device)).to(
-            device=device, dtype=weight.dtype)
+        out[f"{name}.weight"] = MergedWeight(
+            state[f"{name}.base_layer.weight"], state[f"{name}.lora_A.{ADAPTER_NAME}.weight"],
+            state[f"{name}.lora_B.{ADAPTER_NAME}.weight"], float(layer.scaling[ADAPTER_NAME]))
     tied = _tied_head_key(base)
     if tied is not None:
         # A tied head shares the embedding's tensor: keep it one tensor for the engine too.
@@ -102,12 +149,44 @@ def merged_state_dict(model: nn.Module, device: str | torch.device = "cpu") -> d
     return out
 
 
+def merged_state_dict(model: nn.Module, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """The weights of the model that `model` (a LoRA peft model) computes, as a plain state dict
+    keyed by the base model's names (`merged_tensors`, materialised): `W + scaling * B A` for every
+    adapted linear layer, every other tensor as it is. Copies on `device`; the training model is
+    not changed."""
+    out: dict[str, torch.Tensor] = {}
+    made: dict[int, torch.Tensor] = {}  # a tied tensor stays one tensor
+    for key, value in merged_tensors(model).items():
+        if id(value) not in made:
+            whole = value.full_tensor() if isinstance(value, MergedWeight) else value.detach()
+            made[id(value)] = whole.to(device, copy=True)
+        out[key] = made[id(value)]
+    return out
+
+
 def _tied_head_key(base: nn.Module) -> tuple[str, str] | None:
     head, embed = base.get_output_embeddings(), base.get_input_embeddings()
     if head is None or embed is None or head.weight is not embed.weight:
         return None
     names = {id(m): n for n, m in base.named_modules()}
     return f"{names[id(head)]}.weight", f"{names[id(embed)]}.weight"
+
+
+def base_copy(model: nn.Module) -> nn.Module:
+    """A plain (peft-free) copy of the base of `model` (a LoRA peft model), its adapter left out
+    (`unload`: the layers given back unmerged); `model` is unchanged."""
+    return copy.deepcopy(model).unload()
+
+
+def own_adapter_like(model: nn.Module, lm: nn.Module, seed: int) -> nn.Module:
+    """`lm` wrapped in a LoRA adapter of its own with `model`'s adapter settings (rank, alpha,
+    dropout, target modules), A drawn from `seed` on a forked RNG (the caller's RNG untouched)."""
+    cfg = model.peft_config[ADAPTER_NAME]
+    targets = cfg.target_modules
+    targets = sorted(targets) if isinstance(targets, set) else targets
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return wrap_lora(lm, int(cfg.r), float(cfg.lora_alpha), float(cfg.lora_dropout), targets)
 
 
 def merged_copy(model: nn.Module) -> nn.Module:

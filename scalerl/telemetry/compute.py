@@ -201,12 +201,14 @@ class ComputeMeter:
             self.logprob_tokens += int(tokens)
             self.flops += FORWARD_FLOPS_PER_PARAM * (n_params or self.n_params) * int(tokens)
 
-    def add_auxiliary_training(self, tokens: int, n_params: int) -> None:
+    def add_auxiliary_training(self, tokens: int, n_params: int, trainable_params: int | None = None) -> None:
         """Tokens through a forward + backward of another model trained beside the policy (a
-        critic): 6 n_params each. Counted in the FLOPs, not in the policy's `trained_tokens`."""
+        critic): `train_flops_per_token(n_params, trainable_params)` each (6 n_params when every
+        parameter trains; a LoRA critic's `4N + 2 N_trainable`). Counted in the FLOPs, not in the
+        policy's `trained_tokens`."""
         with self._lock:
             self.auxiliary_trained_tokens += int(tokens)
-            self.flops += TRAIN_FLOPS_PER_PARAM * int(n_params) * int(tokens)
+            self.flops += train_flops_per_token(int(n_params), trainable_params) * int(tokens)
 
     def add_reward_model(self, tokens: int, n_params: int) -> None:
         """Tokens through a reward model (a classifier's inputs; a judge's prompts and generated

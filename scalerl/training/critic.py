@@ -35,6 +35,7 @@ from scalerl.algorithms.returns import gae_advantages, length_adaptive_lambda, t
 from scalerl.algorithms.value import explained_variance, value_loss
 from scalerl.config import AlgorithmConfig, CriticConfig, ModelConfig, OptimConfig
 from scalerl.models.lm_head import decoder_of
+from scalerl.models.lora import base_copy, own_adapter_like
 from scalerl.telemetry.compute import ComputeMeter, flop_params
 from scalerl.training.batch import TrainBatch
 from scalerl.training.forward import TokenLayout
@@ -45,6 +46,7 @@ from scalerl.training.policy import Policy, load_model
 logger = logging.getLogger(__name__)
 
 CRITIC_DIR = "critic"
+CRITIC_ADAPTER_SEED = 0x0C417  # offsets a LoRA critic's adapter init from the policy's
 ADV_EPS = 1e-6
 
 
@@ -93,7 +95,28 @@ class ValueModel(nn.Module):
 
 def critic_lm(policy: Policy, critic: CriticConfig, model_cfg: ModelConfig | None = None) -> nn.Module:
     """The causal LM the critic is built from: `critic.model`, or a copy of the policy's starting
-    weights (its reference factory; a copy of the current weights when it has none)."""
+    weights (its reference factory; a copy of the current weights when it has none). A LoRA
+    policy's critic is LoRA too (`lora_critic`)."""
+    lm = _critic_base(policy, critic, model_cfg)
+    return lora_critic(policy, lm) if policy.lora else lm
+
+
+def lora_critic(policy: Policy, lm: nn.Module) -> nn.Module:
+    """`lm` with a LoRA adapter of its own (the policy's rank, alpha, dropout and targets; A drawn
+    from `CRITIC_ADAPTER_SEED` + the process's initial seed, so runs of one seed agree): its base is
+    frozen, only the adapter and the value head train.
+
+    Its own adapter on its own copy of the base, not a second adapter on the policy's model: the
+    policy's passes, its KL reference (adapter disabled) and the critic's passes then never switch
+    peft's active adapter under one another (peft's `set_adapter` also changes which parameters
+    require gradients), and each model keeps its own optimizer over its own tensors. The price is
+    one more frozen copy of the base in memory (no gradients, no optimizer state): a full-weight
+    critic holds that copy plus its gradients and two AdamW moments, about 4x the base's size, a
+    LoRA critic about 1x plus its adapter."""
+    return own_adapter_like(policy.model, lm, seed=CRITIC_ADAPTER_SEED + torch.initial_seed())
+
+
+def _critic_base(policy: Policy, critic: CriticConfig, model_cfg: ModelConfig | None) -> nn.Module:
     if critic.model is not None:
         lm = load_model(ModelConfig(name_or_path=critic.model,
                                     dtype=model_cfg.dtype if model_cfg else "float32"), policy.device)
@@ -104,6 +127,8 @@ def critic_lm(policy: Policy, critic: CriticConfig, model_cfg: ModelConfig | Non
                 f"tokenizer has {len(policy.tokenizer)} tokens; the critic reads the policy's token ids"
             )
         return lm
+    if policy.lora:
+        return base_copy(policy.model)  # the frozen base is the starting weights
     if policy.reference_factory is not None:
         return policy.reference_factory().to(policy.device)
     return copy.deepcopy(policy.model)
@@ -141,6 +166,9 @@ class Critic:
         self.autocast = autocast
         self.meter = meter
         self.n_params = flop_params(model)
+        # A LoRA critic (`lora_critic`) trains its adapter and head only: 4N + 2 N_trainable a token.
+        trainable = flop_params(model, trainable_only=True)
+        self.n_trainable = trainable if trainable < self.n_params else None
         self.steps = 0
         self.bad_steps = 0
         self.consecutive_bad_steps = 0
@@ -275,7 +303,7 @@ class Critic:
         self.steps += 1
         self.consecutive_bad_steps = 0
         if self.meter is not None:
-            self.meter.add_auxiliary_training(batch.num_tokens, self.n_params)
+            self.meter.add_auxiliary_training(batch.num_tokens, self.n_params, self.n_trainable)
         return {
             "value_loss": total,
             "value_clip_frac": clipped / tokens if tokens else 0.0,

@@ -8,6 +8,7 @@ import pytest
 
 from scalerl.cli.data import register
 from scalerl.data import DataError, load_prompts
+from scalerl.rewards.registry import gold_free
 
 
 def _run(argv: list[str]) -> int:
@@ -94,3 +95,50 @@ def test_data_check_and_train_accept_the_same_files(
     except ValueError:
         train_ok = False
     assert check_ok == train_ok
+
+
+@gold_free
+def format_only(completion: str, record: object) -> float:
+    """A verifier that reads no gold (the `@gold_free` mark): what the gold-free check must honour."""
+    return float(completion.strip().endswith("."))
+
+
+def test_check_accepts_gold_free_rows_exactly_as_training_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rows of a task scored by a reward model or by an `@gold_free` verifier need no answer, under
+    `data check -c RUN.yaml` as under the run itself (the same loader, the same gold-free tasks);
+    a math row without its answer is still refused, naming file:line."""
+    from scalerl.assembly.inputs import prompt_tasks
+    from scalerl.config import load_config
+
+    rows = [{"id": "c", "task": "chat", "prompt": "Say hi"}, {"id": "f", "task": "fmt", "prompt": "End it."},
+            {"id": "m", "task": "math", "prompt": "1+1", "answer": "2"}]
+    path = tmp_path / "free.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "rewards:\n"
+        "  reward_models:\n    chat: {path: some/reward-model, kind: classifier}\n"
+        f"  verifiers:\n    fmt: '{__name__}:format_only'\n"
+    )
+    # Without the run's rewards the chat row has no scorer that can do without a gold answer.
+    with pytest.raises(DataError, match=rf"{path}:1.*no gold answer"):
+        _run(["data", "check", str(path)])
+    assert _run(["data", "check", str(path), "-c", str(config)]) == 0
+    text = capsys.readouterr().out
+    assert "3 rows read, 3 records loaded" in text and "tasks: chat 1, fmt 1, math 1" in text
+    # The training side accepts the same file with the same config.
+    run = load_config(config, overrides=[f"data.train_path={path}"])
+    assert sorted(prompt_tasks(run)) == ["chat", "fmt", "math"]
+    # Gold-free is per task: math keeps its verifier and needs its answer.
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"id": "x", "task": "chat", "prompt": "hi"}) + "\n"
+                   + json.dumps({"id": "y", "task": "math", "prompt": "1+1"}) + "\n")
+    with pytest.raises(DataError, match=rf"{bad}:2.*task 'math' needs a gold answer"):
+        _run(["data", "check", str(bad), "-c", str(config)])
+    # The config's data settings are the flags' defaults; a flag given wins.
+    config.write_text(config.read_text() + "data:\n  on_bad_row: skip\n  max_prompt_tokens: 100\n")
+    assert _run(["data", "check", str(bad), "-c", str(config), "--max-prompt-tokens", "50"]) == 0
+    text = capsys.readouterr().out
+    assert "2 rows read, 1 records loaded" in text and "fit max_prompt_tokens=50" in text

@@ -1,6 +1,6 @@
 """LoRA (`model.lora.*`): adapter-only optimizer, the base as KL reference, merged weights for the
 engines (verified: a skipped adapter sync is caught), peft-format checkpoints, exact resume, the
-FLOPs of a partly frozen model, and the refusals (critic, FSDP2 ranks)."""
+FLOPs of a partly frozen model, and a LoRA critic (its own adapter on its own base copy)."""
 
 from __future__ import annotations
 
@@ -56,14 +56,13 @@ def test_lora_keys_default_off_and_parse_from_overrides():
     assert load_config(overrides=["model.lora.r=8"]).model.lora.target_modules == "all-linear"
 
 
-@pytest.mark.parametrize(("overrides", "named"), [
-    (["algorithm.baseline=critic", "algorithm.adv_norm=batch"], "algorithm.baseline"),
-    (["distributed.backend=ray"], "distributed.backend"),
-])
-def test_lora_refuses_the_critic_and_the_fsdp_ranks(overrides, named):
-    with pytest.raises(ConfigError, match=r"model\.lora\.r") as info:
-        load_config(overrides=["model.lora.r=8", *overrides])
-    assert named in str(info.value)
+def test_lora_runs_with_the_critic_and_on_the_fsdp_ranks():
+    # tests/distributed/test_fsdp_lora.py: the 2-rank LoRA step equals the 1-process one;
+    # test_lora_critic_* below: the critic's own adapter.
+    cfg = load_config(overrides=["model.lora.r=8", "distributed.backend=ray"])
+    assert cfg.model.lora.r == 8 and cfg.distributed.backend == "ray"
+    cfg = load_config(overrides=["model.lora.r=8", "algorithm.baseline=critic", "algorithm.adv_norm=batch"])
+    assert cfg.model.lora.r == 8 and cfg.algorithm.baseline == "critic"
 
 
 def test_unknown_target_module_is_a_config_error(make_policy):
@@ -411,3 +410,61 @@ def test_scalerl_sft_refuses_lora_keys(tmp_path):
 
     assert main(["sft", "--output", str(tmp_path / "o"), "model.lora.r=8"]) == 2
     assert not (tmp_path / "o").exists()
+
+
+# -- a LoRA critic ------------------------------------------------------------------------------
+
+CRITIC_ALGO = AlgorithmConfig(baseline="critic", adv_norm="none", loss_type="grpo", aggregation="token",
+                              zero_variance_filter=False)
+
+
+def test_lora_critic_has_its_own_adapter_on_a_frozen_base_and_its_value_loss_drops(make_policy, make_groups):
+    from scalerl.training.critic import Critic
+
+    policy = _lora_policy(make_policy, lora=LoraConfig(r=8, alpha=16.0))
+    groups = make_groups(make_policy(), n_groups=3, n=4)
+    meter = ComputeMeter(flop_params(policy.model))
+    trainer = Trainer(policy, CRITIC_ALGO, OptimConfig(lr=5e-3, warmup_steps=0), meter=meter)
+    critic = trainer.advantages
+    assert isinstance(critic, Critic)
+    model = critic.model
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_A." in n or ".lora_B." in n or n.startswith("head.") for n in trainable)
+    assert any(".lora_" in n for n in trainable) and {"head.weight", "head.bias"} <= trainable
+    optimized = {id(p) for g in critic.optimizer.param_groups for p in g["params"]}
+    assert optimized == {id(p) for p in model.parameters() if p.requires_grad}
+    # Its own tensors: nothing shared with the policy (base or adapter).
+    assert not {id(p) for p in model.parameters()} & {id(p) for p in policy.model.parameters()}
+    rank = {p.shape[0] for n, p in model.named_parameters() if ".lora_A." in n}
+    assert rank == {8}
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    adapter_before = {n: p.detach().clone() for n, p in model.named_parameters() if ".lora_B." in n}
+
+    losses = [trainer.step(groups)["value_loss"] for _ in range(6)]
+    assert all(np.isfinite(losses)) and losses[-1] < 0.5 * losses[0], losses
+    assert all(torch.equal(p, base[n]) for n, p in model.named_parameters() if not p.requires_grad)
+    assert any(not torch.equal(p, adapter_before[n]) for n, p in model.named_parameters() if ".lora_B." in n)
+    # Priced as a partly frozen model: 4N + 2 N_trainable per critic token, not 6N.
+    n, nt = flop_params(model), flop_params(model, trainable_only=True)
+    assert critic.n_trainable == nt < n
+    tokens = collate(groups, policy.pad_token_id).num_tokens
+    assert meter.auxiliary_trained_tokens == 6 * tokens
+    # Policy forward + backward (6N: this meter prices every policy weight), critic values (2N_c)
+    # and one critic update (4N_c + 2N_c,trainable), six steps.
+    assert meter.flops == 6 * (6 * meter.n_params + 2 * n + 4 * n + 2 * nt) * tokens
+
+
+def test_lora_critic_checkpoint_resumes_exactly(make_policy, make_groups, tmp_path):
+    groups = make_groups(make_policy(), n_groups=2, n=4)
+    optim = OptimConfig(lr=5e-3, warmup_steps=0)
+    a = Trainer(_lora_policy(make_policy), CRITIC_ALGO, optim)
+    a.step(groups)
+    path = a.save(tmp_path, step=1)
+    assert (path / ADAPTER_DIR).is_dir() and (path / "critic" / "model.safetensors").is_file()
+    b = Trainer(_lora_policy(make_policy), CRITIC_ALGO, optim)
+    b.load(path)
+    ma, mb = a.step(groups), b.step(groups)
+    assert ma["value_loss"] == pytest.approx(mb["value_loss"], rel=1e-6)
+    for (name, x), (_, y) in zip(a.advantages.model.state_dict().items(),
+                                 b.advantages.model.state_dict().items(), strict=True):
+        torch.testing.assert_close(y, x, rtol=1e-6, atol=1e-7, msg=name)
