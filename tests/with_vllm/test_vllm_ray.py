@@ -43,7 +43,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm)")
 ray = pytest.importorskip("ray", reason="Ray is not installed (the distributed extra)")
 
 from distributed.procs import ray_worker_pids  # noqa: E402
-from vllm_helpers import save_tiny  # noqa: E402
+from vllm_helpers import local_ray, save_tiny  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -56,14 +56,8 @@ REJOIN_WAIT_S = 420  # a vLLM engine actor's start-up on a loaded 2-core machine
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    path = os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env = {"PYTHONPATH": path, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+    with local_ray(ROOT, HERE) as r:
+        yield r
 
 
 def train(model: Path, run: Path, address: str, steps: int, *extra: str) -> subprocess.Popen[bytes]:

@@ -39,7 +39,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed (the distributed e
 import torch  # noqa: E402
 from test_vllm_agentic import EOS, trajectories  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
-from vllm_helpers import vllm_device  # noqa: E402
+from vllm_helpers import local_ray, vllm_device  # noqa: E402
 
 from scalerl.config import DistributedConfig  # noqa: E402
 from scalerl.distributed.engine_actor import EngineFactory  # noqa: E402
@@ -56,15 +56,8 @@ DIST = DistributedConfig(backend="ray", num_engines=2, engine_num_cpus=1, timeou
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    path = os.pathsep.join([str(ROOT), str(HERE), str(ROOT / "tests"),
-                            os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env = {"PYTHONPATH": path, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+    with local_ray(ROOT, HERE, ROOT / "tests") as r:
+        yield r
 
 
 @pytest.mark.timeout(600)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -69,3 +72,19 @@ def save_real_shape(path: Path, *, layers: int = 2, init_std: float | None = Non
     shape = bench.Shape(**{**asdict(bench.QWEN25_05B), "layers": layers})
     bench.save_model(shape, path, seed=seed, init_std=init_std)
     return path
+
+
+@contextmanager
+def local_ray(*paths: Path) -> Iterator[Any]:
+    """A local Ray of 4 CPUs whose workers import from `paths` (then this PYTHONPATH), one torch
+    thread each and vLLM in-process (no engine-core subprocess per actor); shut down on exit."""
+    import ray
+
+    path = os.pathsep.join([*map(str, paths), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = {"PYTHONPATH": path, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
