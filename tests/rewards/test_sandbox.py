@@ -7,6 +7,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -77,12 +78,24 @@ def test_protections_are_detected_and_described(sandbox: Sandbox) -> None:
 
 # -- hostile programs ------------------------------------------------------------------------
 
-def test_infinite_loop_is_killed_at_the_wall_limit(sandbox: Sandbox) -> None:
+def test_infinite_loop_is_killed_at_the_wall_limit() -> None:
+    # the CPU limit defaults to the wall limit, and a busy loop reaches both at about the same
+    # moment (CI once saw SIGXCPU first): a CPU budget well above the wall limit isolates the wall
+    sb = Sandbox(SandboxConfig(max_parallel=1, nproc=16, memory_mb=256, cpu_s=30.0))
     start = time.monotonic()
-    result = run(sandbox, "while True:\n    pass", wall_s=1.0)
-    assert result.timed_out and not result.ok
+    result = run(sb, "while True:\n    pass", wall_s=1.0)
+    assert result.timed_out and not result.ok, result
     assert result.reason == "timeout"
     assert time.monotonic() - start < 10
+
+
+def test_infinite_loop_is_killed_at_the_cpu_limit() -> None:
+    sb = Sandbox(SandboxConfig(max_parallel=1, nproc=16, memory_mb=256, cpu_s=1.0))
+    result = run(sb, "while True:\n    pass", wall_s=30.0)
+    assert not result.ok and not result.timed_out, result
+    assert result.signal in (signal.SIGXCPU, signal.SIGKILL), result
+    assert result.reason == ("timeout" if result.signal == signal.SIGXCPU else "signal")
+    assert result.wall_s < 10, result
 
 
 def test_sleeping_program_is_killed_at_the_wall_limit(sandbox: Sandbox) -> None:
