@@ -84,7 +84,7 @@ def batching(sessions: tuple[int, ...] = (1, 8), max_tokens: int = 32) -> None:
     try:
         for k in sessions:
             elapsed, tokens = asyncio.run(run(k))
-            print(f"embedded tiny, {k} session(s): {tokens:4d} tokens in {elapsed:5.2f} s = "
+            print(f"embedded tiny, {k} session(s): {tokens:4d} tokens in {elapsed:6.3f} s = "
                   f"{tokens / elapsed:6.0f} tokens/s")
     finally:
         server.close()
