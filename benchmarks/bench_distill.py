@@ -88,7 +88,7 @@ def distill_config(args: argparse.Namespace, teacher: str, student: str | None) 
         **base_config(args, args.steps),
         **({"model": {"name_or_path": student}} if student else {}),
         "algorithm": {"distill": {"teacher": teacher, "coef": args.coef,
-                                  "reward_weight": args.reward_weight}},
+                                  "reward_weight": args.reward_weight, "estimator": args.estimator}},
     })
 
 
@@ -153,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--eval-k", type=int, default=1, help="samples per held-out prompt (mean@k)")
     p.add_argument("--student", choices=("scratch", "warm_start"), default="scratch")
+    p.add_argument("--estimator", choices=("sampled", "full"), default="sampled",
+                   help="algorithm.distill.estimator: the sampled token's gap, or the full-vocabulary KL")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("/tmp/bench_distill"))
     args = p.parse_args(argv)

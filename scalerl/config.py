@@ -375,6 +375,10 @@ class DistillConfig(Section):
     teacher: str | None = None
     coef: float = Field(1.0, gt=0.0)
     reward_weight: float = Field(1.0, ge=0.0)
+    # sampled: the sampled token's log-prob gap as a token-level advantage (Thinking Machines 2025);
+    # full: KL(pi_s || pi_t) over the whole vocabulary at every position, a differentiated loss term
+    # (GKD, Agarwal et al. 2024), which also moves the tokens the student did not sample.
+    estimator: Literal["sampled", "full"] = "sampled"
 
 
 class AlgorithmConfig(Section):
@@ -438,6 +442,10 @@ class AlgorithmConfig(Section):
             if self.loss_type == "kimi":
                 raise CrossKeyError(("loss_type", "distill.teacher"),
                                     "'kimi' needs one advantage per sample; distillation gives one per token")
+            if self.distill.estimator == "full" and self.keep_sampling_mask:
+                raise CrossKeyError(("distill.estimator", "keep_sampling_mask"),
+                                    "'full' compares whole next-token distributions; keep-sampling-mask "
+                                    "renormalises the student's over the sampler's support only")
             if self.dynamic_sampling:
                 raise CrossKeyError(("dynamic_sampling", "distill.teacher"),
                                     "dynamic sampling drops groups of equal rewards, which still carry "

@@ -14,7 +14,7 @@ function documents its formula and source; see docs/algorithms.md for the overvi
 
 from scalerl.algorithms.advantages import ADV_NORMS, BASELINES, compute_advantages, masked_whiten
 from scalerl.algorithms.aggregation import AGGREGATIONS, aggregate, token_weights, weighted_token_sum
-from scalerl.algorithms.distill import distillation_advantages, reverse_kl_advantages
+from scalerl.algorithms.distill import distillation_advantages, full_reverse_kl, reverse_kl_advantages
 from scalerl.algorithms.entropy import entropy_bonus, entropy_from_logits
 from scalerl.algorithms.filters import (
     PassRateEntry,
@@ -73,6 +73,7 @@ __all__ = [
     "entropy_bonus",
     "entropy_from_logits",
     "explained_variance",
+    "full_reverse_kl",
     "gae_advantages",
     "is_informative_group",
     "keep_sampling_logprobs",

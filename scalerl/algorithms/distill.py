@@ -15,12 +15,28 @@ as a REINFORCE reward rather than a differentiated loss. Because the policy-grad
 of `E_{y~pi_s}[-sum_t d_t]` is `E[sum_t grad log pi_s(y_t) * (-sum_{s>=t} d_s)]`, using `-d_t` per
 token keeps only the immediate term (the blog's choice, discount 0), which lowers variance.
 
+The `full` estimator (`algorithm.distill.estimator: full`) replaces the single sampled token by the
+whole next-token distribution at each of the student's positions and differentiates it as a loss,
+GKD's on-policy reverse KL (Agarwal et al. 2024, eq. 1 with D = KL(pi_s || pi_t) over the
+vocabulary at every student-generated prefix):
+
+    KL_{i,t} = sum_v pi_s(v | x, y_<t) * (log pi_s(v | x, y_<t) - log pi_t(v | x, y_<t))
+
+    loss += coef * sum_{i,t} w_{i,t} KL_{i,t}
+
+(`w` the policy loss's aggregation weights). Its gradient reaches every token's probability,
+also those the student never sampled (the teacher's preferred token, the end of sequence), where
+the sampled estimator only moves the token drawn; the prefixes stay the student's own, so the
+gradient does not flow through the sampling (as in GKD).
+
 Beside an outcome reward the two add: `A_{i,t} = w * A_i + (-coef * d_{i,t})`, `A_i` the usual
 outcome advantage (broadcast over the response, or already per token) and `w` its weight; `w = 0`
 is pure distillation.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -62,3 +78,17 @@ def distillation_advantages(outcome: Tensor, student_logprobs: Tensor, teacher_l
         raise ValueError(f"outcome: shape {tuple(outcome.shape)} != log-probs {tuple(kl_adv.shape)}")
     m = as_bool_mask("mask", mask, "student_logprobs", kl_adv)
     return torch.where(m, outcome_weight * a.to(kl_adv.dtype) + kl_adv, torch.zeros_like(kl_adv))
+
+
+def full_reverse_kl(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
+    """`KL(pi_s || pi_t) = sum_v p_s,v (log p_s,v - log p_t,v)` per position over the last (vocabulary)
+    dimension, from logits already divided by the sampling temperature (GKD's reverse KL, Agarwal
+    et al. 2024; module docstring). `[..., V]` and `[..., V]` -> `[...]` float32, >= 0;
+    differentiable in `student_logits`. Positions whose student logits are all -inf are not allowed."""
+    s = check_float_tensor("student_logits", student_logits)
+    t = check_float_tensor("teacher_logits", teacher_logits)
+    check_same_shape("teacher_logits", t, "student_logits", s, "[..., V]")
+    log_s = torch.log_softmax(s.float(), dim=-1)
+    log_t = torch.log_softmax(t.float(), dim=-1)
+    # 0 * log 0 is 0: a token the student gives probability 0 contributes nothing
+    return (log_s.exp() * (log_s - log_t)).nan_to_num(nan=0.0, posinf=math.inf).sum(-1).clamp_min(0.0)

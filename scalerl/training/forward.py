@@ -27,6 +27,7 @@ from typing import Any, Literal, Protocol
 import torch
 from torch import Tensor
 
+from scalerl.algorithms.distill import full_reverse_kl
 from scalerl.algorithms.entropy import entropy_from_logits
 from scalerl.models.lm_head import (
     decoder_of,
@@ -82,6 +83,9 @@ class ResponseForward:
     routing: RoutingTally | None = None
     # MoE with `router_aux=True`: the load-balancing loss of this pass's real tokens (differentiable).
     router_aux_loss: Tensor | None = None
+    # With a `teacher`: KL(pi_s || pi_t) over the vocabulary at each response position, [n, T]
+    # float32, differentiable in the student (0 at padding; `algorithms.distill.full_reverse_kl`).
+    distill_kl: Tensor | None = None
 
 
 @dataclass
@@ -151,10 +155,12 @@ def _chunk_terms(
     temperature: float,
     entropy: EntropyMode,
     size: Tensor | None = None,
-) -> tuple[Tensor, Tensor | None, tuple[Tensor, Tensor, Tensor] | None]:
-    """Log-probs `[M]` of `targets`, entropies `[M]` (or None) and, with `support` (codes, top-k,
-    top-p per position), `(size, mismatch, recomputed)` at the `M` positions of `hidden [M, H]`: the
-    unchunked path's arithmetic on these rows only."""
+    teacher: TeacherHead | None = None,
+) -> tuple[Tensor, Tensor | None, tuple[Tensor, Tensor, Tensor] | None, Tensor | None]:
+    """Log-probs `[M]` of `targets`, entropies `[M]` (or None), with `support` (codes, top-k, top-p
+    per position) `(size, mismatch, recomputed)`, and with `teacher` (its states at these rows) the
+    full reverse KL `[M]`, at the `M` positions of `hidden [M, H]`: the unchunked path's arithmetic
+    on these rows only."""
     logits = project_logits(hidden, weight, bias, fp32=fp32, softcap=softcap)
     mask, cut = None, None
     if support is not None:
@@ -173,7 +179,33 @@ def _chunk_terms(
             scaled = scaled.detach()
         with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
             ent = entropy_from_logits(scaled)
-    return logprobs, ent, cut
+    return logprobs, ent, cut, _teacher_kl(logits, teacher, temperature)
+
+
+@dataclass
+class TeacherHead:
+    """A distillation teacher's final hidden states at the student's response positions (the same
+    layout as the student's: `[n, T, H]` unchunked, `[M, H]` chunked) and its LM head."""
+
+    states: Tensor
+    weight: Tensor
+    bias: Tensor | None
+    fp32: bool
+    softcap: float | None
+
+    def rows(self, lo: int, hi: int) -> TeacherHead:
+        return TeacherHead(self.states[lo:hi], self.weight, self.bias, self.fp32, self.softcap)
+
+
+def _teacher_kl(logits: Tensor, teacher: TeacherHead | None, temperature: float) -> Tensor | None:
+    """`full_reverse_kl` of the student's `logits [..., V]` against the teacher's at the same
+    positions, both at the sampling temperature; the teacher's side carries no gradient."""
+    if teacher is None:
+        return None
+    with torch.no_grad():
+        t_logits = project_logits(teacher.states, teacher.weight, teacher.bias, fp32=teacher.fp32,
+                                  softcap=teacher.softcap).float() / temperature
+    return full_reverse_kl(logits.float() / temperature, t_logits)
 
 
 class ChunkedHeadLogprobs(torch.autograd.Function):
@@ -197,8 +229,11 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
         codes: Tensor | None,
         top_k: Tensor | None,
         top_p: Tensor | None,
+        teacher_states: Tensor | None,
+        teacher_weight: Tensor | None,
+        teacher_bias: Tensor | None,
         options: dict[str, Any],
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         chunk = options["chunk"]
         n = hidden.shape[0]
         device = hidden.device
@@ -207,29 +242,40 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
         mismatch = torch.zeros(n, dtype=torch.bool, device=device)
         recomputed = torch.zeros(n, dtype=torch.bool, device=device)
         sizes = torch.zeros(n, dtype=torch.long, device=device) if codes is not None else None
+        kl = torch.zeros(n, dtype=torch.float32, device=device)
+        teacher = _teacher_of(teacher_states, teacher_weight, teacher_bias, options)
         kw = {k: options[k] for k in ("fp32", "softcap", "temperature", "entropy")}
         for lo in range(0, n, chunk):
             hi = min(n, lo + chunk)
             sup = (codes[lo:hi], top_k[lo:hi], top_p[lo:hi]) if codes is not None else None  # type: ignore[index]
-            lp, h, cut = _chunk_terms(hidden[lo:hi], weight, bias, targets[lo:hi], sup, **kw)
+            t_rows = teacher.rows(lo, hi) if teacher is not None else None
+            lp, h, cut, d = _chunk_terms(hidden[lo:hi], weight, bias, targets[lo:hi], sup, teacher=t_rows,
+                                         **kw)
             logprobs[lo:hi] = lp
             if h is not None:
                 ent[lo:hi] = h
+            if d is not None:
+                kl[lo:hi] = d
             if cut is not None:
                 sizes[lo:hi], mismatch[lo:hi], recomputed[lo:hi] = cut  # type: ignore[index]
         ctx.options = options
         device_type = device.type
         ctx.autocast = (device_type, torch.is_autocast_enabled(device_type),
                         torch.get_autocast_dtype(device_type))
-        ctx.save_for_backward(hidden, weight, bias, targets, codes, top_k, top_p, sizes)
+        ctx.save_for_backward(hidden, weight, bias, targets, codes, top_k, top_p, sizes,
+                              teacher_states, teacher_weight, teacher_bias)
         ctx.mark_non_differentiable(mismatch, recomputed)
         if options["entropy"] != "grad":
             ctx.mark_non_differentiable(ent)
-        return logprobs, ent, mismatch, recomputed
+        if teacher is None:
+            ctx.mark_non_differentiable(kl)
+        return logprobs, ent, mismatch, recomputed, kl
 
     @staticmethod
-    def backward(ctx: Any, grad_logprobs: Tensor, grad_entropy: Tensor | None, *_: Any) -> tuple[Any, ...]:  # type: ignore[override]
-        hidden, weight, bias, targets, codes, top_k, top_p, sizes = ctx.saved_tensors
+    def backward(ctx: Any, grad_logprobs: Tensor, grad_entropy: Tensor | None, _mismatch: Any,  # type: ignore[override]
+                 _recomputed: Any, grad_kl: Tensor | None) -> tuple[Any, ...]:
+        (hidden, weight, bias, targets, codes, top_k, top_p, sizes,
+         teacher_states, teacher_weight, teacher_bias) = ctx.saved_tensors
         options = ctx.options
         chunk = options["chunk"]
         want_h, want_w, want_b = ctx.needs_input_grad[:3]
@@ -242,6 +288,8 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
         # A metric entropy has no gradient: the recomputation skips it.
         kw = {k: options[k] for k in ("fp32", "softcap", "temperature")}
         kw["entropy"] = "grad" if with_entropy else "none"
+        teacher = _teacher_of(teacher_states, teacher_weight, teacher_bias, options)
+        with_kl = teacher is not None and grad_kl is not None
         device_type, autocast_on, autocast_dtype = ctx.autocast
         w = weight.detach().requires_grad_(want_w)
         b = bias.detach().requires_grad_(want_b) if bias is not None else None
@@ -250,12 +298,16 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
             h = hidden[lo:hi].detach().requires_grad_(want_h)
             sup = (codes[lo:hi], top_k[lo:hi], top_p[lo:hi]) if codes is not None else None
             size = sizes[lo:hi] if sizes is not None else None
+            t_rows = teacher.rows(lo, hi) if with_kl and teacher is not None else None
             with torch.enable_grad(), torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_on):
-                lp, ent, _ = _chunk_terms(h, w, b, targets[lo:hi], sup, size=size, **kw)
+                lp, ent, _, d = _chunk_terms(h, w, b, targets[lo:hi], sup, size=size, teacher=t_rows, **kw)
             outputs, grads = [lp], [grad_logprobs[lo:hi]]
             if with_entropy and ent is not None:
                 outputs.append(ent)
                 grads.append(grad_entropy[lo:hi])  # type: ignore[index]
+            if with_kl and d is not None:
+                outputs.append(d)
+                grads.append(grad_kl[lo:hi])  # type: ignore[index]
             inputs = [t for t, want in ((h, want_h), (w, want_w), (b, want_b)) if want and t is not None]
             got = list(torch.autograd.grad(outputs, inputs, grads, allow_unused=True))
             if want_h:
@@ -275,7 +327,14 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
             grad_weight = torch.zeros_like(weight)
         if want_b and bias is not None and grad_bias is None:
             grad_bias = torch.zeros_like(bias)
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None, None
+
+
+def _teacher_of(states: Tensor | None, weight: Tensor | None, bias: Tensor | None,
+                options: dict[str, Any]) -> TeacherHead | None:
+    if states is None or weight is None:
+        return None
+    return TeacherHead(states, weight, bias, options["teacher_fp32"], options["teacher_softcap"])
 
 
 def response_forward(
@@ -290,6 +349,7 @@ def response_forward(
     packed: bool = False,
     routing: RoutingRecord | None = None,
     router_aux: bool = False,
+    teacher: torch.nn.Module | None = None,
 ) -> ResponseForward:
     """Log-probs of `batch`'s response tokens under `model` at the sampling `temperature`.
 
@@ -304,7 +364,10 @@ def response_forward(
     decoder on the batch's real tokens packed into one sequence (`training.packing`); the results
     keep the padded `[n, T]` layout. `routing` (MoE) replays or measures the engine's recorded
     experts in the decoder pass (`scalerl.models.moe.replay_routing`); `router_aux` returns the
-    MoE load-balancing loss of the pass (`scalerl.models.moe.load_balancing_loss`).
+    MoE load-balancing loss of the pass (`scalerl.models.moe.load_balancing_loss`). `teacher` (a
+    distillation teacher sharing the vocabulary) adds `distill_kl`, the full reverse KL at every
+    response position (`algorithms.distill.full_reverse_kl`); its decoder runs without gradient on
+    the same layout, and its logits are projected chunk by chunk beside the student's.
     """
     weight, bias = head_parameters(model, fp32_lm_head)
     chunk = logit_chunk_size(logit_chunk_tokens, int(weight.shape[0]))
@@ -325,10 +388,19 @@ def response_forward(
         real = decoder_order_real(batch, packed=packed)
         return load_balancing_loss(tally.probs, tally.indices, experts, real)
 
-    if int(mask.sum()) <= chunk:
+    chunked = int(mask.sum()) > chunk
+    teacher_head = None
+    if teacher is not None:
+        with torch.no_grad():
+            t_weight, t_bias = head_parameters(teacher, fp32_lm_head)
+            t_states = response_states(decoder_of(teacher), batch, packed=packed,
+                                       at=mask if chunked else None)
+        teacher_head = TeacherHead(t_states, t_weight, t_bias, fp32_lm_head, final_logit_softcap(teacher))
+    if not chunked:
         with replay as tally:
             hidden = response_states(decoder, batch, packed=packed)
-        out = _unchunked(hidden, weight, bias, batch, support, fp32_lm_head, softcap, temperature, entropy)
+        out = _unchunked(hidden, weight, bias, batch, support, fp32_lm_head, softcap, temperature, entropy,
+                         teacher_head)
         out.routing = tally if routing is not None else None
         out.router_aux_loss = aux(tally)
         return out
@@ -337,11 +409,15 @@ def response_forward(
     if support is not None:
         codes, top_k, top_p = support.per_token(mask)
     options = {"chunk": chunk, "fp32": fp32_lm_head, "softcap": softcap,
-               "temperature": float(temperature), "entropy": entropy}
+               "temperature": float(temperature), "entropy": entropy,
+               "teacher_fp32": fp32_lm_head,
+               "teacher_softcap": teacher_head.softcap if teacher_head is not None else None}
     with replay as tally:
         states = response_states(decoder, batch, packed=packed, at=mask)
-    lp, ent, mismatch, recomputed = ChunkedHeadLogprobs.apply(
-        states, weight, bias, batch.response_ids[mask], codes, top_k, top_p, options,
+    t_args = ((teacher_head.states, teacher_head.weight, teacher_head.bias) if teacher_head is not None
+              else (None, None, None))
+    lp, ent, mismatch, recomputed, kl = ChunkedHeadLogprobs.apply(
+        states, weight, bias, batch.response_ids[mask], codes, top_k, top_p, *t_args, options,
     )
 
     def spread(values: Tensor) -> Tensor:
@@ -354,6 +430,7 @@ def response_forward(
         support_recomputed=spread(recomputed) if support is not None else None,
         routing=tally if routing is not None else None,
         router_aux_loss=aux(tally),
+        distill_kl=spread(kl) if teacher_head is not None else None,
     )
 
 
@@ -367,6 +444,7 @@ def _unchunked(
     softcap: float | None,
     temperature: float,
     entropy: EntropyMode,
+    teacher: TeacherHead | None = None,
 ) -> ResponseForward:
     """Every response position's `[N, T, V]` logits at once, through plain autograd (the reference
     path the chunked one is tested against)."""
@@ -394,5 +472,7 @@ def _unchunked(
             scaled = scaled.detach()
         with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
             ent = entropy_from_logits(scaled, mask)
+    kl = _teacher_kl(logits, teacher, temperature)
     return ResponseForward(logprobs=logprobs, entropy=ent, support_mismatch=mismatch,
-                           support_recomputed=recomputed)
+                           support_recomputed=recomputed,
+                           distill_kl=torch.where(mask, kl, 0.0) if kl is not None else None)

@@ -131,6 +131,7 @@ class _StepStats:
     entropy: _MeanMax = field(default_factory=_MeanMax)
     gen_diff: _MeanMax = field(default_factory=_MeanMax)
     mismatch: _MeanMax = field(default_factory=_MeanMax)  # gen_diff on samples of the current weights only
+    distill_kl: _MeanMax = field(default_factory=_MeanMax)  # `distill.estimator: full`'s KL per token
     # Keep-sampling-mask: loss tokens whose sampler cut these logits put elsewhere / recomputed.
     support_mismatch: int = 0
     support_recomputed: int = 0
@@ -162,6 +163,7 @@ class _StepStats:
             entropy=_MeanMax.merge([s.entropy for s in per_rank]),
             gen_diff=_MeanMax.merge([s.gen_diff for s in per_rank]),
             mismatch=_MeanMax.merge([s.mismatch for s in per_rank]),
+            distill_kl=_MeanMax.merge([s.distill_kl for s in per_rank]),
             support_mismatch=sum(s.support_mismatch for s in per_rank),
             support_recomputed=sum(s.support_recomputed for s in per_rank),
             routing_pairs=sum(s.routing_pairs for s in per_rank),
@@ -335,7 +337,8 @@ class Trainer:
         return self.meter.generation_params if self.meter is not None and self.policy.lora else None
 
     def _forward(
-        self, model: torch.nn.Module, mb: TrainBatch, *, grad: bool, entropy: EntropyMode = "none"
+        self, model: torch.nn.Module, mb: TrainBatch, *, grad: bool, entropy: EntropyMode = "none",
+        teacher: torch.nn.Module | None = None,
     ) -> ResponseForward:
         support = None
         if self.algo.keep_sampling_mask and mb.support_size is not None:
@@ -355,6 +358,7 @@ class Trainer:
                 packed=self.batching.packed,
                 routing=routing,
                 router_aux=grad and self.algo.router_aux_loss_coef > 0,
+                teacher=teacher,
             )
 
     @torch.no_grad()
@@ -493,14 +497,19 @@ class Trainer:
     def _distill(self, batch: TrainBatch) -> dict[str, float]:
         """Add the teacher's reverse-KL term to `batch.advantages` (scalerl.algorithms.distill):
         the student's log-probs are the sampler's (pi_old when recomputed), as in on-policy
-        distillation's estimator; the teacher's come from one forward pass (counted in the FLOPs)."""
+        distillation's estimator; the teacher's come from one forward pass (counted in the FLOPs).
+        With `estimator: full` only the outcome advantage is scaled here: the KL is a loss term of
+        the training passes (`_accumulate`)."""
+        d = self.algo.distill
+        if d.estimator == "full":
+            batch.advantages = batch.advantages * d.reward_weight
+            return {}
         teacher = self.teacher
         student_lp = batch.old_logprobs if batch.old_logprobs is not None else batch.behavior_logprobs
         teacher_lp = self.compute_logprobs(batch, teacher, self._teacher_params).to(student_lp.device)
         mask = batch.response_mask
         if not _finite(teacher_lp, mask):
             raise _NonFiniteError("non-finite teacher log-probs")
-        d = self.algo.distill
         batch.advantages = distillation_advantages(batch.advantages, student_lp, teacher_lp, mask,
                                                    d.coef, d.reward_weight)
         reverse_kl = (student_lp - teacher_lp)[mask]
@@ -519,6 +528,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         use_kl_loss = self.algo.kl_coef > 0 and not self.algo.kl_in_reward
         entropy_mode: EntropyMode = "grad" if self.algo.entropy_coef != 0 else "metric"
+        full_kl = self.algo.distill.teacher is not None and self.algo.distill.estimator == "full"
+        teacher = self.teacher if full_kl else None
         local = _StepStats()
 
         for rows in self.collectives.micro_batch_plan(row_lengths(batch), self.batching):
@@ -527,7 +538,7 @@ class Trainer:
                 local.passes += 1
                 local.real_tokens += mb.num_tokens
                 local.slot_tokens += mb.num_tokens if self.batching.packed else int(mb.input_ids.numel())
-            out = self._forward(model, mb, grad=True, entropy=entropy_mode)
+            out = self._forward(model, mb, grad=True, entropy=entropy_mode, teacher=teacher)
             ref_lp = None
             if use_kl_loss:
                 with self._reference_model() as reference:
@@ -547,6 +558,9 @@ class Trainer:
         if use_kl_loss and self.meter is not None:
             # The reference passes over the whole batch (all ranks together).
             self.meter.add_logprob_pass(batch.num_tokens, self._reference_params())
+        if full_kl and self.meter is not None:
+            # The teacher's decoder ran inside each training pass: once over the batch, 2 N_teacher.
+            self.meter.add_logprob_pass(batch.num_tokens, self._teacher_params)
         if stats.problem is not None:
             raise _NonFiniteError(stats.problem)
         merged = merge_policy_stats(stats.parts)
@@ -582,6 +596,8 @@ class Trainer:
             tis_weight_mean=merged["tis_weight_mean"],
             offpolicy_masked_frac=merged["dropped_frac"],
         )
+        if full_kl:
+            metrics["distill_reverse_kl"] = stats.distill_kl.mean
 
     def _problem(self, stats: _StepStats, what: str) -> None:
         """A non-finite value: ends the step here, or (lockstep) marks it bad for all ranks at the end."""
@@ -643,6 +659,10 @@ class Trainer:
             stats.entropy.add(out.entropy, mb.response_mask)
             if entropy_mode == "grad":
                 loss = loss + entropy_bonus(out.entropy, w, self.algo.entropy_coef)
+        if out.distill_kl is not None:
+            # GKD's reverse KL over the vocabulary, aggregated like the policy loss
+            stats.distill_kl.add(out.distill_kl.detach(), mb.response_mask)
+            loss = loss + self.algo.distill.coef * weighted_token_sum(out.distill_kl, w)
         loss_value = float(loss.detach())
         if not math.isfinite(loss_value):
             self._problem(stats, "non-finite loss")

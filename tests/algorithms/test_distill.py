@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -44,3 +46,28 @@ def test_bad_inputs_name_the_argument() -> None:
     assert out.tolist() == [[0.0, 0.0]]
     with pytest.raises(ValueError, match="outcome"):
         distillation_advantages(torch.zeros(3), torch.zeros(2, 2), torch.zeros(2, 2), torch.ones(2, 2))
+
+
+def test_full_reverse_kl_closed_form() -> None:
+    from scalerl.algorithms.distill import full_reverse_kl
+
+    # two tokens: student (0.75, 0.25), teacher (0.5, 0.5): KL = 0.75 ln 1.5 + 0.25 ln 0.5
+    s = torch.log(torch.tensor([[0.75, 0.25]])) + 3.0  # logits: any shift is the same distribution
+    t = torch.log(torch.tensor([[0.5, 0.5]]))
+    kl = full_reverse_kl(s, t)
+    assert kl.shape == (1,)
+    assert kl.item() == pytest.approx(0.75 * math.log(1.5) + 0.25 * math.log(0.5), abs=1e-6)
+    # zero for equal distributions, not symmetric, a -inf student logit contributes nothing
+    assert full_reverse_kl(t, t).item() == pytest.approx(0.0, abs=1e-7)
+    assert full_reverse_kl(t, s).item() != pytest.approx(kl.item(), abs=1e-3)
+    masked = torch.tensor([[0.0, float("-inf")]])
+    assert full_reverse_kl(masked, t).item() == pytest.approx(math.log(2.0), abs=1e-6)
+    # its gradient is the closed form: dKL/ds_v = p_v (log p_v - log q_v - KL)
+    s = torch.randn(3, 5, requires_grad=True)
+    t = torch.randn(3, 5)
+    full_reverse_kl(s, t).sum().backward()
+    p, log_p, log_q = s.softmax(-1), s.log_softmax(-1), t.log_softmax(-1)
+    kl = (p * (log_p - log_q)).sum(-1, keepdim=True)
+    assert torch.allclose(s.grad, (p * (log_p - log_q - kl)).detach(), atol=1e-6)
+    with pytest.raises(ValueError, match="teacher_logits"):
+        full_reverse_kl(torch.zeros(2, 3), torch.zeros(2, 4))

@@ -524,8 +524,9 @@ def test_bench_distill_small(cache_dir: Path, tmp_path: Path) -> None:
 
 @pytest.mark.timeout(600)
 def test_bench_distill_warm_student_small(cache_dir: Path, tmp_path: Path) -> None:
-    args = ("--student", "warm_start", "--steps", "2", "--rl-steps", "2", "--prompts", "2", "--n", "2",
-            "--max-new-tokens", "8", "--heldout", "4", "--eval-every", "1", "--out", str(tmp_path / "d"))
+    args = ("--student", "warm_start", "--estimator", "full", "--steps", "2", "--rl-steps", "2",
+            "--prompts", "2", "--n", "2", "--max-new-tokens", "8", "--heldout", "4", "--eval-every", "1",
+            "--out", str(tmp_path / "d"))
     out = run_script("bench_distill.py", *args, cache_dir=cache_dir, timeout=580)
     result = json.loads(out[out.index("{"):])
     d, rl = result["distill"], result["rl"]

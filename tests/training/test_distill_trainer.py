@@ -116,7 +116,9 @@ def test_a_short_pure_distillation_run(teacher_dir: Path, tmp_path: Path) -> Non
     assert kl[-1] < kl[0], kl
 
 
-def test_a_student_that_is_its_teacher_has_no_reverse_kl(teacher_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("estimator", ["sampled", "full"])
+def test_a_student_that_is_its_teacher_has_no_reverse_kl(teacher_dir: Path, tmp_path: Path,
+                                                         estimator: str) -> None:
     """The engine's sampling log-probs and the teacher's, computed by the trainer, line up token for
     token at the sampling temperature: a student started from the teacher's own weights measures a
     reverse KL of 0 on its first step (an off-by-one or a temperature mismatch gives nats)."""
@@ -129,12 +131,88 @@ def test_a_student_that_is_its_teacher_has_no_reverse_kl(teacher_dir: Path, tmp_
         "data": {"synthetic": {"num_prompts": 40}, "heldout_size": 0},
         "generation": {"n": 4, "max_new_tokens": 12, "max_batch_size": 16, "temperature": 0.7},
         "pipeline": {"off_policy": "sync", "prompts_per_step": 4},
-        "algorithm": {"distill": {"teacher": str(teacher_dir), "reward_weight": 0.0}},
+        "algorithm": {"distill": {"teacher": str(teacher_dir), "reward_weight": 0.0,
+                                  "estimator": estimator}},
         "eval": {"every": 1000, "at_start": False},
         "logging": {"progress": False},
     })
     with build_training(cfg, tmp_path / "run", device="cpu", checkpoints=False) as run:
         run.driver.run()
     (row,) = [r for r in read_rows(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "step"]
-    assert row["distill_teacher_logprob"] < -0.1  # the samples are not all near-certain tokens
+    if estimator == "sampled":
+        assert row["distill_teacher_logprob"] < -0.1  # the samples are not all near-certain tokens
     assert abs(row["distill_reverse_kl"]) < 1e-5, row["distill_reverse_kl"]
+
+
+def _full_kl_reference(policy, teacher, batch, temperature: float = 1.0) -> torch.Tensor:
+    """KL(pi_s || pi_t) per response position from the two models' whole logits, by hand."""
+    def logits(model: torch.nn.Module) -> torch.Tensor:
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                    position_ids=batch.position_ids).logits.float()
+        p = batch.prompt_width
+        return out[:, p - 1: p - 1 + batch.response_ids.shape[1]] / temperature
+
+    log_s = torch.log_softmax(logits(policy.model), -1)
+    with torch.no_grad():
+        log_t = torch.log_softmax(logits(teacher), -1)
+    return (log_s.exp() * (log_s - log_t)).sum(-1)
+
+
+@pytest.mark.parametrize(("chunk", "micro_tokens"), [(None, None), (3, None), (None, 24), (5, 24)])
+def test_full_estimator_gradient_is_the_closed_form(make_policy, make_groups, teacher_dir: Path,
+                                                    chunk: int | None, micro_tokens: int | None) -> None:
+    """`estimator: full`, no outcome term: the step's gradient is that of
+    coef * sum_t w_t KL(pi_s || pi_t)_t over the whole vocabulary: chunked LM head or not, padded
+    or packed token-budget micro-batches."""
+    policy = make_policy()
+    groups = make_groups(policy, noise=0.0, zero_variance_groups=3)
+    algo = AlgorithmConfig(aggregation="token", distill=DistillConfig(
+        teacher=str(teacher_dir), coef=0.7, reward_weight=0.0, estimator="full"))
+    trainer = Trainer(policy, algo, OptimConfig(lr=1e-3, logit_chunk_tokens=chunk,
+                                                micro_batch_tokens=micro_tokens))
+    metrics = trainer.compute_gradients(groups)
+    assert metrics["kept_samples"] == 12
+    assert metrics["micro_batches"] > 1 if micro_tokens else metrics["micro_batches"] == 1
+    got = [p.grad.clone() for p in policy.model.parameters()]
+
+    batch = collate(groups, policy.pad_token_id)
+    policy.model.zero_grad(set_to_none=True)
+    mask = batch.response_mask
+    kl = _full_kl_reference(policy, trainer.teacher, batch)
+    w = token_weights(mask, batch.group_ids, "token", None)[:, : kl.shape[1]]
+    assert metrics["distill_reverse_kl"] == pytest.approx(float(kl.detach()[mask].mean()), rel=1e-5)
+    (0.7 * (w * torch.where(mask, kl, 0.0)).sum()).backward()
+    for g, p in zip(got, policy.model.parameters(), strict=True):
+        assert torch.allclose(g, p.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_full_estimator_counts_the_teacher_once_and_pulls_to_it(make_policy, make_groups,
+                                                                teacher_dir: Path) -> None:
+    policy = make_policy()
+    meter = ComputeMeter(flop_params(policy.model))
+    algo = AlgorithmConfig(aggregation="token", distill=DistillConfig(
+        teacher=str(teacher_dir), reward_weight=0.0, estimator="full"))
+    trainer = Trainer(policy, algo, OptimConfig(lr=3e-3, warmup_steps=0), meter=meter)
+    batch = collate(make_groups(policy, noise=0.0), policy.pad_token_id)
+
+    def mean_kl() -> float:
+        with torch.no_grad():
+            return float(_full_kl_reference(policy, trainer.teacher, batch)[batch.response_mask].mean())
+
+    before = mean_kl()
+    flops0 = meter.flops
+    trainer.step(make_groups(policy, noise=0.0))
+    # the teacher's decoder ran inside the training pass: 2 N_teacher per token, as the sampled
+    # estimator's separate pass is counted (and the 6N training pass)
+    teacher_n = flop_params(trainer.teacher)
+    assert meter.flops - flops0 == pytest.approx(2 * teacher_n * batch.num_tokens + 6 * meter.n_params
+                                                 * batch.num_tokens)
+    for _ in range(4):
+        trainer.step(make_groups(policy, noise=0.0))
+    assert mean_kl() < 0.8 * before
+
+
+def test_full_estimator_refuses_keep_sampling_mask() -> None:
+    with pytest.raises(ConfigError, match=r"distill\.estimator"):
+        build_config([({"algorithm": {"keep_sampling_mask": True,
+                                      "distill": {"teacher": "t", "estimator": "full"}}}, {})])
