@@ -25,6 +25,12 @@ def teacher_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def assert_grads_equal(got: list[torch.Tensor], model: torch.nn.Module) -> None:
+    """The step's gradients `got` equal those the closed form's backward left in `model`."""
+    for g, p in zip(got, model.parameters(), strict=True):
+        assert torch.allclose(g, p.grad, atol=1e-6, rtol=1e-4)
+
+
 def _algo(teacher: Path, **kw: object) -> AlgorithmConfig:
     return AlgorithmConfig(aggregation="token", distill=DistillConfig(teacher=str(teacher), **kw))
 
@@ -50,8 +56,7 @@ def test_pure_distillation_gradient_is_the_closed_form(make_policy, make_groups,
     w = token_weights(mask, batch.group_ids, "token", None)[:, : lp.shape[1]]
     d = torch.where(mask, lp - teacher_lp, 0.0)
     (0.5 * 0.7 * (w * d * d).sum()).backward()
-    for g, p in zip(got, policy.model.parameters(), strict=True):
-        assert torch.allclose(g, p.grad, atol=1e-6, rtol=1e-4)
+    assert_grads_equal(got, policy.model)
 
 
 def test_steps_pull_the_student_to_the_teacher_and_count_its_flops(make_policy, make_groups,
@@ -182,8 +187,7 @@ def test_full_estimator_gradient_is_the_closed_form(make_policy, make_groups, te
     w = token_weights(mask, batch.group_ids, "token", None)[:, : kl.shape[1]]
     assert metrics["distill_reverse_kl"] == pytest.approx(float(kl.detach()[mask].mean()), rel=1e-5)
     (0.7 * (w * torch.where(mask, kl, 0.0)).sum()).backward()
-    for g, p in zip(got, policy.model.parameters(), strict=True):
-        assert torch.allclose(g, p.grad, atol=1e-6, rtol=1e-4)
+    assert_grads_equal(got, policy.model)
 
 
 def test_full_estimator_counts_the_teacher_once_and_pulls_to_it(make_policy, make_groups,
