@@ -84,11 +84,16 @@ def full_reverse_kl(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
     """`KL(pi_s || pi_t) = sum_v p_s,v (log p_s,v - log p_t,v)` per position over the last (vocabulary)
     dimension, from logits already divided by the sampling temperature (GKD's reverse KL, Agarwal
     et al. 2024; module docstring). `[..., V]` and `[..., V]` -> `[...]` float32, >= 0;
-    differentiable in `student_logits`. Positions whose student logits are all -inf are not allowed."""
+    differentiable in `student_logits`. A student logit of -inf (probability 0) contributes 0; a
+    position with a NaN on either side is NaN (not hidden). Positions whose student logits are all
+    -inf are not allowed."""
     s = check_float_tensor("student_logits", student_logits)
     t = check_float_tensor("teacher_logits", teacher_logits)
     check_same_shape("teacher_logits", t, "student_logits", s, "[..., V]")
     log_s = torch.log_softmax(s.float(), dim=-1)
     log_t = torch.log_softmax(t.float(), dim=-1)
-    # 0 * log 0 is 0: a token the student gives probability 0 contributes nothing
-    return (log_s.exp() * (log_s - log_t)).nan_to_num(nan=0.0, posinf=math.inf).sum(-1).clamp_min(0.0)
+    # 0 * log 0 is 0: a token the student gives probability 0 contributes nothing (its NaN is the
+    # only one nan_to_num may clear: a NaN input is put back per position, without a host sync)
+    kl = (log_s.exp() * (log_s - log_t)).nan_to_num(nan=0.0, posinf=math.inf).sum(-1).clamp_min(0.0)
+    bad = torch.isnan(s).any(-1) | torch.isnan(t).any(-1)
+    return torch.where(bad, math.nan, kl)

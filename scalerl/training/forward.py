@@ -30,6 +30,7 @@ from torch import Tensor
 from scalerl.algorithms.distill import full_reverse_kl
 from scalerl.algorithms.entropy import entropy_from_logits
 from scalerl.models.lm_head import (
+    Fp32HeadWeight,
     decoder_of,
     final_logit_softcap,
     head_parameters,
@@ -288,8 +289,9 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
         # A metric entropy has no gradient: the recomputation skips it.
         kw = {k: options[k] for k in ("fp32", "softcap", "temperature")}
         kw["entropy"] = "grad" if with_entropy else "none"
-        teacher = _teacher_of(teacher_states, teacher_weight, teacher_bias, options)
-        with_kl = teacher is not None and grad_kl is not None
+        # The recomputation skips the teacher when nothing downstream used the KL.
+        teacher = (_teacher_of(teacher_states, teacher_weight, teacher_bias, options)
+                   if grad_kl is not None else None)
         device_type, autocast_on, autocast_dtype = ctx.autocast
         w = weight.detach().requires_grad_(want_w)
         b = bias.detach().requires_grad_(want_b) if bias is not None else None
@@ -298,14 +300,14 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
             h = hidden[lo:hi].detach().requires_grad_(want_h)
             sup = (codes[lo:hi], top_k[lo:hi], top_p[lo:hi]) if codes is not None else None
             size = sizes[lo:hi] if sizes is not None else None
-            t_rows = teacher.rows(lo, hi) if with_kl and teacher is not None else None
+            t_rows = teacher.rows(lo, hi) if teacher is not None else None
             with torch.enable_grad(), torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_on):
                 lp, ent, _, d = _chunk_terms(h, w, b, targets[lo:hi], sup, size=size, teacher=t_rows, **kw)
             outputs, grads = [lp], [grad_logprobs[lo:hi]]
             if with_entropy and ent is not None:
                 outputs.append(ent)
                 grads.append(grad_entropy[lo:hi])  # type: ignore[index]
-            if with_kl and d is not None:
+            if d is not None:
                 outputs.append(d)
                 grads.append(grad_kl[lo:hi])  # type: ignore[index]
             inputs = [t for t, want in ((h, want_h), (w, want_w), (b, want_b)) if want and t is not None]
@@ -334,7 +336,7 @@ def _teacher_of(states: Tensor | None, weight: Tensor | None, bias: Tensor | Non
                 options: dict[str, Any]) -> TeacherHead | None:
     if states is None or weight is None:
         return None
-    return TeacherHead(states, weight, bias, options["teacher_fp32"], options["teacher_softcap"])
+    return TeacherHead(states, weight, bias, options["fp32"], options["teacher_softcap"])
 
 
 def response_forward(
@@ -350,6 +352,7 @@ def response_forward(
     routing: RoutingRecord | None = None,
     router_aux: bool = False,
     teacher: torch.nn.Module | None = None,
+    teacher_head_cache: Fp32HeadWeight | None = None,
 ) -> ResponseForward:
     """Log-probs of `batch`'s response tokens under `model` at the sampling `temperature`.
 
@@ -367,7 +370,8 @@ def response_forward(
     MoE load-balancing loss of the pass (`scalerl.models.moe.load_balancing_loss`). `teacher` (a
     distillation teacher sharing the vocabulary) adds `distill_kl`, the full reverse KL at every
     response position (`algorithms.distill.full_reverse_kl`); its decoder runs without gradient on
-    the same layout, and its logits are projected chunk by chunk beside the student's.
+    the same layout, and its logits are projected chunk by chunk beside the student's;
+    `teacher_head_cache` keeps the frozen teacher's float32 head across passes (`fp32_lm_head`).
     """
     weight, bias = head_parameters(model, fp32_lm_head)
     chunk = logit_chunk_size(logit_chunk_tokens, int(weight.shape[0]))
@@ -392,7 +396,7 @@ def response_forward(
     teacher_head = None
     if teacher is not None:
         with torch.no_grad():
-            t_weight, t_bias = head_parameters(teacher, fp32_lm_head)
+            t_weight, t_bias = head_parameters(teacher, fp32_lm_head, teacher_head_cache)
             t_states = response_states(decoder_of(teacher), batch, packed=packed,
                                        at=mask if chunked else None)
         teacher_head = TeacherHead(t_states, t_weight, t_bias, fp32_lm_head, final_logit_softcap(teacher))
@@ -410,7 +414,6 @@ def response_forward(
         codes, top_k, top_p = support.per_token(mask)
     options = {"chunk": chunk, "fp32": fp32_lm_head, "softcap": softcap,
                "temperature": float(temperature), "entropy": entropy,
-               "teacher_fp32": fp32_lm_head,
                "teacher_softcap": teacher_head.softcap if teacher_head is not None else None}
     with replay as tally:
         states = response_states(decoder, batch, packed=packed, at=mask)

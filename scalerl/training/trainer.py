@@ -51,7 +51,7 @@ from scalerl.algorithms.masks import off_policy_sequence_mask
 from scalerl.algorithms.objectives import per_token_policy_loss
 from scalerl.algorithms.stats import merge_policy_stats, reduce_token_stats
 from scalerl.config import AlgorithmConfig, ConfigError, OptimConfig
-from scalerl.models.lm_head import decoder_of
+from scalerl.models.lm_head import Fp32HeadWeight, decoder_of
 from scalerl.models.moe import routing_shape
 from scalerl.telemetry.compute import ComputeMeter, flop_params
 from scalerl.training.advantage import AdvantageEstimator, OutcomeAdvantages
@@ -267,6 +267,7 @@ class Trainer:
         self._reference: torch.nn.Module | None = None
         self._teacher: torch.nn.Module | None = None
         self._teacher_params = 0
+        self._teacher_head = Fp32HeadWeight()  # the frozen teacher's float32 head (`estimator: full`)
         if algorithm.distill.teacher is not None and self.collectives.lockstep:
             raise ValueError("algorithm.distill.teacher: the teacher runs in one local trainer process; "
                              "sharded ranks have none (use distributed.backend=local)")
@@ -359,6 +360,7 @@ class Trainer:
                 routing=routing,
                 router_aux=grad and self.algo.router_aux_loss_coef > 0,
                 teacher=teacher,
+                teacher_head_cache=self._teacher_head,
             )
 
     @torch.no_grad()

@@ -62,6 +62,10 @@ def test_full_reverse_kl_closed_form() -> None:
     assert full_reverse_kl(t, s).item() != pytest.approx(kl.item(), abs=1e-3)
     masked = torch.tensor([[0.0, float("-inf")]])
     assert full_reverse_kl(masked, t).item() == pytest.approx(math.log(2.0), abs=1e-6)
+    # a NaN on either side is NaN at its own position only, never cleared to 0
+    nan_rows = full_reverse_kl(torch.tensor([[0.0, math.nan], [0.0, 1.0]]), torch.zeros(2, 2))
+    assert math.isnan(nan_rows[0].item()) and math.isfinite(nan_rows[1].item())
+    assert math.isnan(full_reverse_kl(torch.zeros(1, 2), torch.tensor([[math.nan, 0.0]])).item())
     # its gradient is the closed form: dKL/ds_v = p_v (log p_v - log q_v - KL)
     s = torch.randn(3, 5, requires_grad=True)
     t = torch.randn(3, 5)
