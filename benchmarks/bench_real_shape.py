@@ -198,7 +198,7 @@ def measure(args: argparse.Namespace, model_dir: Path, params: int) -> dict[str,
             row = run_child(spec, timeout=args.timeout) | {"length": length}
             points.append((length, row["peak_gb"]))
             results[path].append(row)
-            print(f"{path:8s} L={length:5d}  peak {row['peak_gb']:7.2f} GB  step {row['step_s']:7.1f} s  "
+            print(f"{path:8s} L={length:5d}  peak {row['peak_gb']:7.2f} GB  step {row['step_s']:8.3f} s  "
                   f"{row['tokens'] / row['step_s']:8.0f} tokens/s", flush=True)
     return {"shape": asdict(shape), "params": params, "chunk": chunk, "results": results, "skipped": skipped}
 
