@@ -231,8 +231,11 @@ def file_lock(path: Path) -> Iterator[None]:
 
 
 def result_summary(result: SFTResult) -> dict[str, Any]:
+    # The CPU kernels' instruction set is recorded because it changes the trained weights: AVX-512
+    # and AVX2 kernels round differently, so one seed trains bit-identical weights only on one ISA.
     return {"final_loss": result.final_loss, "first_loss": result.losses[0], "tokens": result.tokens,
-            "seconds": result.seconds, "examples": result.examples}
+            "seconds": result.seconds, "examples": result.examples,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def save_sft_model(policy: Policy, path: Path, info: Mapping[str, Any], flag: str = "--output") -> None:

@@ -83,6 +83,7 @@ def test_warm_start_is_cached_and_loadable(tmp_path, monkeypatch, small_run, tin
     path = warm_start_default(cfg, sft, cache_dir=tmp_path)
     info = json.loads((path / "sft_info.json").read_text())
     assert info["sft"]["steps"] == 3 and info["examples"] == len(ws_mod.default_sft_records(cfg)) > 0
+    assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # the kernels that trained it
     model = AutoModelForCausalLM.from_pretrained(path)
     tok = AutoTokenizer.from_pretrained(path)
     assert model.config.hidden_size == tiny.hidden_size and tok.eos_token == "<|end|>"
