@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['setting']:<10} {r['trainable']:>12,} {r['trainable_share']:>8.2%} "
               f"{r['peak_rss_mb']:>9.0f} "
-              f"{r['step_growth_mb']:>9.0f} {r['step_s_median']:>7.2f} {r['train_flops_per_token']:>10.3g} "
+              f"{r['step_growth_mb']:>9.0f} {r['step_s_median']:>7.3f} {r['train_flops_per_token']:>10.3g} "
               f"{r['train_flops_per_token'] / full['train_flops_per_token']:>7.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
