@@ -404,7 +404,11 @@ class Driver:
                         result.stop_reason = self._stopped_by = asked
                         break
                 every = cfg.checkpoint_every
-                if self.c.checkpoint is not None and every and self.step % every == 0:
+                # The last step's checkpoint waits for the final evaluation below: a checkpoint at
+                # max_steps is what `--resume` takes for a finished run, so one saved before that
+                # evaluation and followed by a kill would leave the curve without its last point.
+                last = self.step >= cfg.max_steps
+                if self.c.checkpoint is not None and every and self.step % every == 0 and not last:
                     self._save()
                     saved_at = self.step
             if result.stop_reason == "signal":

@@ -46,3 +46,34 @@ def test_driver_evaluates_at_start_every_n_and_end(mode: str, schedule: str, tra
         # Every evaluation token came from the trainer's weights at that point.
         assert row["val_version_min"] == row["val_version_max"] == row["version"]
     assert [row["version"] for _, row in rows.evals] == [0, 3, 6, 7]
+
+
+@pytest.mark.parametrize("mode", ["sync", "pipeline"])
+def test_the_last_checkpoint_is_written_after_the_final_evaluation(mode: str) -> None:
+    """A checkpoint at max_steps is what `--resume` takes for a finished run: written before the
+    final evaluation, a kill between the two left the curve without its last point for good (CI saw
+    it: the run "already finished" at step 8, its last eval row at step 6). So the last step's
+    checkpoint comes after that evaluation and records it; the earlier ones keep their schedule."""
+    cfg = make_config(mode, 2, 2, steps=8)
+    cfg.eval.every, cfg.eval.at_start, cfg.checkpoint.every = 3, True, 2
+    engine = FakeEngine(max_batch_size=8)
+    comps, rows = build(cfg, engine=engine, trainer=FakeTrainer(engine), source=FakeSource())
+    scorer = GroupScorer(FakeScorer(), decode, max_workers=1)
+    comps.evaluator = Evaluator(heldout([1, 2]), encode, scorer, k=2, params=SamplingParams(max_new_tokens=16))
+    order: list[tuple[str, int]] = []
+    saved: dict[int, dict] = {}
+    log_eval = rows.log_eval
+
+    def logged_eval(step: int, row: dict) -> None:
+        order.append(("eval", step))
+        log_eval(step, row)
+
+    def checkpoint(step: int, state: dict) -> None:
+        order.append(("checkpoint", step))
+        saved[step] = state
+
+    rows.log_eval, comps.checkpoint = logged_eval, checkpoint
+    Driver(driver_settings(cfg), comps).run()
+    assert order == [("eval", 0), ("checkpoint", 2), ("eval", 3), ("checkpoint", 4), ("eval", 6),
+                     ("checkpoint", 6), ("eval", 8), ("checkpoint", 8)]
+    assert saved[8]["evaluated_at"] == 8 and saved[6]["evaluated_at"] == 6
