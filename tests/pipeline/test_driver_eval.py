@@ -59,7 +59,8 @@ def test_the_last_checkpoint_is_written_after_the_final_evaluation(mode: str) ->
     engine = FakeEngine(max_batch_size=8)
     comps, rows = build(cfg, engine=engine, trainer=FakeTrainer(engine), source=FakeSource())
     scorer = GroupScorer(FakeScorer(), decode, max_workers=1)
-    comps.evaluator = Evaluator(heldout([1, 2]), encode, scorer, k=2, params=SamplingParams(max_new_tokens=16))
+    params = SamplingParams(max_new_tokens=16)
+    comps.evaluator = Evaluator(heldout([1, 2]), encode, scorer, k=2, params=params)
     order: list[tuple[str, int]] = []
     saved: dict[int, dict] = {}
     log_eval = rows.log_eval
