@@ -22,6 +22,7 @@ import math
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm)")
 pytest.importorskip("peft", reason="LoRA needs peft (the lora extra)")
@@ -63,9 +64,13 @@ def test_lora_on_vllm_learns_from_the_default_warm_start(tmp_path: Path, mode: s
     # not asserted.)
     # Every sync reached the engine and was verified (a LoRA adapter never synced is verl#7495).
     assert steps[-1]["weight_verify_checks"] == steps[-1]["weight_syncs"] > 0
-    # Off-policy modes really trained off-policy, within the bound (k = 8, the default).
+    # Off-policy modes really trained off-policy, within the bound the run was configured with.
+    k = yaml.safe_load((run / "config.yaml").read_text())["pipeline"]["k"]
     lag = max(s["version_lag_max"] for s in steps)
-    assert lag == 0 if mode == "sync" else 0 < lag <= 8, lag
-    # Lag-0 tokens in float32: vLLM ran the merged weights it was sent.
-    assert any(s["logprob_mismatch_tokens"] > 0 for s in steps)
-    assert all(s["logprob_mismatch"] < 1e-4 for s in steps if s["logprob_mismatch_tokens"] > 0)
+    assert lag == 0 if mode == "sync" else 0 < lag <= k, (lag, k)
+    # Lag-0 tokens in float32: vLLM ran the merged weights it was sent. A step skipped for lack of
+    # signal (every group zero-variance: more often at lag 8) trains nothing and measures nothing.
+    measured = [s for s in steps if "logprob_mismatch_tokens" in s]
+    assert all(s["skipped_no_signal"] for s in steps if "logprob_mismatch_tokens" not in s)
+    assert any(s["logprob_mismatch_tokens"] > 0 for s in measured)
+    assert all(s["logprob_mismatch"] < 1e-4 for s in measured if s["logprob_mismatch_tokens"] > 0)
