@@ -46,7 +46,8 @@ def test_no_page_narrates_history(page: Path) -> None:
 
 def test_the_history_pattern_catches_what_it_is_for() -> None:
     for text in ("at this stop", "an earlier stop's fresh clone", "Correction (this stop)",
-                 "Until this stop `seed` moved", "It found a bug, now fixed", "the run a previous stop printed"):
+                 "Until this stop `seed` moved", "It found a bug, now fixed",
+                 "the run a previous stop printed"):
         assert HISTORY.search(text), text
     for text in ("the run stops", "a stop request", "stop_when_known", "stops at the first evaluation"):
         assert not HISTORY.search(text), text

@@ -50,11 +50,12 @@ def test_each_example_validates_and_leaves_no_tiny_default(path: Path) -> None:
     for key, tiny in TINY.items():
         assert _get(cfg, key) != tiny, f"{path.name}: {key} is still the tiny model's {tiny!r}"
     assert cfg.data.format == "gsm8k" and cfg.eval.every > 0
-    lo, hi = cfg.generation.length_control.think_budget
+    _lo, hi = cfg.generation.length_control.think_budget
     assert hi + cfg.generation.length_control.answer_budget <= cfg.generation.max_new_tokens
     if "ray" in path.name:
-        assert cfg.distributed.backend == "ray" and cfg.distributed.num_engines * cfg.distributed.engine_num_gpus \
-            + cfg.distributed.trainer_world_size * cfg.distributed.trainer_num_gpus == 8
+        d = cfg.distributed
+        assert d.backend == "ray"
+        assert d.num_engines * d.engine_num_gpus + d.trainer_world_size * d.trainer_num_gpus == 8
     if "base" in path.name:
         assert cfg.data.template == "r1"
 
@@ -79,7 +80,8 @@ def test_each_example_trains_one_step_at_a_reduced_real_shape(path: Path, tmp_pa
     monkeypatch.chdir(tmp_path)
     reduced = ["--max-steps", "1", "data.heldout_size=2", "generation.n=2", "generation.max_new_tokens=16",
                "generation.length_control.kind=none", "generation.max_batch_size=4",
-               "pipeline.prompts_per_step=2", "pipeline.off_policy=sync", "eval.k=1", "logging.progress=false",
+               "pipeline.prompts_per_step=2", "pipeline.off_policy=sync", "eval.k=1",
+               "logging.progress=false",
                "logging.tensorboard=false", "rewards.max_workers=1", "generation.engine=embedded",
                "distributed.backend=local", "model.gradient_checkpointing=false"]
     argv = ["train", "-c", str(path), "--model", str(real_shape_model), "--data", "train.jsonl",

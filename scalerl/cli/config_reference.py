@@ -55,9 +55,6 @@ def _field_comments(cls: type[BaseModel]) -> dict[str, str]:
                 if name.isidentifier() and pending:
                     out[name] = " ".join(pending)
             pending = []
-        elif tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
-            if tok.start[1] <= 4 and tok.type != tokenize.STRING:
-                pass
     return out
 
 
@@ -72,10 +69,7 @@ def _is_section(annotation: Any) -> bool:
 
 
 def _default(field: Any) -> str:
-    if field.default_factory is not None:
-        value = field.default_factory()
-    else:
-        value = field.default
+    value = field.default_factory() if field.default_factory is not None else field.default
     if isinstance(value, BaseModel):
         return "(section)"
     if isinstance(value, str):
