@@ -137,3 +137,6 @@ class EngineFigures:
 
     def log_eval(self, step: int, metrics: Mapping[str, Any]) -> Any:
         return self.sink.log_eval(step, metrics)
+
+    def log_samples(self, step: int, rows: list[Mapping[str, Any]]) -> None:
+        self.sink.log_samples(step, rows)

@@ -58,6 +58,9 @@ class StepFigures:
     def log_eval(self, step: int, metrics: Mapping[str, Any]) -> Any:
         return self.sink.log_eval(step, metrics)
 
+    def log_samples(self, step: int, rows: list[Mapping[str, Any]]) -> None:
+        self.sink.log_samples(step, rows)
+
 
 def ray_backend(config: RunConfig, run_path: Path, resume: str | Path | None) -> Backend:
     d = config.distributed
