@@ -715,8 +715,9 @@ class DistributedConfig(Section):
     """Scale-out on Ray (`scalerl.distributed`): engine actors, FSDP2 trainer ranks, weight sync.
 
     `backend: local` (the default) is the single-process loop and reads nothing else here. With
-    `ray`, `address` attaches to a running cluster ("auto", "ray://head:10001") or, when None,
-    starts a local Ray instance with `num_cpus` logical CPUs. Ray resources are logical: fractional
+    `ray`, `address` attaches to a running cluster ("auto", "ray://head:10001"); when None, the
+    cluster named by `RAY_ADDRESS` or started on this machine by `ray start --head` is joined, and
+    only without one a local Ray instance is started with `num_cpus` logical CPUs. Ray resources are logical: fractional
     CPUs let several actors share a core. Every wait on a remote actor is bounded by `timeout_s`
     (actor start-up, which loads torch and a model, by `startup_timeout_s`), so a dead or hung peer
     becomes an error naming it instead of a hang.
@@ -742,6 +743,8 @@ class DistributedConfig(Section):
     # last published weights, verified. 0: dead engines stay dead (the run goes on without them).
     engine_restarts: int = Field(0, ge=0)
     engine_restart_backoff_s: float = Field(5.0, ge=0.0)
+    # Ray's dashboard (a web UI on port 8265) when this run starts the Ray instance; off by default.
+    dashboard: bool = False
 
 
 class AgenticConfig(Section):
