@@ -213,6 +213,9 @@ class DataConfig(Section):
     # How a record becomes the model's input (scalerl/data/tokenize.py): the tokenizer's chat
     # template, or a text template for base models (R1-Zero's `r1`, `qwen_math`, `raw`).
     template: Literal["chat", "r1", "qwen_math", "raw"] = "chat"
+    # Keywords for every `apply_chat_template` call of the run (training, evaluation, tool-use turns,
+    # `scalerl serve`), e.g. Qwen3's {"enable_thinking": false}.
+    chat_template_kwargs: dict[str, Any] = {}
     max_prompt_tokens: int = Field(256, gt=0)
     on_bad_row: Literal["error", "skip"] = "error"
 
@@ -717,10 +720,10 @@ class DistributedConfig(Section):
     `backend: local` (the default) is the single-process loop and reads nothing else here. With
     `ray`, `address` attaches to a running cluster ("auto", "ray://head:10001"); when None, the
     cluster named by `RAY_ADDRESS` or started on this machine by `ray start --head` is joined, and
-    only without one a local Ray instance is started with `num_cpus` logical CPUs. Ray resources are logical: fractional
-    CPUs let several actors share a core. Every wait on a remote actor is bounded by `timeout_s`
-    (actor start-up, which loads torch and a model, by `startup_timeout_s`), so a dead or hung peer
-    becomes an error naming it instead of a hang.
+    only without one a local Ray instance is started with `num_cpus` logical CPUs. Ray resources
+    are logical: fractional CPUs let several actors share a core. Every wait on a remote actor is
+    bounded by `timeout_s` (actor start-up, which loads torch and a model, by
+    `startup_timeout_s`), so a dead or hung peer becomes an error naming it instead of a hang.
     """
 
     backend: Literal["local", "ray"] = "local"

@@ -23,8 +23,9 @@ def _save_model(path: Path) -> None:
     from scalerl.models.tiny import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+    # As wide as a real small model (the advice for real models keys on width; 2 layers keep it fast).
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
                          tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
                          eos_token_id=tok.eos_token_id)
     Qwen2ForCausalLM(config).save_pretrained(path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
@@ -35,11 +36,17 @@ def test_the_tiny_defaults_listed_are_the_schema_defaults() -> None:
         assert node == tiny, key
 
 
-def test_a_named_model_on_tiny_defaults_gets_one_line_per_key() -> None:
+def test_a_named_model_on_tiny_defaults_gets_one_line_per_key(tmp_path: Path) -> None:
     assert tiny_default_advice(RunConfig()) == []  # the embedded default: nothing to say
-    named = RunConfig.model_validate({"model": {"name_or_path": "some/model"}})
+    named = RunConfig.model_validate({"model": {"name_or_path": "some/model"}})  # a Hub id
     lines = tiny_default_advice(named)
     assert [ln.split(" ", 1)[0] for ln in lines] == list(TINY_DEFAULTS)
+    for width, advised in ((896, True), (64, False)):  # a local folder: a toy is not advised
+        folder = tmp_path / str(width)
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"hidden_size": width}))
+        cfg = RunConfig.model_validate({"model": {"name_or_path": str(folder)}})
+        assert bool(tiny_default_advice(cfg)) is advised, width
     tuned = load_config(ROOT / "examples" / "qwen2.5-0.5b-instruct-gsm8k.yaml",
                         overrides=["model.name_or_path=some/model"])
     assert tiny_default_advice(tuned) == []

@@ -9,6 +9,9 @@ and the usual value so the user decides (examples/ holds configs with real-model
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from scalerl.config import RunConfig
 
 #: key -> (the tiny default, what peers use for 0.5B-7B models, why it matters)
@@ -28,9 +31,24 @@ def _value(cfg: RunConfig, dotted: str) -> object:
     return node
 
 
+#: A local model narrower than this is a toy (the tiny default and the tests' models are 32-128 wide;
+#: Qwen2.5-0.5B is 896): the tiny defaults suit it.
+TOY_HIDDEN_SIZE = 512
+
+
+def _is_toy(name_or_path: str) -> bool:
+    config = Path(name_or_path) / "config.json"
+    try:
+        hidden = json.loads(config.read_text()).get("hidden_size")
+    except (OSError, ValueError, AttributeError):
+        return False  # a Hub id or an unreadable folder: a real model as far as advice goes
+    return isinstance(hidden, int) and hidden < TOY_HIDDEN_SIZE
+
+
 def tiny_default_advice(cfg: RunConfig) -> list[str]:
-    """One line per key a named model (`model.name_or_path` set) still has at its tiny default."""
-    if cfg.model.name_or_path is None:
+    """One line per key a named real model (`model.name_or_path` set, not a local toy narrower
+    than `TOY_HIDDEN_SIZE`) still has at its tiny default."""
+    if cfg.model.name_or_path is None or _is_toy(cfg.model.name_or_path):
         return []
     lines = []
     for key, (tiny, usual, why) in TINY_DEFAULTS.items():

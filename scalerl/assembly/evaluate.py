@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerl.config import RunConfig, build_config, yaml_layer
+from scalerl.data.tokenize import bind_chat_template_kwargs
 from scalerl.inputs import InputError, MissingInputError
 
 RUN_CONFIG = "config.yaml"
@@ -168,7 +169,7 @@ def evaluate_source(
 
     cfg = source.config.model_copy(deep=True)
     policy = source_policy(source, device)
-    tokenizer = policy.tokenizer
+    tokenizer = bind_chat_template_kwargs(policy.tokenizer, cfg.data.chat_template_kwargs)
     model_path, scratch = source.model, None
     if policy.lora and cfg.generation.engine != "embedded":
         # vLLM loads a directory: the adapter merged into its base, as the training run sent it.

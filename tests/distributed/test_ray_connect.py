@@ -5,6 +5,7 @@ and num_gpus must not be provided"), so starting a local instance there would fa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -41,14 +42,36 @@ def ray_head() -> Iterator[tuple[str, Path]]:
     subprocess.run([RAY, "start", "--head", f"--port={port}", "--num-cpus=4", "--num-gpus=0",
                     "--include-dashboard=false", "--disable-usage-stats"],
                    check=True, timeout=180, env=env, capture_output=True)
+    session = Path("/tmp/ray/session_latest").resolve()
     try:
         from ray._private.services import canonicalize_bootstrap_address
 
         address = canonicalize_bootstrap_address(None)
         assert address and address.endswith(f":{port}"), address
-        yield address, Path("/tmp/ray/session_latest").resolve() / "logs"
+        yield address, session / "logs"
     finally:
-        subprocess.run([RAY, "stop", "--force"], timeout=180, env=env, capture_output=True)
+        _stop_head(session, port)
+
+
+def _stop_head(session: Path, port: int) -> None:
+    """Stop this head's processes only (`ray stop` would stop every Ray instance on the machine)
+    and forget it as the machine's current cluster."""
+    import signal
+
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(session) in cmdline or ("--gcs-address=" in cmdline and f":{port}" in cmdline):
+            with contextlib.suppress(OSError):
+                os.kill(int(proc.name), signal.SIGKILL)
+    current = Path("/tmp/ray/ray_current_cluster")
+    with contextlib.suppress(OSError):
+        if current.read_text().strip().endswith(f":{port}"):
+            current.unlink()
 
 
 @pytest.fixture(scope="module")
