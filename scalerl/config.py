@@ -767,6 +767,9 @@ class AgenticConfig(Section):
     thinking_retention: Literal["deepseek_v32", "keep_all"] = "deepseek_v32"
     max_observation_tokens: int = Field(64, ge=1)
     tool_timeout_s: float = Field(10.0, gt=0.0)
+    # The format the model writes tool calls in (scalerl/agentic/toolcalls.py): Qwen/Hermes
+    # <tool_call> JSON, Llama 3 JSON, Mistral [TOOL_CALLS], Qwen3-Coder XML.
+    tool_parser: Literal["hermes", "llama3_json", "mistral", "qwen3_xml"] = "hermes"
     corpus_path: str | None = None
     # True: environment steps overlap decoding (threaded pipeline); False: each engine step waits for
     # them, so the reproducible schedules stay reproducible.
