@@ -314,6 +314,8 @@ def test_export_writes_merged_weights_that_from_pretrained_loads(make_policy, ma
     run, _, policy, groups = _lora_run(make_policy, make_groups, tiny, tmp_path)
     out = tmp_path / "merged"
     assert main(["export", str(run), "--out", str(out)]) == 0
+    card = (out / "README.md").read_text()  # the model card beside the weights
+    assert "(LoRA adapter merged into it)" in card and "## Held-out pass rate" in card
     model = AutoModelForCausalLM.from_pretrained(out)
     pad = policy.pad_token_id
     torch.testing.assert_close(_logprobs(model, groups, pad), _logprobs(policy.model, groups, pad),
