@@ -18,7 +18,6 @@ from scalerl.config import AlgorithmConfig, OptimConfig
 from scalerl.training.batch import collate
 from scalerl.training.trainer import Trainer
 
-
 # One row per pass: no padding, so the trainer's bf16 decoder sees exactly what each reference sample
 # does (under bf16, padding alone moves hidden states by about as much as the head's rounding).
 ONE_ROW = OptimConfig(micro_batch_size=1)

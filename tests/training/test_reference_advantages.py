@@ -131,7 +131,7 @@ def _reference_grads(policy, groups, advantages: list[list[float]]) -> dict[str,
     model = policy.model
     model.zero_grad(set_to_none=True)
     terms, tokens = [], 0
-    for (gi, prompt, response, mask, behaviour, _), adv in zip(_samples(groups), advantages, strict=True):
+    for (_, prompt, response, mask, behaviour, _), adv in zip(_samples(groups), advantages, strict=True):
         lp = _token_logprobs(model, prompt, response)
         rho = torch.exp(lp - torch.tensor(behaviour, dtype=torch.float64))
         a = torch.tensor(adv, dtype=torch.float64)
@@ -276,7 +276,8 @@ def test_reinforce_pp_token_kl_returns_match_the_paper(make_policy, make_groups,
     with torch.no_grad():
         for ci, (_, prompt, response, mask, _, _) in zip(c, rows, strict=True):
             # pi_old: the trainer's weights before the update (nothing recomputed: the policy's own).
-            kl = _token_logprobs(policy.model, prompt, response) - _token_logprobs(reference, prompt, response)
+            ours = _token_logprobs(policy.model, prompt, response)
+            kl = ours - _token_logprobs(reference, prompt, response)
             s = [t for t, keep in enumerate(mask) if keep]
             per_token.append(_token_returns(ci, (KL_COEF * kl).tolist(), s, len(response)))
             steps.append(s)
