@@ -12,11 +12,22 @@ from typing import Any
 import pytest
 import yaml
 
+from scalerl.assembly.warm_start import warm_start_default
 from scalerl.cli import main
 from scalerl.config import RunConfig
 from scalerl.recipes import recipe_path
+from scalerl.training.sft import SFTConfig
 
-from .test_recipes_train import _config, _steps, tiny_model  # noqa: F401  (tiny_model: a fixture)
+from .test_recipes_train import _config, _steps
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model of tests/pipeline/test_recipes_train.py, warm-started for two SFT steps."""
+    tiny = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64,
+            "max_position_embeddings": 256}
+    base = RunConfig.model_validate({"model": {"tiny": tiny}, "data": {"synthetic": {"num_prompts": 60}}})
+    return warm_start_default(base, SFTConfig(steps=2, batch_size=4), cache_dir=tmp_path_factory.mktemp("c"))
 
 RECIPES = sorted(p.stem for p in recipe_path("scalerl").parent.glob("*.yaml"))
 DEFAULTS = RunConfig().model_dump(mode="json")
@@ -108,7 +119,8 @@ def _observed(resolved: dict[str, Any]) -> dict[str, Any]:
         "head": {k: resolved["head"][k] for k in ("trainer_fp32_lm_head", "engine_fp32_lm_head")},
         "pool": resolved["pool"],
         "driver": {
-            "off_policy": drv["off_policy"], "max_lag": drv["max_lag"], "prompts_per_step": drv["prompts_per_step"],
+            "off_policy": drv["off_policy"], "max_lag": drv["max_lag"],
+            "prompts_per_step": drv["prompts_per_step"],
             "dynamic_sampling": drv["dynamic_sampling"],
             "length_shaping": None if shaping is None else {k: shaping[k] for k in
                                                             ("kind", "kimi_coef", "kimi_warmup_steps")},
@@ -124,7 +136,7 @@ def test_every_preset_is_covered() -> None:
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_a_preset_run_uses_what_its_recipe_says(recipe: str, tiny_model: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_a_preset_run_uses_what_its_recipe_says(recipe: str, tiny_model: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / recipe
     assert main(["train", "--recipe", recipe, "-c", str(_config(tiny_model, run_dir, 1))]) == 0
     assert [r["step"] for r in _steps(run_dir)] == [1]
