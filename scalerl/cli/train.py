@@ -8,7 +8,8 @@
 Layers, lowest precedence first: the recipe, `--config` files, the flags, then `key.sub=value`
 overrides (anywhere on the line). With no model given, the tiny default is warm-started by
 `scalerl sft` (cached). The run directory receives `config.yaml` (the resolved config),
-`metrics.jsonl`, `heldout_ids.json`, `sessions.jsonl` (when each session started and why it
+`metrics.jsonl`, `heldout_ids.json`, `resolved.json` (what the built trainer, pool and driver use,
+`scalerl.assembly.resolved`), `sessions.jsonl` (when each session started and why it
 stopped), `checkpoints/`, `.scalerl-owner.json` (the folder is a train run's: a folder holding
 anything else is refused) and, if the run failed on our side (not bad input), `error.log` with the
 traceback; `scalerl fit RUN_DIR` fits its held-out curve.

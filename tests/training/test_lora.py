@@ -263,22 +263,6 @@ def test_lora_meter_prices_training_at_4n_plus_2_adapter_and_generation_at_the_b
     assert plain.flops == 10 * 6 * n_base
 
 
-# -- FSDP2 ranks --------------------------------------------------------------------------------
-
-
-@pytest.mark.distributed
-def test_an_fsdp_rank_refuses_lora_before_joining_the_group(model_config):
-    from scalerl.assembly.sections import trainer_settings
-    from scalerl.distributed.fsdp import ShardedTrainerRank
-    from scalerl.distributed.group import ProcessGroupSpec
-
-    cfg = model_config(lora=LORA)
-    settings = trainer_settings(load_config(overrides=[]))
-    spec = ProcessGroupSpec(0, 1, "tcp://127.0.0.1:1", timeout_s=5)
-    with pytest.raises(ConfigError, match=r"model\.lora\.r"):
-        ShardedTrainerRank(cfg, settings, spec)
-
-
 # -- export and eval of a LoRA run ----------------------------------------------------------------
 
 
