@@ -16,9 +16,11 @@ from scalerl.inputs import InputError
 from scalerl.ownership import check_output_file
 from scalerl.scaling.analysis import FitOptions, RunAnalysis, analyze_curve
 from scalerl.scaling.compare import PAPER_SEED_MARGIN_A, compare
+from scalerl.scaling.compute_axis import FlopsAxis
 from scalerl.scaling.compute_needed import DEFAULT_HALF_WIDTH
 from scalerl.scaling.diagnostics import TRUNCATION_THRESHOLD
 from scalerl.scaling.io import DEFAULT_X, DEFAULT_Y, read_many
+from scalerl.scaling.logs import FORMATS
 from scalerl.scaling.report import (
     axis_notes,
     comparison_to_dict,
@@ -56,11 +58,16 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
         "paths",
         nargs="+",
         metavar="PATH",
-        help="run directory (metrics.jsonl), .csv, .jsonl, or W&B chart export CSV",
+        help="run directory (metrics.jsonl), .csv, .jsonl, W&B chart export CSV, TensorBoard event file or "
+        "folder, TRL trainer_state.json, MLflow run or experiment folder, verl console log",
     )
     g = p.add_argument_group("data")
-    g.add_argument("--x", metavar="COL", help=f"compute column (default {DEFAULT_X}, or a known alternative)")
-    g.add_argument("--y", metavar="COL", help=f"reward column (default {DEFAULT_Y}, or a known alternative)")
+    g.add_argument("--x", metavar="COL",
+                   help=f"compute column (default: flops when logged, else {DEFAULT_X} or a known alternative); "
+                   "with --params or --flops-per-step: the token or step column to convert to FLOPs")
+    g.add_argument("--y", metavar="COL", help=f"reward column or tag (default {DEFAULT_Y}, or a known alternative)")
+    g.add_argument("--format", choices=FORMATS, metavar="FMT",
+                   help=f"log format ({', '.join(FORMATS)}; default: detected from the file or folder)")
     g.add_argument(
         "--min-x", type=float, metavar="X", help="fit only points with x >= X (the paper skips ~1 epoch)"
     )
@@ -83,6 +90,18 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
         metavar="BINS",
         help="fit only record-breaking points: where the reward first enters one of BINS levels",
     )
+    c = p.add_argument_group("compute axis (FLOPs from tokens or steps, docs/scaling.md)")
+    c.add_argument("--params", type=float, metavar="N",
+                   help="parameters N: --x COL counts tokens, each priced 8N (generated 2N + trained 6N); "
+                   "or price --gen-tokens / --train-tokens / --scored-tokens apart")
+    c.add_argument("--gen-tokens", metavar="COL", help="generated (and prefilled) tokens column: 2N each")
+    c.add_argument("--train-tokens", metavar="COL", help="trained tokens column: 6N each")
+    c.add_argument("--scored-tokens", metavar="COL",
+                   help="forward-only scored tokens column (reference / old log-probs): 2N each")
+    c.add_argument("--flops-per-step", type=float, metavar="F",
+                   help="FLOPs of one step: x = the step column (--x, default step) x F")
+    c.add_argument("--per-step", action="store_true",
+                   help="the token columns are per-step counts (verl's perf/total_num_tokens): summed")
     m = p.add_argument_group("model")
     m.add_argument(
         "--r0",
@@ -181,8 +200,34 @@ def _analyze(args: argparse.Namespace, opts: FitOptions) -> list[RunAnalysis]:
         check_output_file(args.plot, "--plot", overwrite=args.overwrite)
     if args.block < 1:
         raise InputError(f"--block must be >= 1, got {args.block}")
-    curves = read_many(args.paths, x=args.x, y=args.y)
+    axis = flops_axis(args)
+    curves = read_many(args.paths, x=None if axis else args.x, y=args.y, axis=axis, fmt=args.format)
     return [analyze_curve(c, opts) for c in curves]
+
+
+def flops_axis(args: argparse.Namespace) -> FlopsAxis | None:
+    """The FLOPs axis the compute-axis flags ask for (None: x is a logged column)."""
+    kinds = {"--gen-tokens": args.gen_tokens, "--train-tokens": args.train_tokens,
+             "--scored-tokens": args.scored_tokens}
+    named = [flag for flag, col in kinds.items() if col]
+    if args.flops_per_step is not None:
+        if args.params is not None or named:
+            raise InputError("--flops-per-step prices steps; it does not combine with --params or token columns")
+        return FlopsAxis.from_steps(args.x or "step", args.flops_per_step)
+    if args.params is None:
+        if named or args.per_step:
+            flags = ", ".join(named) or "--per-step"
+            raise InputError(f"{flags}: token counts need --params N (the model's parameters) to price them")
+        return None
+    if named:
+        if args.x is not None:
+            raise InputError("--x with --gen-tokens/--train-tokens: name the token columns with those flags only")
+        return FlopsAxis.from_token_kinds(args.params, generated=args.gen_tokens, trained=args.train_tokens,
+                                          scored=args.scored_tokens, per_step=args.per_step)
+    if args.x is None:
+        raise InputError("--params N prices tokens: name the token column with --x (e.g. --x num_tokens) or "
+                         "with --gen-tokens / --train-tokens")
+    return FlopsAxis.from_tokens(args.x, args.params, per_step=args.per_step)
 
 
 def _axis_labels(analyses: list[RunAnalysis]) -> tuple[str, str]:

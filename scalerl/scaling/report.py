@@ -351,13 +351,21 @@ def is_run_dir(curve: Curve) -> bool:
 
 
 def axis_notes(analyses: list[RunAnalysis]) -> list[str]:
-    """A note when the x axis is wall-clock based (it moves with the machine and its load)."""
+    """The x axis each run was fitted on (and how it was derived, when converted from tokens or
+    steps), and a note when it is wall-clock based (it moves with the machine and its load)."""
+    by_axis: dict[tuple[str, str | None], list[str]] = {}
+    for a in analyses:
+        by_axis.setdefault((a.curve.x_name, a.curve.x_note), []).append(a.curve.label)
+    out = []
+    for (name, note), labels in by_axis.items():
+        runs = f" ({', '.join(labels)})" if len(by_axis) > 1 else ""
+        out.append(f"x axis{runs}: {note if note else name}")
     timed = [a.curve.label for a in analyses if a.curve.x_name == DEFAULT_X and is_run_dir(a.curve)]
-    if not timed:
-        return []
-    return [f"note: x = {DEFAULT_X} ({', '.join(timed)}) is wall-clock time x devices: it changes with the "
-            "machine and its load, so reruns and other machines do not line up; --x flops counts the work "
-            "done and is reproducible"]
+    if timed:
+        out.append(f"note: x = {DEFAULT_X} ({', '.join(timed)}) is wall-clock time x devices: it changes with "
+                   "the machine and its load, so reruns and other machines do not line up; --x flops counts "
+                   "the work done and is reproducible")
+    return out
 
 
 def start_models(analyses: list[RunAnalysis]) -> dict[str, str | None]:
