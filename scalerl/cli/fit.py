@@ -63,9 +63,11 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
     )
     g = p.add_argument_group("data")
     g.add_argument("--x", metavar="COL",
-                   help=f"compute column (default: flops when logged, else {DEFAULT_X} or a known alternative); "
+                   help=f"compute column (default: flops when logged, else {DEFAULT_X} or a known "
+                   "alternative); "
                    "with --params or --flops-per-step: the token or step column to convert to FLOPs")
-    g.add_argument("--y", metavar="COL", help=f"reward column or tag (default {DEFAULT_Y}, or a known alternative)")
+    g.add_argument("--y", metavar="COL",
+                   help=f"reward column or tag (default {DEFAULT_Y}, or a known alternative)")
     g.add_argument("--format", choices=FORMATS, metavar="FMT",
                    help=f"log format ({', '.join(FORMATS)}; default: detected from the file or folder)")
     g.add_argument(
@@ -212,7 +214,8 @@ def flops_axis(args: argparse.Namespace) -> FlopsAxis | None:
     named = [flag for flag, col in kinds.items() if col]
     if args.flops_per_step is not None:
         if args.params is not None or named:
-            raise InputError("--flops-per-step prices steps; it does not combine with --params or token columns")
+            raise InputError("--flops-per-step prices steps; it does not combine with --params or token "
+                             "columns")
         return FlopsAxis.from_steps(args.x or "step", args.flops_per_step)
     if args.params is None:
         if named or args.per_step:
@@ -221,7 +224,8 @@ def flops_axis(args: argparse.Namespace) -> FlopsAxis | None:
         return None
     if named:
         if args.x is not None:
-            raise InputError("--x with --gen-tokens/--train-tokens: name the token columns with those flags only")
+            raise InputError("--x with --gen-tokens/--train-tokens: name the token columns with those "
+                             "flags only")
         return FlopsAxis.from_token_kinds(args.params, generated=args.gen_tokens, trained=args.train_tokens,
                                           scored=args.scored_tokens, per_step=args.per_step)
     if args.x is None:

@@ -198,7 +198,8 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("paths", nargs="+", metavar="RUN_DIR",
                    help="scalerl run folder (being written or not), a .jsonl / .csv / W&B export log, a "
-                   "TensorBoard event file or folder, a TRL trainer_state.json, an MLflow run folder, a verl log")
+                   "TensorBoard event file or folder, a TRL trainer_state.json, an MLflow run folder, "
+                   "a verl log")
     p.add_argument("--once", action="store_true", help="print the table once and exit")
     p.add_argument("--interval", type=float, default=10.0, metavar="S", help="seconds between refreshes")
     p.add_argument("--plot", metavar="PNG",

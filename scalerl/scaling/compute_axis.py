@@ -71,7 +71,8 @@ class FlopsAxis:
                                                     (scored, FORWARD_FLOPS_PER_PARAM),
                                                     (trained, TRAIN_FLOPS_PER_PARAM)) if col]
         if not terms:
-            raise CurveError("a FLOPs axis from token counts needs --gen-tokens, --train-tokens or --scored-tokens")
+            raise CurveError("a FLOPs axis from token counts needs --gen-tokens, --train-tokens or "
+                             "--scored-tokens")
         names = {generated: "2N", scored: "2N", trained: "6N"}
         text = " + ".join(f"{col} x {names[col]}" for col, _ in terms)
         return FlopsAxis(tuple(terms), f"flops = {text} (N = {n:.6g}: 2N per generated or scored token, "
@@ -109,7 +110,8 @@ class FlopsAxis:
                 else:
                     if col in prev and v < prev[col][1]:
                         raise CurveError(
-                            f"{where(n, col)}: {col} = {v:g} goes down (an earlier row has {prev[col][1]:g}); "
+                            f"{where(n, col)}: {col} = {v:g} goes down "
+                            f"(an earlier row has {prev[col][1]:g}); "
                             "a per-step count? pass --per-step")
                     prev[col] = (n, v)
                     state[col] = v

@@ -60,7 +60,8 @@ def detect_format(path: Path) -> str:
             return "trl"
         if (path / "metrics").is_dir() and (path / "meta.yaml").is_file():
             return "mlflow"
-        if (path / "meta.yaml").is_file() and any((d / "metrics").is_dir() for d in path.iterdir() if d.is_dir()):
+        runs = (d for d in path.iterdir() if d.is_dir())
+        if (path / "meta.yaml").is_file() and any((d / "metrics").is_dir() for d in runs):
             return "mlflow"
         if next(_event_files(path), None) is not None:
             return "tensorboard"
@@ -191,7 +192,8 @@ def _log_history_rows(text: str, where: Path) -> Rows:
         line = text.count("\n", 0, pos) + 1
         _, pos = decoder.raw_decode(text, pos)
         if not isinstance(entry, dict):
-            raise CurveError(f"{where}:{line}: log_history[{i}] is a {type(entry).__name__}, expected an object")
+            raise CurveError(f"{where}:{line}: log_history[{i}] is a {type(entry).__name__}, "
+                             "expected an object")
         rows.append((line, entry))
     return rows
 

@@ -362,9 +362,9 @@ def axis_notes(analyses: list[RunAnalysis]) -> list[str]:
         out.append(f"x axis{runs}: {note if note else name}")
     timed = [a.curve.label for a in analyses if a.curve.x_name == DEFAULT_X and is_run_dir(a.curve)]
     if timed:
-        out.append(f"note: x = {DEFAULT_X} ({', '.join(timed)}) is wall-clock time x devices: it changes with "
-                   "the machine and its load, so reruns and other machines do not line up; --x flops counts "
-                   "the work done and is reproducible")
+        out.append(f"note: x = {DEFAULT_X} ({', '.join(timed)}) is wall-clock time x devices: it changes "
+                   "with the machine and its load, so reruns and other machines do not line up; --x flops "
+                   "counts the work done and is reproducible")
     return out
 
 
