@@ -70,7 +70,9 @@ def test_tensorboard_folder_read_by_fit_with_flops_from_tokens(tmp_path: Path,
     assert run["A"] == pytest.approx(0.6, abs=0.01)
 
 
-def test_tensorboard_bad_value_names_file_tag_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_tensorboard_bad_value_names_file_tag_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     _write_tensorboard(tmp_path / "tb", bad_step=12)
     code, _, err = _run(["fit", str(tmp_path / "tb"), "--y", "eval/reward", "--x", "step"], capsys)
     assert code == 2
@@ -78,9 +80,12 @@ def test_tensorboard_bad_value_names_file_tag_step(tmp_path: Path, capsys: pytes
     assert f"{event_file}:eval/reward:step 12: eval/reward = nan is not finite" in err
 
 
-def test_watch_reads_a_tensorboard_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_watch_reads_a_tensorboard_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     _write_tensorboard(tmp_path / "tb")
-    code, out, err = _run(["watch", str(tmp_path / "tb"), "--once", "--y", "eval/reward", "--x", "step"], capsys)
+    argv = ["watch", str(tmp_path / "tb"), "--once", "--y", "eval/reward", "--x", "step"]
+    code, out, err = _run(argv, capsys)
     assert code == 0, err
     row = next(line for line in out.splitlines() if line.startswith("tb "))
     assert " 40 " in row and "0.529" in row  # last step and its reward (_reward(40) = 0.5294)
@@ -99,26 +104,32 @@ def _write_trainer_state(folder: Path, bad_step: int | None = None) -> Path:
                                   "epoch": step / 40, "step": step})
         if step % 4 == 0:
             value: object = "oops" if step == bad_step else _reward(step)
-            state.log_history.append({"eval_reward": value, "eval_loss": 0.4, "epoch": step / 40, "step": step})
+            state.log_history.append({"eval_reward": value, "eval_loss": 0.4, "epoch": step / 40,
+                                      "step": step})
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "trainer_state.json"
     state.save_to_json(str(path))
     return path
 
 
-def test_trl_trainer_state_with_flops_from_tokens(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_trl_trainer_state_with_flops_from_tokens(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = _write_trainer_state(tmp_path / "checkpoint-40")
     assert detect_format(path) == "trl" and detect_format(path.parent) == "trl"
     (curve,) = read_curves(path.parent, axis=FlopsAxis.from_tokens("num_tokens", N))
     assert curve.y_name == "eval_reward" and curve.x_name == "flops"  # TRL's eval reward is the default y
     np.testing.assert_allclose(curve.x, [8 * N * 1000.0 * s for s in range(4, 41, 4)])
     np.testing.assert_allclose(curve.y, [_reward(s) for s in range(4, 41, 4)])
-    code, out, err = _run(["fit", str(path), "--x", "num_tokens", "--params", str(N), "--bootstrap", "0"], capsys)
+    argv = ["fit", str(path), "--x", "num_tokens", "--params", str(N), "--bootstrap", "0"]
+    code, out, err = _run(argv, capsys)
     assert code == 0, err
     assert "x axis: flops = num_tokens x 8N" in out
 
 
-def test_trl_bad_value_names_the_line_of_its_entry(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_trl_bad_value_names_the_line_of_its_entry(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = _write_trainer_state(tmp_path, bad_step=8)
     lines = path.read_text().splitlines()
     bad = next(i for i, ln in enumerate(lines) if '"oops"' in ln)
@@ -149,7 +160,9 @@ def test_mlflow_experiment_folder_written_by_mlflow(capsys: pytest.CaptureFixtur
     assert runs["grpo-seed1"]["A"] == pytest.approx(0.62, abs=0.01)
 
 
-def test_mlflow_bad_line_names_its_metric_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_mlflow_bad_line_names_its_metric_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     exp = tmp_path / "exp"
     shutil.copytree(MLFLOW_EXP, exp)
     run = next(d for d in exp.iterdir() if d.is_dir())
@@ -180,7 +193,9 @@ def _write_verl(path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def test_verl_console_log_per_step_tokens(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_verl_console_log_per_step_tokens(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     log = tmp_path / "verl.log"
     _write_verl(log)
     assert detect_format(log) == "verl"
@@ -206,7 +221,9 @@ def test_verl_cumulative_reading_of_per_step_counts_is_refused(tmp_path: Path,
     assert f"{log}:2: perf/total_num_tokens = 598 goes down" in err and "--per-step" in err
 
 
-def test_unreadable_log_formats_and_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unreadable_log_formats_and_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     log = tmp_path / "verl.log"
     _write_verl(log)
     code, _, err = _run(["fit", str(log), "--gen-tokens", "perf/total_num_tokens"], capsys)
