@@ -197,6 +197,7 @@ def comparison_to_dict(cmp: Comparison, analyses: Sequence[RunAnalysis]) -> dict
                 "B_interval": r.interval("B"),
                 "C_mid_interval": r.interval("C_mid"),
                 "fixed_A_B": cmp.B_at_fixed_A.get(r.name),
+                "pooled": None if r.pooled is None else r.pooled.to_dict(),
             }
         )
     out = {
