@@ -288,6 +288,9 @@ def render_comparison(cmp: Comparison, level: float) -> str:
             a_part = f"A {num(sp.A_mean)} +-{num(sp.A_margin, 2)} (std {num(sp.A_std, 2)})"
             b_part = f"B {num(sp.B_mean, 3)} +-{num(sp.B_margin, 2)} (std {num(sp.B_std, 2)})"
             parts.append(f"  {r.name}: seed-to-seed over {sp.n_seeds} runs: {a_part}, {b_part}")
+        if r.pooled is not None:
+            parts.append(f"  {r.name}: pooled fit of its {len(r.labels)} seeds (A, B, C_mid and their "
+                         "intervals above); margin = max(pooled interval half-width, --margin-*)")
     if cmp.pairs:
         parts += [
             "",
