@@ -92,7 +92,7 @@ def _forecast_row(curve: Any, cfg: Any, step: str, compute: float | None) -> Wat
         return WatchRow(curve.label, step, compute, pass_rate, None, None, None, None, None, "-",
                         f"fewer than {cfg.min_evals} evaluations with {curve.x_name} > 0")
     return WatchRow(curve.label, step, compute, pass_rate, f.A, f.A_lo, f.A_hi, f.B, f.compute_to_pin,
-                    f.status, f"fitted here on {f.evals} evaluations")
+                    f.status, f"fitted here on {f.evals} evaluations (x = {curve.x_name})")
 
 
 def collect(paths: Sequence[str], x: str | None, y: str | None, a_width: float,
