@@ -80,6 +80,19 @@ def test_tensorboard_bad_value_names_file_tag_step(
     assert f"{event_file}:eval/reward:step 12: eval/reward = nan is not finite" in err
 
 
+def test_reading_event_files_imports_no_torch(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    _write_tensorboard(tmp_path / "tb")
+    probe = ("import sys; from scalerl.scaling.io import read_curves; "
+             f"(c,) = read_curves({str(tmp_path / 'tb')!r}, x='step', y='eval/reward'); "
+             "print(c.x.size, any(m.split('.')[0] == 'torch' for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=180,
+                         check=True)
+    assert out.stdout.split() == ["10", "False"]
+
+
 def test_watch_reads_a_tensorboard_folder(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
