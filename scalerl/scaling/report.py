@@ -66,6 +66,7 @@ def run_to_dict(a: RunAnalysis) -> dict[str, object]:
         "label": a.curve.label,
         "source": a.curve.source,
         "x": a.curve.x_name,
+        "x_conversion": a.curve.x_note,  # how x was derived from tokens or steps (None: logged)
         "y": a.curve.y_name,
     }
     out.update(a.fit.to_dict())

@@ -60,7 +60,7 @@ def test_tensorboard_folder_read_by_fit_with_flops_from_tokens(tmp_path: Path,
                            "--params", str(N), "--bootstrap", "0", "--json", "--r0", "0.1"], capsys)
     assert code == 0, err
     (run,) = json.loads(out)["runs"]
-    assert run["x"] == "flops"
+    assert run["x"] == "flops" and run["x_conversion"].startswith("flops = train/num_tokens x 8N")
     # 8N per token: x at the first evaluation (step 4, 4000 tokens) = 8 * 1e6 * 4000.
     code, out, err = _run(["fit", str(tmp_path / "tb"), "--y", "eval/reward", "--x", "train/num_tokens",
                            "--params", str(N), "--bootstrap", "0", "--predict-at", str(8e6 * 4000)], capsys)
