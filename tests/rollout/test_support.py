@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import pickle
 
 import pytest
@@ -9,7 +10,8 @@ import torch
 
 from scalerl.data.records import PromptRecord
 from scalerl.pipeline.snapshot import completion_from_plain, completion_to_plain
-from scalerl.rollout.protocol import Completion, SamplingParams
+from scalerl.rollout.embedded import EmbeddedEngine
+from scalerl.rollout.protocol import Completion, GenerationRequest, SamplingParams
 from scalerl.rollout.sampling import sample_next_tokens, support_from_record
 from scalerl.rollout.support import SupportIds
 from scalerl.training.batch import ScoredGroup, collate
@@ -90,3 +92,31 @@ def test_memory_per_token_at_vocabulary_151936_with_top_p_095() -> None:
                                                         batch.support_ids[0], top_k, top_p)
     assert torch.equal(mask, out.support)
     assert incomplete.tolist() == [s > cap for s in sizes] and not bool(mismatch.any())
+
+
+def test_recorded_sets_survive_an_engine_snapshot(make_model, tmp_path) -> None:
+    """An embedded-engine snapshot mid-generation (read back with `weights_only=True`) resumes the
+    recorded ids exactly: the completions equal an uninterrupted run's, `support_ids` included."""
+    model = make_model()
+    params = SamplingParams(n=3, max_new_tokens=8, seed=4, top_k=4, return_support=True)
+    requests = [GenerationRequest("a", [20, 21, 22], params), GenerationRequest("b", [30, 31], params)]
+
+    def engine() -> EmbeddedEngine:
+        return EmbeddedEngine(copy.deepcopy(model), max_batch_size=3, fp32_lm_head=True, seed=1)
+
+    straight = engine().generate(requests)
+    first = engine()
+    first.submit(requests)
+    done = []
+    for _ in range(3):
+        done += first.step()
+    torch.save(first.snapshot(), tmp_path / "engine.pt")
+    second = engine()
+    second.restore(torch.load(tmp_path / "engine.pt", weights_only=True))
+    while second.num_unfinished():
+        done += second.step()
+    key = lambda c: (c.request_id, c.sample_index)  # noqa: E731
+    for a, b in zip(sorted(straight, key=key), sorted(done, key=key), strict=True):
+        assert a.support_ids is not None and len(a.support_ids) == a.num_tokens
+        assert all(len(a.support_ids.token(t)) == 4 for t in range(a.num_tokens))
+        assert a == b
