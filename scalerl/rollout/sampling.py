@@ -237,10 +237,13 @@ def support_from_record(
     fill = ((have < size) & ~forced).nonzero().flatten()
     if fill.numel():
         kept[fill] = top_m_mask(z[fill].masked_fill(known[fill], float("inf")), size[fill])
-    own_top = top_m_mask(z, size)
-    drawn = torch.zeros_like(kept).scatter(-1, token_ids.long().unsqueeze(1), True)
-    outside = ~kept.gather(-1, token_ids.long().unsqueeze(1)).squeeze(1)
-    mismatch = ((kept != own_top).any(dim=-1) | outside) & ~forced
+    drawn = token_ids.long().unsqueeze(1)
+    outside = ~kept.gather(-1, drawn).squeeze(1)
+    mismatch = ((kept != top_m_mask(z, size)).any(dim=-1) | outside) & ~forced
     incomplete = (recorded < 0) | ((recorded > 0) & (have < recorded))
-    mask = torch.where(forced.unsqueeze(1), drawn, kept | drawn)
+    # In place (the [M, V] blocks are the large ones): forced rows keep their own token only.
+    rows = forced.nonzero().flatten()
+    if rows.numel():
+        kept[rows] = False
+    mask = kept.scatter_(-1, drawn, True)
     return mask, size, mismatch, incomplete
