@@ -47,42 +47,16 @@ def difficulty_config(source: Any, *, engine: str | None, max_new_tokens: int | 
     return cfg
 
 
-def rate_difficulty(
-    prompts: str,
-    *,
-    model: str,
-    out: Path,
-    k: int,
-    temperature: float,
-    seed: int,
-    engine: str | None = None,
-    max_new_tokens: int | None = None,
-    template: str | None = None,
-    think: bool = False,
-    system_prompt: str | None = None,
-    max_prompt_tokens: int | None = None,
-    field_map: Mapping[str, str] | None = None,
-    default_task: str | None = None,
-    split: str | None = None,
-    format: str = "auto",
-    skip: bool = False,
-    chunk: int = 64,
-    device: str | None = None,
-    restart: bool = False,
-    on_chunk: Callable[[int, int], None] | None = None,
-    say: Say = lambda message: None,
-    warn: Say | None = None,
-) -> DifficultyOutcome:
-    """Rate every prompt of `prompts` with `model` and write the annotated records to `out`."""
+def _prepare(prompts: str, *, model: str, k: int, temperature: float, seed: int, engine: str | None,
+             max_new_tokens: int | None, template: str | None, think: bool, system_prompt: str | None,
+             max_prompt_tokens: int | None, field_map: Mapping[str, str] | None, default_task: str | None,
+             split: str | None, format: str, skip: bool, say: Say, warn: Say | None,
+             what: str) -> tuple[Any, RunConfig, Any, list[Any], Any, Any]:
+    """The model's settings, the prompts loaded and encoded as a training run does, and the
+    settings a result depends on: (source, cfg, settings, records, encoded, tokenizer)."""
     from scalerl.assembly.evaluate import resolve_source
-    from scalerl.data.difficulty import (
-        DifficultySettings,
-        PartialFile,
-        annotate,
-        estimate_pass_rates,
-        partial_path,
-    )
-    from scalerl.data.loaders import load_prompts, write_jsonl_atomic
+    from scalerl.data.difficulty import DifficultySettings
+    from scalerl.data.loaders import load_prompts
     from scalerl.data.tokenize import check_template, encode_prompts, resolve_system_prompt
     from scalerl.model_identity import model_identity
 
@@ -112,7 +86,7 @@ def rate_difficulty(
     records = enc.records
     for rejects in (loaded.rejects, enc.rejects):
         if rejects:
-            say(f"difficulty: skipped {rejects.summary()}")
+            say(f"{what}: skipped {rejects.summary()}")
 
     settings = DifficultySettings(
         model=model_identity(source.model), engine=cfg.generation.engine, k=k,
@@ -120,6 +94,45 @@ def rate_difficulty(
         template=template, system_prompt=system, length_control=cfg.generation.length_control.kind,
         top_p=cfg.generation.top_p, top_k=cfg.generation.top_k,
     )
+    return source, cfg, settings, list(records), enc, tokenizer
+
+
+def rate_difficulty(
+    prompts: str,
+    *,
+    model: str,
+    out: Path,
+    k: int,
+    temperature: float,
+    seed: int,
+    engine: str | None = None,
+    max_new_tokens: int | None = None,
+    template: str | None = None,
+    think: bool = False,
+    system_prompt: str | None = None,
+    max_prompt_tokens: int | None = None,
+    field_map: Mapping[str, str] | None = None,
+    default_task: str | None = None,
+    split: str | None = None,
+    format: str = "auto",
+    skip: bool = False,
+    chunk: int = 64,
+    device: str | None = None,
+    restart: bool = False,
+    on_chunk: Callable[[int, int], None] | None = None,
+    say: Say = lambda message: None,
+    warn: Say | None = None,
+) -> DifficultyOutcome:
+    """Rate every prompt of `prompts` with `model` and write the annotated records to `out`."""
+    from scalerl.data.difficulty import PartialFile, annotate, estimate_pass_rates, partial_path
+    from scalerl.data.loaders import write_jsonl_atomic
+
+    prep = _prepare(prompts, model=model, k=k, temperature=temperature, seed=seed, engine=engine,
+                    max_new_tokens=max_new_tokens, template=template, think=think,
+                    system_prompt=system_prompt, max_prompt_tokens=max_prompt_tokens, field_map=field_map,
+                    default_task=default_task, split=split, format=format, skip=skip, say=say, warn=warn,
+                    what="difficulty")
+    source, cfg, settings, records, enc, tokenizer = prep
     work = partial_path(out)
     if restart:
         work.unlink(missing_ok=True)
@@ -146,6 +159,113 @@ def rate_difficulty(
     partial.remove()
     return DifficultyOutcome(results=results, resumed=resumed, engine=cfg.generation.engine,
                              seconds=time.perf_counter() - started)
+
+
+@dataclass(frozen=True)
+class GenerateOutcome:
+    """What a `generate_sft` call did: the counts written to the sidecar, and where."""
+
+    counts: Any  # scalerl.data.generate.GenerateCounts
+    resumed: int
+    engine: str
+    stats: Path
+    seconds: float
+
+
+def write_json_atomic(data: Any, path: Path) -> None:
+    """`data` as indented JSON, whole or not at all."""
+    import json
+
+    from scalerl.atomic import atomic_path
+
+    with atomic_path(path, suffix=".json") as tmp:
+        text = json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False)
+        tmp.write_text(text + "\n", encoding="utf-8")
+
+
+def write_rows_atomic(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
+    """JSON lines, whole or not at all."""
+    import json
+
+    from scalerl.atomic import atomic_path
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path, suffix=".jsonl") as tmp, tmp.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def generate_sft(
+    prompts: str,
+    *,
+    model: str,
+    out: Path,
+    stats: Path,
+    k: int,
+    rule: str,
+    temperature: float,
+    seed: int,
+    engine: str | None = None,
+    max_new_tokens: int | None = None,
+    template: str | None = None,
+    think: bool = False,
+    system_prompt: str | None = None,
+    max_prompt_tokens: int | None = None,
+    field_map: Mapping[str, str] | None = None,
+    default_task: str | None = None,
+    split: str | None = None,
+    format: str = "auto",
+    skip: bool = False,
+    chunk: int = 64,
+    device: str | None = None,
+    restart: bool = False,
+    on_chunk: Callable[[int, int], None] | None = None,
+    say: Say = lambda message: None,
+    warn: Say | None = None,
+) -> GenerateOutcome:
+    """Sample every prompt k times with `model`, verify, and write the SFT rows `rule` keeps to `out`
+    and the counts to `stats` (`scalerl.data.generate`); resumable from `OUT.partial`."""
+    from scalerl.data.difficulty import estimate_pass_rates, partial_path
+    from scalerl.data.generate import SamplesFile, build_rows, select
+
+    select([], rule)  # an unknown rule is refused before any compute
+    source, cfg, settings, records, enc, tokenizer = _prepare(
+        prompts, model=model, k=k, temperature=temperature, seed=seed, engine=engine,
+        max_new_tokens=max_new_tokens, template=template, think=think, system_prompt=system_prompt,
+        max_prompt_tokens=max_prompt_tokens, field_map=field_map, default_task=default_task, split=split,
+        format=format, skip=skip, say=say, warn=warn, what="generate")
+    work = partial_path(out)
+    if restart:
+        work.unlink(missing_ok=True)
+    partial = SamplesFile.open(work, settings)
+    resumed = len(partial.done)
+    if resumed:
+        say(f"generate: resuming {work}: {resumed} of {len(records)} prompts done")
+    started = time.perf_counter()
+
+    def decode(ids: Sequence[int]) -> str:
+        return str(tokenizer.decode(list(ids), skip_special_tokens=True))
+
+    if len(partial.done) < len(records):
+        tasks = {r.task for r in records}
+        with open_engine(cfg, source.model, tokenizer, device, tasks) as (generate, scorer, params):
+            def run_chunk(part: Sequence[Any]) -> list[Any]:
+                from scalerl.evaluation.difficulty import sample_chunk
+
+                return sample_chunk(part, lambda r: enc.token_ids[r.id], generate, scorer, params, settings,
+                                    decode)
+
+            results = estimate_pass_rates(records, partial, run_chunk, chunk_size=chunk, on_chunk=on_chunk)
+    else:
+        results = estimate_pass_rates(records, partial, lambda part: [], on_chunk=on_chunk)
+    rows, counts = build_rows(records, results, rule, source.model)
+    # The rows first, then the counts that describe them; the work file goes last.
+    write_rows_atomic(rows, out)
+    write_json_atomic({"settings": settings.to_dict(), "prompts_file": str(prompts), **counts.to_dict()},
+                      stats)
+    partial.remove()
+    return GenerateOutcome(counts=counts, resumed=resumed, engine=cfg.generation.engine, stats=stats,
+                           seconds=time.perf_counter() - started)
 
 
 class open_engine:  # noqa: N801 (a context manager used like a function)
@@ -201,4 +321,5 @@ class open_engine:  # noqa: N801 (a context manager used like a function)
             self._closers.pop()()
 
 
-__all__ = ["DifficultyOutcome", "difficulty_config", "open_engine", "rate_difficulty"]
+__all__ = ["DifficultyOutcome", "GenerateOutcome", "difficulty_config", "generate_sft", "open_engine",
+           "rate_difficulty"]

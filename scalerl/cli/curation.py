@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerl.data import curate as curation
+from scalerl.data.generate import RULES
 from scalerl.data.loaders import FORMATS
 from scalerl.data.tokenize import TEMPLATES
 from scalerl.inputs import InputError
@@ -85,11 +86,45 @@ def run_difficulty(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_generate(args: argparse.Namespace) -> int:
+    from scalerl.assembly.curation import generate_sft
+    from scalerl.data.generate import STATS_SUFFIX
+    from scalerl.inputs import check_device
+
+    out = _check_out(args.out, args.overwrite)
+    stats = _check_out(args.stats or str(out) + STATS_SUFFIX, args.overwrite, "--stats")
+    if stats.resolve() == out.resolve() or Path(args.prompts).resolve() in (out.resolve(), stats.resolve()):
+        raise InputError("--out, --stats and PROMPTS must be distinct files")
+    check_device(args.device)
+    with _Progress(args.no_progress, "generate") as progress:
+        outcome = generate_sft(
+            args.prompts, model=args.model, out=out, stats=stats, k=args.k, rule=args.select,
+            temperature=args.temperature, seed=args.seed, engine=args.engine,
+            max_new_tokens=args.max_new_tokens,
+            template=args.template, think=args.think, system_prompt=args.system_prompt,
+            max_prompt_tokens=args.max_prompt_tokens, field_map=dict(args.field_map),
+            default_task=args.default_task, split=args.split, format=args.format, skip=args.skip,
+            chunk=args.chunk, device=args.device, restart=args.restart, on_chunk=progress.update,
+            say=lambda m: print(m, file=sys.stderr),
+            warn=lambda m: print(f"eval: warning: {m}", file=sys.stderr),
+        )
+    c = outcome.counts
+    print(f"generate: {c.prompts} prompts x {args.k} samples (temperature {args.temperature:g}, "
+          f"{outcome.engine} engine): {c.correct} of {c.samples} samples correct")
+    print(f"  kept {c.kept} rows ({args.select}) from {c.prompts_kept} prompts -> {out}; "
+          f"{c.prompts_without_kept} prompts without a kept sample, {c.correct_truncated} correct samples "
+          f"cut at the length budget, {c.verifier_failures} verifier failures")
+    print(f"  counts and per-prompt pass rates -> {outcome.stats}; {outcome.resumed} prompts from an "
+          f"earlier session")
+    return 0
+
+
 class _Progress:
     """A prompt counter on stderr (tqdm), resumed runs starting at what was done before."""
 
-    def __init__(self, disabled: bool) -> None:
+    def __init__(self, disabled: bool, desc: str = "difficulty") -> None:
         self.disabled = disabled
+        self.desc = desc
         self._bar: Any = None
 
     def __enter__(self) -> _Progress:
@@ -101,7 +136,7 @@ class _Progress:
         if self._bar is None:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, initial=done, desc="difficulty", unit="prompt", file=sys.stderr,
+            self._bar = tqdm(total=total, initial=done, desc=self.desc, unit="prompt", file=sys.stderr,
                              dynamic_ncols=True)
         else:
             self._bar.update(done - self._bar.n)
@@ -199,6 +234,29 @@ def register_curation(sub: Any) -> None:
     dif.add_argument("--no-progress", action="store_true", help="no progress bar")
     dif.set_defaults(func=run_difficulty)
 
+    gen = sub.add_parser(
+        "generate", help="sample a model k times per prompt, verify, write SFT rows (rejection sampling)",
+        description="Sample every prompt of PROMPTS --k times with MODEL, verify each sample with the "
+                    "verifiers, and write the samples --select keeps as SFT rows (`scalerl sft --data` "
+                    "reads them); counts and per-prompt pass rates go to --stats. Resumable: a rerun "
+                    "continues from OUT.partial. docs/data.md, 'Generating SFT data'.")
+    gen.add_argument("model", metavar="MODEL",
+                     help="run directory, checkpoint, saved model directory or hub name")
+    gen.add_argument("--prompts", required=True, metavar="FILE", help="prompt file or folder")
+    gen.add_argument("--out", required=True, metavar="SFT.jsonl",
+                     help="the SFT rows (work file SFT.jsonl.partial)")
+    gen.add_argument("--stats", metavar="FILE.json",
+                     help="counts and pass rates (default SFT.jsonl.stats.json)")
+    gen.add_argument("--select", choices=RULES, default="all_correct",
+                     help="which correct samples become rows (default all_correct; shortest_correct is "
+                          "Kimi's long2short)")
+    for action in dif._actions:  # the sampling, prompt and resume flags are difficulty's
+        if action.dest in ("help", "prompts", "model", "out", "overwrite"):
+            continue
+        gen._add_action(action)
+    gen.add_argument("--overwrite", action="store_true", help="replace an existing --out and --stats")
+    gen.set_defaults(func=run_generate)
+
     cur = sub.add_parser(
         "curate", help="drop easy-to-guess prompts and a pass-rate range; split easy/hard (IsoCompute)",
         description=curation.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -222,4 +280,4 @@ def register_curation(sub: Any) -> None:
     cur.set_defaults(func=run_curate)
 
 
-__all__ = ["register_curation", "run_curate", "run_difficulty"]
+__all__ = ["register_curation", "run_curate", "run_difficulty", "run_generate"]

@@ -122,16 +122,25 @@ def _diff(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> str |
 
 
 class PartialFile:
-    """The append-only work file: a settings header, then one `PassRate` per line."""
+    """The append-only work file: a settings header, then one `PassRate` per line.
+
+    A subclass keeps other per-prompt results (anything with `id`, `k` and `to_dict`) by naming its
+    own `HEADER_KEY` and `parse_result` (`scalerl.data.generate.SamplesFile`)."""
+
+    HEADER_KEY = "scalerl_difficulty"
+
+    @staticmethod
+    def parse_result(d: Mapping[str, Any]) -> Any:
+        return PassRate.from_dict(d)
 
     def __init__(self, path: Path, settings: DifficultySettings) -> None:
         self.path = path
         self.settings = settings
-        self.done: dict[str, PassRate] = {}
+        self.done: dict[str, Any] = {}
         self.torn_lines = 0
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], settings: DifficultySettings) -> PartialFile:
+    def open(cls, path: str | os.PathLike[str], settings: DifficultySettings) -> Any:
         """Read what an earlier session left (or start a new file); `DataError` if it cannot be resumed."""
         pf = cls(Path(path), settings)
         if pf.path.exists() and pf._load():
@@ -139,7 +148,7 @@ class PartialFile:
         # New, or killed while its first line was being written (then it holds no result).
         pf.path.parent.mkdir(parents=True, exist_ok=True)
         pf.path.unlink(missing_ok=True)
-        header = {"scalerl_difficulty": PARTIAL_FORMAT, "settings": settings.to_dict()}
+        header = {pf.HEADER_KEY: PARTIAL_FORMAT, "settings": settings.to_dict()}
         _append_lines(pf.path, [json.dumps(header, sort_keys=True)], create=True)
         return pf
 
@@ -158,10 +167,10 @@ class PartialFile:
         try:
             header = json.loads(complete[0])
         except json.JSONDecodeError:
-            raise DataError(f"{self.path}:1: not a scalerl difficulty work file (delete it to start over)") \
+            raise DataError(f"{self.path}:1: not a {self.HEADER_KEY} work file (delete it to start over)") \
                 from None
-        if not isinstance(header, dict) or header.get("scalerl_difficulty") != PARTIAL_FORMAT:
-            raise DataError(f"{self.path}:1: not a scalerl difficulty work file (delete it to start over)")
+        if not isinstance(header, dict) or header.get(self.HEADER_KEY) != PARTIAL_FORMAT:
+            raise DataError(f"{self.path}:1: not a {self.HEADER_KEY} work file (delete it to start over)")
         diff = _diff(header.get("settings", {}), self.settings.to_dict())
         if diff is not None:
             raise DataError(
@@ -170,7 +179,7 @@ class PartialFile:
             )
         for lineno, line in enumerate(complete[1:], start=2):
             try:
-                result = PassRate.from_dict(json.loads(line))
+                result = self.parse_result(json.loads(line))
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
                 raise DataError(f"{self.path}:{lineno}: unreadable result line ({err}); delete the file "
                                 "to start over") from None
@@ -181,7 +190,7 @@ class PartialFile:
             self.done[result.id] = result
         return True
 
-    def append(self, results: Sequence[PassRate]) -> None:
+    def append(self, results: Sequence[Any]) -> None:
         """Add results durably (flush + fsync): after this returns, a kill loses none of them."""
         fresh = [r for r in results if r.id not in self.done]
         if len(fresh) != len(results):
@@ -205,12 +214,13 @@ def _append_lines(path: Path, lines: Sequence[str], create: bool = False) -> Non
 def estimate_pass_rates(
     records: Sequence[PromptRecord],
     partial: PartialFile,
-    run_chunk: Callable[[Sequence[PromptRecord]], list[PassRate]],
+    run_chunk: Callable[[Sequence[PromptRecord]], list[Any]],
     *,
     chunk_size: int = 64,
     on_chunk: Callable[[int, int], None] | None = None,
-) -> dict[str, PassRate]:
-    """Pass rates of every record: those already in `partial`, then the rest chunk by chunk.
+) -> dict[str, Any]:
+    """Pass rates (or any per-prompt results) of every record: those already in `partial`, then the
+    rest chunk by chunk.
 
     `run_chunk` rates a list of records (`scalerl.evaluation.difficulty.score_chunk` bound to an
     engine); each chunk's results are
