@@ -150,10 +150,22 @@ class _Progress:
 # curate
 
 
+def load_tokenizer(name: str) -> Any:
+    """'tiny' (the embedded default's) or a local Hugging Face tokenizer folder."""
+    if name == "tiny":
+        from scalerl.models.tiny import build_tiny_tokenizer
+
+        return build_tiny_tokenizer()
+    from scalerl.models.loading import load_pretrained_tokenizer
+
+    return load_pretrained_tokenizer(name)
+
+
 def run_curate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from scalerl.data.loaders import load_prompts, write_jsonl_atomic
+    from scalerl.training.sft_data import is_sft_file
 
     outs = {"--out": args.out, "--easy": args.easy, "--hard": args.hard, "--dropped": args.dropped}
     paths = {flag: _check_out(p, args.overwrite, flag) for flag, p in outs.items() if p is not None}
@@ -162,12 +174,19 @@ def run_curate(args: argparse.Namespace) -> int:
     resolved = [p.resolve() for p in paths.values()]
     if len(set(resolved)) != len(resolved) or Path(args.prompts).resolve() in resolved:
         raise InputError("outputs must be distinct files, none of them the input")
+    if is_sft_file(args.prompts):
+        return run_curate_pairs(args, paths)
+    for flag, value in (("--max-trace-tokens", args.max_trace_tokens), ("--trivial-from", args.trivial_from)):
+        if value is not None:
+            raise InputError(f"{flag}: applies to prompt/response files; {args.prompts} is a prompt file "
+                             "(its rows have no response or completion column)")
     loaded = load_prompts(args.prompts, on_error="skip" if args.skip else "error")
     if loaded.rejects:
         print(f"curate: skipped {loaded.rejects.summary()}", file=sys.stderr)
     lo, hi = args.pass_rate
     result = curation.curate(loaded.records, min_pass_rate=lo, max_pass_rate=hi, split_at=args.split_at,
-                             max_answer_share=args.max_answer_share, drop_guessable=not args.keep_guessable)
+                             max_answer_share=args.max_answer_share, drop_guessable=not args.keep_guessable,
+                             drop_proofs=not args.keep_proofs)
     dropped = []
     for record, reason in result.dropped:
         meta = dict(record.metadata)
@@ -185,6 +204,68 @@ def run_curate(args: argparse.Namespace) -> int:
           f"hard {len(result.hard)}")
     for flag, path in paths.items():
         print(f"  {flag[2:]}: {len(sets[flag])} prompts -> {path}")
+    return 0
+
+
+def base_pass_rates(path: str) -> dict[str, float]:
+    """Prompt text -> the base model's pass rate, from a `scalerl data difficulty` output."""
+    from scalerl.data.curate import _prompt_text, pass_rate_of
+    from scalerl.data.loaders import load_prompts
+
+    return {_prompt_text(r): pass_rate_of(r) for r in load_prompts(path).records}
+
+
+def run_curate_pairs(args: argparse.Namespace, paths: dict[str, Path]) -> int:
+    """`data curate` on a prompt/response file: the rules of `scalerl.data.sft_curate`, rows written
+    back as they were read (a dropped row with its reason in `curate_dropped`)."""
+    from collections import Counter
+
+    from scalerl.assembly.curation import write_rows_atomic
+    from scalerl.data.curate import _prompt_text
+    from scalerl.data.rejects import DataError
+    from scalerl.data.sft_curate import sft_drop_reason
+    from scalerl.training.sft_data import read_sft_rows
+
+    for flag in ("--easy", "--hard"):
+        if flag in paths:
+            raise InputError(f"{flag}: the easy/hard split applies to prompt files; {args.prompts} holds "
+                             "prompt/response rows (use --out and --dropped)")
+    if args.max_trace_tokens is not None and args.max_trace_tokens < 1:
+        raise InputError(f"--max-trace-tokens: must be >= 1, got {args.max_trace_tokens}")
+    rows = read_sft_rows(args.prompts)
+    rates = base_pass_rates(args.trivial_from) if args.trivial_from else None
+    tok = load_tokenizer(args.tokenizer) if args.max_trace_tokens is not None else None
+    kept: list[Any] = []
+    dropped: list[Any] = []
+    counts: Counter[str] = Counter()
+    for row, record, response in rows:
+        prompt = _prompt_text(record)
+        rate = None
+        if rates is not None:
+            if prompt not in rates:
+                raise DataError(f"{record.source}: prompt not in --trivial-from {args.trivial_from} "
+                                "(rate the same prompts with `scalerl data difficulty`)")
+            rate = rates[prompt]
+        tokens = len(tok.encode(response, add_special_tokens=False)) if tok is not None else None
+        answer = row.get("answer") if isinstance(row.get("answer"), str) else None
+        reason = sft_drop_reason(prompt, response, answer=answer, base_pass_rate=rate,
+                                 trivial_at=args.trivial_at, trace_tokens=tokens,
+                                 max_trace_tokens=args.max_trace_tokens, drop_proofs=not args.keep_proofs,
+                                 drop_multiple_choice=not args.keep_guessable)
+        if reason is None:
+            kept.append(row)
+        else:
+            counts[reason] += 1
+            dropped.append({**row, "curate_dropped": reason})
+    sets = {"--out": kept, "--dropped": dropped}
+    for flag, path in paths.items():
+        write_rows_atomic(sets[flag], path)
+    print(f"curate: {len(rows)} prompt/response rows from {args.prompts}: kept {len(kept)}, "
+          f"dropped {len(dropped)}")
+    for reason, count in sorted(counts.items()):
+        print(f"  dropped, {reason}: {count}")
+    for flag, path in paths.items():
+        print(f"  {flag[2:]}: {len(sets[flag])} rows -> {path}")
     return 0
 
 
@@ -274,7 +355,20 @@ def register_curation(sub: Any) -> None:
                      help="easy: pass rate >= P, hard: below (default 0.5)")
     cur.add_argument("--max-answer-share", type=_unit, default=curation.DEFAULT_MAX_ANSWER_SHARE, metavar="S",
                      help="an answer shared by this share of the prompts is easy to guess (default 0.05)")
-    cur.add_argument("--keep-guessable", action="store_true", help="do not drop easy-to-guess prompts")
+    cur.add_argument("--keep-guessable", action="store_true",
+                     help="do not drop easy-to-guess prompts (multiple choice included)")
+    cur.add_argument("--keep-proofs", action="store_true",
+                     help="do not drop prompts asking for a proof ('prove', 'proof', 'show that')")
+    cur.add_argument("--max-trace-tokens", type=int, metavar="N",
+                     help="prompt/response files: drop responses over N tokens of --tokenizer (ScaleRL A.3: "
+                          "12000)")
+    cur.add_argument("--tokenizer", default="tiny",
+                     help="for --max-trace-tokens: 'tiny' or a local Hugging Face tokenizer folder")
+    cur.add_argument("--trivial-from", metavar="RATED.jsonl",
+                     help="prompt/response files: the base model's pass rates (`scalerl data difficulty` "
+                          "output); rows whose prompt it solves at >= --trivial-at are dropped")
+    cur.add_argument("--trivial-at", type=_unit, default=1.0, metavar="P",
+                     help="trivial: base pass rate >= P (default 1.0: every sample correct)")
     cur.add_argument("--skip", action="store_true", help="skip and count bad rows instead of failing")
     cur.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     cur.set_defaults(func=run_curate)

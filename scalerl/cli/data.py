@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from scalerl.cli.curation import field_pair, register_curation
+from scalerl.cli.curation import field_pair, load_tokenizer, register_curation
 from scalerl.config import DataConfig, RunConfig
 from scalerl.data.loaders import FORMATS
 from scalerl.data.synthetic import SYNTHETIC_TASKS, write_synthetic_jsonl
@@ -28,14 +28,7 @@ DEFAULTS = DataConfig()  # train's: `data check` starts from the same settings
 DEFAULT_MAX_PROMPT_TOKENS = DEFAULTS.max_prompt_tokens
 
 
-def _load_tokenizer(name: str) -> Any:
-    if name == "tiny":
-        from scalerl.models.tiny import build_tiny_tokenizer
-
-        return build_tiny_tokenizer()
-    from scalerl.models.loading import load_pretrained_tokenizer
-
-    return load_pretrained_tokenizer(name)
+_load_tokenizer = load_tokenizer
 
 
 def _synth(args: argparse.Namespace) -> int:
@@ -131,9 +124,19 @@ def _decontaminate(args: argparse.Namespace) -> int:
     report = None if args.report is None else _output(args.report, "--report")
     if report is not None and report.resolve() == out.resolve():
         raise InputError("--report: the same file as --out")
-    data = DEFAULTS.model_copy(update={
-        "field_map": dict(args.field_map), "default_task": args.default_task, "format": args.format})
-    prompts = load_prompt_data(args.prompts, data).records
+    from scalerl.training.sft_data import is_sft_file, read_sft_rows
+
+    pair_rows: dict[int, Any] | None = None
+    if is_sft_file(args.prompts):
+        # Prompt/response rows: their prompts are checked (no gold answer needed), the rows kept are
+        # written back as they were read.
+        rows = read_sft_rows(args.prompts, dict(args.field_map))
+        prompts = [record for _, record, _ in rows]
+        pair_rows = {id(record): row for row, record, _ in rows}
+    else:
+        data = DEFAULTS.model_copy(update={
+            "field_map": dict(args.field_map), "default_task": args.default_task, "format": args.format})
+        prompts = load_prompt_data(args.prompts, data).records
     sets: dict[str, list[Any]] = {}
     for fmt, path in args.against:
         name = Path(path).stem or path
@@ -160,8 +163,14 @@ def _decontaminate(args: argparse.Namespace) -> int:
             for m in result.matches:
                 f.write(json.dumps(m.to_dict(), ensure_ascii=False) + "\n")
         print(f"wrote {len(result.matches)} matches to {report}")
-    write_jsonl_atomic(result.kept, out)
-    print(f"wrote {len(result.kept)} prompts to {out}")
+    if pair_rows is None:
+        write_jsonl_atomic(result.kept, out)
+        print(f"wrote {len(result.kept)} prompts to {out}")
+    else:
+        from scalerl.assembly.curation import write_rows_atomic
+
+        write_rows_atomic([pair_rows[id(r)] for r in result.kept], out)
+        print(f"wrote {len(result.kept)} prompt/response rows to {out}")
     return 0
 
 
@@ -221,7 +230,9 @@ def register(subparsers: Any) -> None:
                     "short item found whole; --n 8 --threshold 0.7 is PaLM's rule); write the rest to "
                     "--out and every match to --report. Never replaces an existing file. docs/data.md, "
                     "'Decontamination'.")
-    dec.add_argument("prompts", metavar="PROMPTS", help="prompt file or folder to clean")
+    dec.add_argument("prompts", metavar="PROMPTS",
+                     help="prompt file or folder to clean, or a prompt/response (SFT) file: rows with a "
+                          "response or completion column, written back whole")
     dec.add_argument("--against", type=against_spec, nargs="+", required=True, metavar="[FORMAT:]PATH",
                      help="evaluation sets, e.g. gsm8k:gsm8k/test.jsonl math:math500.jsonl heldout.jsonl")
     dec.add_argument("--out", required=True, metavar="CLEAN.jsonl", help="the prompts kept (must not exist)")

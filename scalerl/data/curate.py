@@ -2,6 +2,10 @@ r"""Prompt-set curation from model-based pass rates (Kimi k1.5) and the easy/har
 
 `curate(records, ...)` does three things, in this order, each counted:
 
+0. **Proofs.** A prompt that asks for a proof ("prove", "proof", "show that", "demonstrate that",
+   whole words, any case) is dropped as `proof` (Kimi k1.5 and Open-Reasoner-Zero exclude proof
+   questions: no rule-based verifier checks a proof); `drop_proofs=False` keeps them.
+
 1. **Easy to guess.** Kimi k1.5 (arXiv 2501.12599, Sec. 2.3) excludes questions "easy to guess,
    such as multiple-choice, true/false": a policy can collect their reward without reasoning, which
    teaches guessing. The rule here (`guess_reason`), on records with a gold answer, after
@@ -42,6 +46,8 @@ YES_NO: frozenset[str] = frozenset({"yes", "no", "true", "false", "correct", "in
 # An option label: "(A)", "A)", "A." or "A:" at the start of a line or after whitespace, then text.
 _OPTION = re.compile(r"(?:^|(?<=\s))\(?([A-J])(?:\)|\.|:)\s*\S", re.MULTILINE)
 _LETTER = re.compile(r"^\(?([a-j])\)?\.?$")
+# A prompt asking for a proof: whole words, case-insensitive (`scalerl.data.sft_curate`, rule 1).
+_PROOF = re.compile(r"\b(?:prove|proof|show\s+that|demonstrate\s+that)\b", re.IGNORECASE)
 _TEXT = re.compile(r"\\(?:text|textbf|mathrm|boxed)\s*\{([^{}]*)\}")
 
 DEFAULT_MIN_PASS_RATE = 0.05
@@ -71,6 +77,21 @@ def _prompt_text(record: PromptRecord) -> str:
     return "\n".join(t["content"] for t in record.messages or [] if t["role"] == "user")
 
 
+def is_proof_prompt(prompt: str) -> bool:
+    """Whether the prompt asks for a proof: "prove", "proof", "show that" or "demonstrate that" as
+    whole words, any case ("improve", "show your work", "shown that" do not count)."""
+    return _PROOF.search(prompt) is not None
+
+
+def multiple_choice(prompt: str, answer: str) -> bool:
+    """Whether `answer` is one option letter that `prompt` lists among at least two lettered options."""
+    letter = _LETTER.match(normalize_answer(answer))
+    if letter is None:
+        return False
+    labels = _option_labels(prompt)
+    return letter.group(1).upper() in labels and len(labels) >= 2
+
+
 def guess_reason(record: PromptRecord, answer_counts: Counter[str], n_answers: int,
                  max_answer_share: float = DEFAULT_MAX_ANSWER_SHARE) -> str | None:
     """Why `record` is easy to guess (see the module docstring), or None.
@@ -80,11 +101,8 @@ def guess_reason(record: PromptRecord, answer_counts: Counter[str], n_answers: i
     if record.answer is None:
         return None
     norm = normalize_answer(record.answer)
-    letter = _LETTER.match(norm)
-    if letter:
-        labels = _option_labels(_prompt_text(record))
-        if letter.group(1).upper() in labels and len(labels) >= 2:
-            return "multiple choice"
+    if multiple_choice(_prompt_text(record), record.answer):
+        return "multiple choice"
     if norm in YES_NO:
         return "yes/no"
     count = answer_counts.get(norm, 0)
@@ -128,6 +146,7 @@ def curate(
     split_at: float = DEFAULT_SPLIT_AT,
     max_answer_share: float = DEFAULT_MAX_ANSWER_SHARE,
     drop_guessable: bool = True,
+    drop_proofs: bool = True,
 ) -> CurateResult:
     """Filter and split `records` (see the module docstring); order is kept in every output."""
     if not 0 <= min_pass_rate <= max_pass_rate <= 1:
@@ -141,7 +160,9 @@ def curate(
     n_answers = sum(answers.values())
     result = CurateResult(kept=[], easy=[], hard=[])
     for record, rate in zip(records, rates, strict=True):
-        reason = guess_reason(record, answers, n_answers, max_answer_share) if drop_guessable else None
+        reason = "proof" if drop_proofs and is_proof_prompt(_prompt_text(record)) else None
+        if reason is None and drop_guessable:
+            reason = guess_reason(record, answers, n_answers, max_answer_share)
         if reason is None and not min_pass_rate <= rate <= max_pass_rate:
             reason = "pass rate below range" if rate < min_pass_rate else "pass rate above range"
         if reason is not None:
@@ -162,6 +183,8 @@ __all__ = [
     "CurateResult",
     "curate",
     "guess_reason",
+    "is_proof_prompt",
+    "multiple_choice",
     "normalize_answer",
     "pass_rate_of",
 ]

@@ -96,6 +96,49 @@ def row_to_pair(
     return record, response
 
 
+def _files(root: Path) -> list[Path]:
+    if not root.exists():
+        raise FileNotFoundError(f"SFT data not found: {root}")
+    files = [root]
+    if root.is_dir():
+        files = sorted(p for p in root.rglob("*") if p.suffix.lower() in SFT_SUFFIXES)
+    if not files:
+        raise ValueError(f"{root}: no {', '.join(SFT_SUFFIXES)} files")
+    return files
+
+
+def is_sft_file(path: str | Path) -> bool:
+    """Whether `path` holds prompt/response rows: its first row has a `response` or `completion`
+    column, or chat `messages` ending in an assistant turn. (`solution`, which synthetic prompt files
+    carry in their metadata, does not count: those are prompt files.)"""
+    root = Path(path)
+    if not root.exists():
+        return False
+    try:
+        files = _files(root)
+        where_row = next(iter(_rows(files[0])), None)
+    except ValueError:
+        return False
+    if where_row is None or not isinstance(where_row[1], Mapping):
+        return False
+    row = where_row[1]
+    messages = row.get("messages")
+    ends = isinstance(messages, list) and bool(messages) and isinstance(messages[-1], Mapping) \
+        and messages[-1].get("role") == "assistant"
+    return isinstance(row.get("response"), str) or isinstance(row.get("completion"), str) or ends
+
+
+def read_sft_rows(
+    path: str | Path, field_map: Mapping[str, str] | None = None
+) -> list[tuple[Mapping[str, Any], PromptRecord, str]]:
+    """Every row of a file (or folder) as (the row as read, its prompt record, its response): what
+    `scalerl data curate` and `decontaminate` filter and write back unchanged."""
+    rows = [(row, *row_to_pair(row, where, field_map)) for f in _files(Path(path)) for where, row in _rows(f)]
+    if not rows:
+        raise ValueError(f"{path}: no SFT rows")
+    return rows
+
+
 def read_sft_pairs(
     path: str | Path, field_map: Mapping[str, str] | None = None
 ) -> list[tuple[PromptRecord, str]]:
