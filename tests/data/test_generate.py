@@ -153,3 +153,52 @@ def test_command_refuses_existing_output_and_unknown_rule(tmp_path: Path,
               "--select", "best"])
     assert err.value.code == 2
     assert not partial_path(tmp_path / "o.jsonl").exists()
+
+
+def test_the_command_resumes_an_interrupted_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import scalerl.evaluation.difficulty as engine_half
+    from scalerl.models.tiny import TinyModelSpec, build_tiny_model
+
+    model = tmp_path / "model"
+    spec = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64,
+                         max_position_embeddings=256)
+    tok = build_tiny_tokenizer()
+    build_tiny_model(spec, vocab_size=len(tok), seed=0).save_pretrained(str(model))
+    tok.save_pretrained(str(model))
+    prompts = tmp_path / "p.jsonl"
+    write_jsonl(make_math_task(6, seed=2, difficulty=(1, 2)), prompts)
+
+    def args(out: Path, *extra: str) -> list[str]:
+        return ["data", "generate", str(model), "--prompts", str(prompts), "--out", str(out), "--k", "3",
+                "--max-new-tokens", "12", "--chunk", "2", "--no-progress", "--device", "cpu", *extra]
+
+    whole = tmp_path / "whole.jsonl"
+    assert main(args(whole)) == 0
+    real = engine_half.sample_chunk
+    sampled: list[str] = []
+
+    def dies_on_the_second_chunk(records: Sequence[Any], *a: Any) -> list[PromptSamples]:
+        if len(sampled) == 2:
+            raise KeyboardInterrupt
+        sampled.extend(r.id for r in records)
+        return real(records, *a)
+
+    monkeypatch.setattr(engine_half, "sample_chunk", dies_on_the_second_chunk)
+    out = tmp_path / "out.jsonl"
+    assert main(args(out)) == 130  # interrupted, as by Ctrl-C
+    assert not out.exists() and partial_path(out).exists()
+    sampled.clear()
+
+    def counting(records: Sequence[Any], *a: Any) -> list[PromptSamples]:
+        sampled.extend(r.id for r in records)
+        return real(records, *a)
+
+    monkeypatch.setattr(engine_half, "sample_chunk", counting)
+    assert main(args(out)) == 0
+    assert len(sampled) == 4  # the two saved prompts are not sampled again
+    assert out.read_bytes() == whole.read_bytes() and not partial_path(out).exists()
+    stats = json.loads((tmp_path / "out.jsonl.stats.json").read_text())
+    assert stats == json.loads((tmp_path / "whole.jsonl.stats.json").read_text())
+    assert stats["prompts"] == 6 and stats["samples"] == 18
+    assert stats["kept"] == len(out.read_text().splitlines())
