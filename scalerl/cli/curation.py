@@ -1,4 +1,6 @@
-"""``scalerl data difficulty`` and ``scalerl data curate``: model-based pass rates, then a curated set.
+"""``scalerl data difficulty``, ``generate`` and ``curate``: model-based pass rates, rejection-sampled
+SFT rows (`scalerl.data.generate`), then a curated set (prompt files, or prompt/response files:
+`scalerl.data.sft_curate`).
 
     scalerl data difficulty prompts.jsonl --model runs/base --k 10 --out rated.jsonl
     scalerl data curate rated.jsonl --out curated.jsonl --easy easy.jsonl --hard hard.jsonl

@@ -1,12 +1,13 @@
-"""``scalerl data synth | check | decontaminate | difficulty | curate``: write a synthetic prompt set,
-vet a real one, drop prompts that overlap evaluation sets, rate it with a model, curate it.
+"""``scalerl data synth | check | decontaminate | difficulty | generate | curate``: write a synthetic
+prompt set, vet a real one, drop prompts (or prompt/response rows) that overlap evaluation sets, rate
+it with a model, sample SFT rows from a model, curate it.
 
 `check` runs exactly the loading and prompt-length checks a training run does (the same functions,
 `scalerl.assembly.inputs.load_prompt_data` and `check_prompt_lengths`, from train's defaults or the
 run's config given with `-c`: a file `check` accepts, `train` accepts), so a bad row is found (with
 its file:line) before any compute is spent. Rows of a task that needs no gold (scored by
 `rewards.reward_models.<task>` or a verifier marked `@gold_free`) need no `answer`, as in training.
-`difficulty` and `curate` live in `scalerl.cli.curation`. Registered by ``scalerl.cli`` through
+`difficulty`, `generate` and `curate` live in `scalerl.cli.curation`. Registered by ``scalerl.cli`` through
 ``register(subparsers)``.
 """
 
