@@ -34,6 +34,25 @@ refused) are checked at load time and named in the error.
 #: Meanings of keys whose field has neither a description nor a comment in scalerl/config.py.
 #: tests/test_docs_state.py checks every key here exists and every key of the page has a meaning.
 MEANINGS: dict[str, str] = {
+    "recipe": "the recipe the run was built from (set by --recipe; a label only inside a YAML file)",
+    "max_time_s": "also stop after this many seconds of wall clock; null = no limit",
+    "model.tokenizer": "a tokenizer other than the model's own (path or Hub id)",
+    "data.system_prompt": "a system prompt for every chat prompt",
+    "algorithm.dual_clip_c": ("dual clip (Ye et al. 2020): bound the loss of negative-advantage tokens"
+                              " at c; null = off"),
+    "algorithm.offpolicy_mask_delta": ("DeepSeek-V3.2's off-policy sequence mask: drop negative-advantage"
+        " sequences whose KL(old || theta) exceeds delta; null = off"),
+    "optim.grad_clip": "clip the gradient's global norm; null = off",
+    "distributed.address": ("the Ray cluster to join; null = RAY_ADDRESS, a `ray start` head here,"
+                            " else a new local one"),
+    "agentic.environment": ("the multi-turn environment (tools, skyrl:..., agent:..., verifiers:...,"
+                            " pkg.mod:factory); null = single-turn"),
+    "agentic.corpus_path": "documents for the search tool",
+    "algorithm.critic.model": "the value model (path or Hub id); null = a copy of the policy's base",
+    "algorithm.critic.value_clip": "PPO's value clipping range; null = off",
+    "algorithm.distill.teacher": "the teacher model for on-policy distillation; null = off",
+    "rewards.sandbox.python": "the interpreter that runs programs; null = this one",
+    "rewards.sandbox.unshare": "the unshare binary that makes the namespaces; null = the one on PATH",
     "name": "the run's label in plots, tables and the W&B run",
     "seed": ("the run's seed: offsets the rollout, prompt-order and evaluation streams"
         " (model.init_seed keeps the base model)"),
