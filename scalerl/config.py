@@ -193,8 +193,12 @@ class ReasoningGymConfig(Section):
 
 
 class DataConfig(Section):
-    # None = the built-in synthetic task (no download).
-    train_path: str | None = None
+    # None = the built-in synthetic task (no download). A file, a folder, a `save_to_disk` dataset, a
+    # Hub id or snapshot folder (datasets.load_dataset), or a list of them (docs/data.md).
+    train_path: str | list[str] | None = None
+    # The config (subset) and the split of a dataset or folder holding several (scalerl/data/layout.py).
+    subset: str | None = None
+    split: str | None = None
     # A generated prompt source instead of a file: "reasoning_gym:<dataset>" or "reasoning_gym"
     # (the mix in reasoning_gym.datasets); None: train_path or the synthetic task.
     source: str | None = None
@@ -519,9 +523,11 @@ class ExtraSetConfig(Section):
     `format`: a file type (auto: by suffix) or a benchmark's published layout (gsm8k, math, aime,
     amc, humaneval, mbpp; scalerl/data/benchmarks.py). A bare string entry is `{path: ...}`."""
 
-    path: str = Field(min_length=1)
+    path: str | list[str] = Field(min_length=1)
     format: Literal["auto", "jsonl", "json", "parquet", "csv", "tsv", "hf",
                     "gsm8k", "math", "aime", "amc", "humaneval", "mbpp"] = "auto"
+    subset: str | None = None  # the config and split of a dataset holding several (as data.subset/split)
+    split: str | None = None
 
 
 class EvalConfig(Section):
