@@ -673,6 +673,21 @@ class RewardModelConfig(Section):
         return self
 
 
+class RewardFunctionConfig(Section):
+    """One `rewards.functions` entry: a reward function, its weight, the tasks it scores
+    (scalerl/rewards/functions.py; docs/rewards.md). `fn`: "package.module:name", "path/file.py:name",
+    or a verifier's name ("math", "code", a registered one). `style`: how it is called, "trl"
+    (`f(prompts, completions, **columns) -> list[float | None]`), "verl" (`compute_score(data_source,
+    solution_str, ground_truth, extra_info)`), "verifier" (`f(completion, record)`), or "auto" (by
+    its parameter names, the rule in `functions.detect_style`). `tasks`: None scores every task."""
+
+    fn: str = Field(min_length=1)
+    weight: float = Field(1.0, allow_inf_nan=False)
+    name: str | None = Field(None, min_length=1)
+    style: Literal["auto", "trl", "verl", "verifier"] = "auto"
+    tasks: list[str] | None = None
+
+
 class RewardConfig(Section):
     """Verifiers (`scalerl.rewards.RewardRouter`): reward scale, time bounds, parallelism, the code
     sandbox, custom verifiers (`verifiers`: task -> dotted path)."""
@@ -698,6 +713,24 @@ class RewardConfig(Section):
     # task name -> a learned scorer (classifier or LLM judge) for that task's records, which then
     # need no gold answer (scalerl/rewards/reward_model.py).
     reward_models: dict[str, RewardModelConfig] = Field(default_factory=dict)
+    # Reward functions combined by weight (TRL / verl signatures, verifiers by name); a task they
+    # score takes their weighted sum as its reward instead of its verifier's (docs/rewards.md).
+    functions: list[RewardFunctionConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _functions(self) -> RewardConfig:
+        names = [f.name for f in self.functions if f.name is not None]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise CrossKeyError(("functions",), f"reward function name(s) {dupes} used twice; each "
+                                "needs its own name (its metrics are reward_fn/<name>)")
+        for i, f in enumerate(self.functions):
+            tasks = set(self.reward_models) if f.tasks is None else set(f.tasks) & set(self.reward_models)
+            if tasks:
+                raise CrossKeyError((f"functions.{i}.tasks", "reward_models"),
+                                    f"task(s) {sorted(tasks)} have a reward model and reward functions; "
+                                    "keep one (name the function's tasks)")
+        return self
 
     @model_validator(mode="after")
     def _scale_order(self) -> RewardConfig:

@@ -196,7 +196,9 @@ def _build_training(
 
     evaluator = None
     if split.heldout:
-        eval_scorer = GroupScorer(scorer, decode, max_workers=config.rewards.max_workers,
+        # Held-out samples stay out of the reward functions' per-step means (docs/rewards.md).
+        held_out_scorer = router.untallied() if scorer is router else scorer
+        eval_scorer = GroupScorer(held_out_scorer, decode, max_workers=config.rewards.max_workers,
                                   success_threshold=success_threshold(config.rewards))
         closers.append(eval_scorer.close)
         evaluator = Evaluator(
@@ -221,6 +223,10 @@ def _build_training(
         from scalerl.assembly.local import EngineFigures
 
         metrics = EngineFigures(metrics, router.reward_model_figures)
+    if router.functions is not None and metrics is not None:
+        from scalerl.assembly.local import EngineFigures
+
+        metrics = EngineFigures(metrics, router.reward_function_figures)
     live = None
     if config.forecast.enabled and telemetry is not None and evaluator is not None:
         # The live forecast (scaling.live): reads the rows as logged, never changes training.
