@@ -66,7 +66,9 @@ def test_short_run_on_the_train_split_of_a_hub_layout_snapshot(
     overlap.write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = _config(tiny_model, tmp_path, train_path=str(snap), subset="main", split="train")
     raw = yaml.safe_load(config.read_text())
-    raw["eval"]["extra_sets"] = {"mine": str(overlap)}
+    raw["eval"]["extra_sets"] = {"mine": str(overlap),  # and the snapshot's test split, chosen per set
+                                 "gsm8k_test": {"path": str(snap), "format": "gsm8k", "subset": "main",
+                                                "split": "test"}}
     config.write_text(yaml.safe_dump(raw))
     with caplog.at_level(logging.WARNING, logger="scalerl.assembly.build"):
         assert main(["train", "--recipe", "base", "-c", str(config)]) == 0
@@ -75,6 +77,9 @@ def test_short_run_on_the_train_split_of_a_hub_layout_snapshot(
     run = tmp_path / "run"
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert max(r["step"] for r in steps if "step" in r) == 2
+    evals = [r for r in steps if "val_gsm8k_test_pass_rate" in r]
+    assert [r["step"] for r in evals] == [0, 2]
+    assert "eval.extra_sets.gsm8k_test" not in caplog.text  # main/test shares no question with main/train
     held = json.loads((run / "heldout_ids.json").read_text())
     ids = held["heldout_ids"]
     # Only main/train rows were read: their ids are the train shard's, none from test or socratic.
