@@ -18,8 +18,9 @@ returns with its `exit_status`.
 `datasets.Dataset`. Rows handed over in memory are written to `RUN_DIR/train_dataset.jsonl` once
 the checks pass, and `data.train_path` names that file, so the run folder is complete (`scalerl eval
 RUN_DIR` reads it). `reward_funcs`: callables, `fn` strings, or `rewards.functions` entries
-(mappings), in the styles of `scalerl.rewards.functions`; a callable is known by its `__name__` in
-this process only (a resumed run from the command line needs a dotted path instead).
+(mappings), in the styles of `scalerl.rewards.functions`; a callable importable by its module and
+name is saved as that dotted path, any other (defined in `__main__`, a lambda, a closure) is known
+by its `__name__` in this process only.
 """
 
 from __future__ import annotations
@@ -144,6 +145,20 @@ def _write_rows(rows: list[dict[str, Any]], path: Path, key: str) -> None:
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
 
 
+def _dotted_path(fn: Any) -> str | None:
+    """`module:qualname` of a function importable by that path (not `__main__`, a lambda or a
+    closure), else None."""
+    from scalerl.rewards.registry import import_object
+
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not module or module == "__main__" or not qualname or "<" in qualname:
+        return None
+    try:
+        return f"{module}:{qualname}" if import_object(f"{module}:{qualname}") is fn else None
+    except ValueError:
+        return None
+
+
 @contextmanager
 def _registered(reward_funcs: Sequence[Any] | None, reward_weights: Sequence[float] | None
                 ) -> Iterator[list[dict[str, Any]] | None]:
@@ -165,7 +180,10 @@ def _registered(reward_funcs: Sequence[Any] | None, reward_weights: Sequence[flo
         for i, item in enumerate(funcs):
             entry = dict(item) if isinstance(item, Mapping) else {"fn": item}
             fn = entry.get("fn")
-            if callable(fn):
+            dotted = _dotted_path(fn) if callable(fn) else None
+            if dotted is not None:  # importable: the saved config names it, a resumed run finds it
+                entry["fn"] = dotted
+            elif callable(fn):
                 base = getattr(fn, "__name__", "")
                 name = base if base.isidentifier() else f"reward_{i}"
                 taken = {e.get("name") or e["fn"] for e in entries}

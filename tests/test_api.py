@@ -61,8 +61,15 @@ def test_train_on_rows_with_a_callable_reward(tiny_model: Path, tmp_path: Path) 
     # Two evaluations cannot fit a 3-parameter curve: no fit, and why.
     assert result.fit is None and result.fit_error
 
-    ev = scalerl.evaluate(out, reward_funcs=[digit_reward], k=1)
+    # An importable callable is saved as its dotted path: the run folder evaluates without it.
+    assert result.config.rewards.functions[0].fn.endswith("test_api:digit_reward")
+    ev = scalerl.evaluate(out, k=1)
     assert ev.prompts == 2 and "pass_rate" in ev.metrics and "checkpoints" in ev.model
+    datasets = pytest.importorskip("datasets")
+    # A lambda is known by a name in this process; every sample scores 1.0 > 0.5: all correct.
+    ev = scalerl.evaluate(out, dataset=datasets.Dataset.from_list(ROWS[:3]), k=1,
+                          reward_funcs=[lambda prompts, completions, **kw: [1.0] * len(completions)])
+    assert ev.prompts == 3 and ev.metrics["pass_rate"] == 1.0
 
 
 @pytest.mark.parametrize(("kwargs", "error", "message"), [
