@@ -148,7 +148,8 @@ def load_prompt_data(path: str, data: DataConfig, split: str | None = None,
     run's tasks whose rows need no gold (`gold_free`)."""
     return load_prompts(path, field_map=data.field_map, default_task=data.default_task,
                         split=split if split is not None else data.split, subset=data.subset,
-                        format=data.format, on_error=data.on_bad_row, gold_free_tasks=gold_free_tasks)
+                        format=data.format, on_error=data.on_bad_row, gold_free_tasks=gold_free_tasks,
+                        keys=("data.subset (--subset)", "data.split (--split)"))
 
 
 def check_prompt_lengths(records: list[PromptRecord], data: DataConfig, tokenizer: Any) -> EncodedPrompts:

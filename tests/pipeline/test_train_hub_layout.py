@@ -84,3 +84,19 @@ def test_short_run_on_the_train_split_of_a_hub_layout_snapshot(
     ids = held["heldout_ids"]
     # Only main/train rows were read: their ids are the train shard's, none from test or socratic.
     assert ids and all(i.startswith("main/train-00000-of-00001:") for i in ids)
+
+
+def test_eval_and_data_check_choose_a_split_of_the_snapshot(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    snap = make_gsm8k_snapshot(tmp_path / "gsm8k", readme=False)
+    base = ["--format", "gsm8k", "--subset", "main"]
+    assert main(["data", "check", str(snap), *base]) == 2
+    assert "choose one with data.split (--split)" in capsys.readouterr().err
+    assert main(["data", "check", str(snap), *base, "--split", "test"]) == 0
+    assert ": 3 rows read, 3 records loaded" in capsys.readouterr().out
+    evaluate = ["eval", str(tiny_model), "--data", str(snap), *base, "--k", "1", "--json"]
+    assert main(evaluate) == 2
+    assert "choose one with --split" in capsys.readouterr().err
+    assert main([*evaluate, "--split", "test"]) == 0
+    assert json.loads(capsys.readouterr().out)["prompts"].startswith("3 prompts of ")
