@@ -180,6 +180,19 @@ def load_functions(configs: Sequence[RewardFunctionConfig], builtin: Callable[[s
     return out
 
 
+def trl_only_tasks(functions: Sequence[RewardFunction]) -> tuple[frozenset[str], bool, frozenset[str]]:
+    """Which tasks only TRL-style functions score, so their rows need no gold `answer` or `tests`
+    (a TRL function reads the columns it wants; a verl or verifier one reads the gold): (the tasks
+    named so, whether every task is so, the named tasks that are not when every task is)."""
+    named = {t for f in functions if f.tasks is not None for t in f.tasks}
+    not_trl = {t for f in functions if f.tasks is not None and f.style != "trl" for t in f.tasks}
+    everywhere = [f for f in functions if f.tasks is None]
+    every = bool(everywhere) and all(f.style == "trl" for f in everywhere)
+    if everywhere and not every:
+        return frozenset(), False, frozenset()  # a verl/verifier function scores every task
+    return frozenset(named - not_trl), every, frozenset(not_trl)
+
+
 def _run(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], timeout_s: float) -> Any:
     """`fn(*args, **kwargs)` (an awaitable result is awaited) in a daemon thread bounded by
     `timeout_s`: a hung function costs a thread, not the run. Raises what it raised, or TimeoutError."""
@@ -361,4 +374,4 @@ class RewardFunctions:
 
 
 __all__ = ["RewardFunction", "RewardFunctions", "SampleScore", "detect_style", "load_functions",
-           "register_reward_function", "resolve_fn", "unregister_reward_function"]
+           "register_reward_function", "resolve_fn", "trl_only_tasks", "unregister_reward_function"]

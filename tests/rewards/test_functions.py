@@ -133,3 +133,29 @@ def test_explicit_style_overrides_detection() -> None:
     assert out.status == "error" and "TypeError" in out.detail
     assert router.reward_function_figures()["reward_fn_errors_total/ambiguous"] == 1.0
     router.close()
+
+
+def test_rows_of_tasks_only_trl_functions_score_need_no_gold(tmp_path: Path) -> None:
+    """A TRL function reads the columns it wants (here `solution`, kept under its own name); a verl
+    or verifier function reads the gold, so its task's rows still need an answer."""
+    from scalerl.config import RewardConfig
+    from scalerl.data.loaders import load_prompts
+    from scalerl.data.rejects import DataError
+    from scalerl.rewards.registry import gold_free_tasks
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "p", "solution": "s"}\n')
+
+    def load(functions: list[dict[str, Any]]) -> Any:
+        free = gold_free_tasks(RewardConfig(functions=functions))
+        return load_prompts(rows, default_task="math", gold_free_tasks=free).records
+
+    (record,) = load([{"fn": f"{MOD}:contains_answer"}])
+    assert record.answer is None and record.metadata == {"solution": "s"}
+    for functions in ([{"fn": f"{MOD}:compute_score"}],                       # verl: ground_truth
+                      [{"fn": f"{MOD}:contains_answer"}, {"fn": "math", "tasks": ["math"]}],
+                      [{"fn": f"{MOD}:contains_answer", "tasks": ["chat"]}]):  # math keeps its verifier
+        with pytest.raises(DataError, match="missing answer"):
+            load(functions)
+    free = gold_free_tasks(RewardConfig(functions=[{"fn": f"{MOD}:contains_answer", "tasks": ["chat"]}]))
+    assert "chat" in free and "math" not in free
