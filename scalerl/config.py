@@ -245,6 +245,13 @@ class DataConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _choice_needs_a_path(self) -> DataConfig:
+        chosen = [k for k in ("subset", "split") if getattr(self, k) is not None]
+        if chosen and self.train_path is None:
+            raise CrossKeyError((chosen[0], "train_path"), "chooses within data.train_path, which is unset")
+        return self
+
+    @model_validator(mode="after")
     def _template_instruction(self) -> DataConfig:
         # r1 / qwen_math carry their own instruction; a system prompt on top is not that template.
         has_system = self.system_prompt is not None or self.think_system_prompt

@@ -293,6 +293,8 @@ class RewardFunctions:
                        if k not in ("prompts", "completions")}
             got = _run(f.fn, (), {"prompts": [prompt] * n, "completions": completions, **columns},
                        self.timeout_s)
+            if callable(getattr(got, "tolist", None)):  # a numpy array or a tensor of scores
+                got = got.tolist()
             if isinstance(got, (str, bytes, Mapping)) or not isinstance(got, Sequence):
                 raise TypeError(f"returned {type(got).__name__}, expected a list of {n} scores")
             if len(got) != n:

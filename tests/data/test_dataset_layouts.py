@@ -129,3 +129,10 @@ def test_a_list_of_files_is_read_in_order(tmp_path: Path) -> None:
     assert [(r.prompt, r.id) for r in got] == [("first", "a:1"), ("second", "b:0")]
     with pytest.raises(FileNotFoundError, match=r"missing\.jsonl"):
         load_prompts([str(a), str(tmp_path / "missing.jsonl")], default_task="math")
+
+
+def test_a_choice_without_a_path_is_a_config_error() -> None:
+    from scalerl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"data\.split: chooses within data\.train_path, which is unset"):
+        load_config(overrides=["data.split=train"])

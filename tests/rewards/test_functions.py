@@ -159,3 +159,15 @@ def test_rows_of_tasks_only_trl_functions_score_need_no_gold(tmp_path: Path) -> 
             load(functions)
     free = gold_free_tasks(RewardConfig(functions=[{"fn": f"{MOD}:contains_answer", "tasks": ["chat"]}]))
     assert "chat" in free and "math" not in free
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["rewards.functions=[{fn: 'a.b:c', name: x}, {fn: 'a.b:d', name: x}]"], r"\['x'\] used twice"),
+    (["rewards.functions=[{fn: 'a.b:c'}]", "rewards.reward_models={math: {path: m, kind: classifier}}"],
+     r"rewards\.functions\.0\.tasks: task\(s\) \['math'\] have a reward model and reward functions"),
+])
+def test_config_rules_of_functions(overrides: list[str], message: str) -> None:
+    from scalerl.config import load_config
+
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=overrides)
