@@ -734,9 +734,9 @@ class RewardConfig(Section):
         for i, f in enumerate(self.functions):
             tasks = set(self.reward_models) if f.tasks is None else set(f.tasks) & set(self.reward_models)
             if tasks:
-                raise CrossKeyError((f"functions.{i}.tasks", "reward_models"),
-                                    f"task(s) {sorted(tasks)} have a reward model and reward functions; "
-                                    "keep one (name the function's tasks)")
+                raise CrossKeyError(("functions", "reward_models"),
+                                    f"functions[{i}] ({f.fn}) scores task(s) {sorted(tasks)}, which have "
+                                    "a reward model; keep one (name the function's tasks)")
         return self
 
     @model_validator(mode="after")

@@ -221,8 +221,11 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 
 def is_hub_id(text: str) -> bool:
-    """`owner/name`, not ending in a data file suffix (`data/train.jsonl` is a missing file)."""
-    return bool(_HUB_ID.match(text)) and not text.lower().endswith(FILE_SUFFIXES)
+    """`owner/name`, not ending in a data file suffix (`data/train.jsonl` is a missing file), whose
+    `owner` is no local folder (`data/gsm8k` with a `data/` here is a mistyped local path, not a
+    reason to ask the Hub)."""
+    return (bool(_HUB_ID.match(text)) and not text.lower().endswith(FILE_SUFFIXES)
+            and not Path(text.split("/", 1)[0]).is_dir())
 
 
 def _file_format(path: Path, fmt: str) -> str:

@@ -136,3 +136,12 @@ def test_a_choice_without_a_path_is_a_config_error() -> None:
 
     with pytest.raises(ConfigError, match=r"data\.split: chooses within data\.train_path, which is unset"):
         load_config(overrides=["data.split=train"])
+
+
+def test_a_missing_path_under_a_local_folder_is_not_asked_of_the_hub(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "data").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="prompt data not found: data/gsm8k"):
+        load_prompts("data/gsm8k", default_task="math")  # owner/name in form, but data/ is here

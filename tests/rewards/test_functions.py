@@ -164,7 +164,7 @@ def test_rows_of_tasks_only_trl_functions_score_need_no_gold(tmp_path: Path) -> 
 @pytest.mark.parametrize(("overrides", "message"), [
     (["rewards.functions=[{fn: 'a.b:c', name: x}, {fn: 'a.b:d', name: x}]"], r"\['x'\] used twice"),
     (["rewards.functions=[{fn: 'a.b:c'}]", "rewards.reward_models={math: {path: m, kind: classifier}}"],
-     r"rewards\.functions\.0\.tasks: task\(s\) \['math'\] have a reward model and reward functions"),
+     r"rewards\.functions: functions\[0\] \(a\.b:c\) scores task\(s\) \['math'\], which have a reward"),
 ])
 def test_config_rules_of_functions(overrides: list[str], message: str) -> None:
     from scalerl.config import load_config
