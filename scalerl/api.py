@@ -306,6 +306,10 @@ def train(
             # Rows handed over in memory: name them, not the scratch file (line N is row N-1).
             shown = str(err).replace(str(Path(scratch) / TRAIN_DATASET_FILE), "train_dataset (JSON lines)")
             raise type(err)(shown) from None
+        from scalerl.assembly.advice import tiny_default_advice
+
+        for line in tiny_default_advice(cfg):  # a named model on the tiny model's defaults, as train warns
+            say(f"train: warning: {line}")
         check_output_dir_owned(run_dir, TRAIN_KIND, "output_dir")
         cfg = prepare_model(cfg, say=say)
         if rows is not None:  # the rows become part of the run folder, named by its config

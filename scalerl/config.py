@@ -217,6 +217,9 @@ class DataConfig(Section):
     # How a record becomes the model's input (scalerl/data/tokenize.py): the tokenizer's chat
     # template, or a text template for base models (R1-Zero's `r1`, `qwen_math`, `raw`).
     template: Literal["chat", "r1", "qwen_math", "raw"] = "chat"
+    # Keywords for every `apply_chat_template` call of the run (training, evaluation, tool-use turns,
+    # `scalerl serve`), e.g. Qwen3's {"enable_thinking": false}.
+    chat_template_kwargs: dict[str, Any] = {}
     max_prompt_tokens: int = Field(256, gt=0)
     on_bad_row: Literal["error", "skip"] = "error"
 
@@ -562,6 +565,10 @@ class LoggingConfig(Section):
     wandb: bool = False
     wandb_project: str = "scalerl"
     progress: bool = True
+    # Every this many optimizer steps, `samples_per_step` of the step's trained samples (prompt,
+    # response, reward, version, lag) are appended to `<run_dir>/samples.jsonl`; 0 = off.
+    samples_every: int = Field(0, ge=0)
+    samples_per_step: int = Field(4, ge=1)
 
 
 class ForecastConfig(Section):
@@ -757,11 +764,12 @@ class DistributedConfig(Section):
     """Scale-out on Ray (`scalerl.distributed`): engine actors, FSDP2 trainer ranks, weight sync.
 
     `backend: local` (the default) is the single-process loop and reads nothing else here. With
-    `ray`, `address` attaches to a running cluster ("auto", "ray://head:10001") or, when None,
-    starts a local Ray instance with `num_cpus` logical CPUs. Ray resources are logical: fractional
-    CPUs let several actors share a core. Every wait on a remote actor is bounded by `timeout_s`
-    (actor start-up, which loads torch and a model, by `startup_timeout_s`), so a dead or hung peer
-    becomes an error naming it instead of a hang.
+    `ray`, `address` attaches to a running cluster ("auto", "ray://head:10001"); when None, the
+    cluster named by `RAY_ADDRESS` or started on this machine by `ray start --head` is joined, and
+    only without one a local Ray instance is started with `num_cpus` logical CPUs. Ray resources
+    are logical: fractional CPUs let several actors share a core. Every wait on a remote actor is
+    bounded by `timeout_s` (actor start-up, which loads torch and a model, by
+    `startup_timeout_s`), so a dead or hung peer becomes an error naming it instead of a hang.
     """
 
     backend: Literal["local", "ray"] = "local"
@@ -784,6 +792,8 @@ class DistributedConfig(Section):
     # last published weights, verified. 0: dead engines stay dead (the run goes on without them).
     engine_restarts: int = Field(0, ge=0)
     engine_restart_backoff_s: float = Field(5.0, ge=0.0)
+    # Ray's dashboard (a web UI on port 8265) when this run starts the Ray instance; off by default.
+    dashboard: bool = False
 
 
 class AgenticConfig(Section):
@@ -803,6 +813,9 @@ class AgenticConfig(Section):
     thinking_retention: Literal["deepseek_v32", "keep_all"] = "deepseek_v32"
     max_observation_tokens: int = Field(64, ge=1)
     tool_timeout_s: float = Field(10.0, gt=0.0)
+    # The format the model writes tool calls in (scalerl/agentic/toolcalls.py): Qwen/Hermes
+    # <tool_call> JSON, Llama 3 JSON, Mistral [TOOL_CALLS], Qwen3-Coder XML.
+    tool_parser: Literal["hermes", "llama3_json", "mistral", "qwen3_xml"] = "hermes"
     corpus_path: str | None = None
     # True: environment steps overlap decoding (threaded pipeline); False: each engine step waits for
     # them, so the reproducible schedules stay reproducible.

@@ -19,7 +19,7 @@ README = (ROOT / "README.md").read_text()
 
 
 def _section(title: str) -> str:
-    start = README.index(f"## {title}")
+    start = README.index(f"\n## {title}") + 1
     end = README.find("\n## ", start + 1)
     return README[start:end]
 
@@ -43,7 +43,7 @@ def _commands(text: str) -> list[list[str]]:
 
 
 def test_the_demo_block_matches_the_shipped_settings() -> None:
-    section = _section("The demo")
+    section = _section("Try it: the demo")
     shipped = yaml.safe_load(SETTINGS_FILE.read_text())["run"]
     steps, every = shipped["max_steps"], shipped["eval"]["every"]
     head = re.search(r"demo: recipe scalerl, (\d+) steps, (\d+) evaluations \((\d+) held-out prompts x (\d+) "
@@ -56,7 +56,7 @@ def test_the_demo_block_matches_the_shipped_settings() -> None:
 
 
 def test_the_loop_commands_parse_and_do_what_they_say() -> None:
-    commands = _commands(_section("The loop"))
+    commands = _commands(_section("Predict where a run ends"))
     assert [c[0] for c in commands] == ["train", "fit", "train", "compare"]
     for argv in commands:
         args = build_parser(argv).parse_args(argv)
@@ -77,6 +77,20 @@ def test_the_docs_state_the_warm_start_steps_of_the_code() -> None:
     training = (ROOT / "docs" / "training.md").read_text()
     assert f"Defaults (`scalerl/training/sft_config.py`): {SFTConfig().steps} steps" in training
     assert "250 steps" not in training
+
+
+def test_the_readme_is_short_and_its_quickstarts_are_on_the_first_screen() -> None:
+    lines = README.splitlines()
+    assert len(lines) <= 160, f"README.md has {len(lines)} lines (issue: at most ~150)"
+    first_screen = "\n".join(lines[:40])
+    for title in ("Try it", "Your model on GSM8K", "Predict where a run ends"):
+        assert f"## {title}" in README and f"[{title}" in first_screen, title
+
+
+def test_the_readme_links_resolve() -> None:
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README):
+        if not target.startswith("http"):
+            assert (ROOT / target).exists(), target
 
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/studies.md", "docs/training.md"])

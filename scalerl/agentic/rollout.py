@@ -231,7 +231,7 @@ class TrajectoryEngine(SteppingEngine):
     def _turn_params(self, params: SamplingParams, *, budget: int, n: int | None = None,
                      seed: int | None = None) -> SamplingParams:
         stops = params.stop_sequences
-        if self.chat.stop_sequence not in stops:
+        if self.chat.stop_sequence and self.chat.stop_sequence not in stops:
             stops = (*stops, self.chat.stop_sequence)
         return replace(params, n=params.n if n is None else n, seed=params.seed if seed is None else seed,
                        max_new_tokens=max(1, min(params.max_new_tokens, budget)), stop_sequences=stops)

@@ -18,6 +18,7 @@ from typing import Any
 from scalerl.assembly.backend import Backend
 from scalerl.assembly.forecast import ForecastingSink, StopAfterEval
 from scalerl.assembly.local import local_backend
+from scalerl.assembly.resolved import write_resolved
 from scalerl.assembly.sections import (
     driver_settings,
     gold_free,
@@ -243,6 +244,8 @@ def _build_training(
     driver = Driver(driver_settings(config), components, start_step=start_step, resume_state=resume_state,
                     resume_snapshot=snapshot, stop=stop)
     closers.extend(backend.closers)  # last: evaluations and the final checkpoint may still generate
+    if log:  # what the built components use, read back from them (`assembly.resolved`)
+        write_resolved(run_path, trainer, pool, driver, engine)
     return Training(driver=driver, trainer=trainer, engine=engine, pool=pool, router=router,
                     telemetry=telemetry, heldout=list(split.heldout), closers=closers)
 

@@ -19,7 +19,13 @@ from scalerl.config import ConfigError, DataConfig, RewardConfig, RunConfig
 from scalerl.data.loaders import LoadResult, load_prompts
 from scalerl.data.records import PromptRecord
 from scalerl.data.rejects import DataError
-from scalerl.data.tokenize import EncodedPrompts, check_template, encode_prompts, resolve_system_prompt
+from scalerl.data.tokenize import (
+    EncodedPrompts,
+    bind_chat_template_kwargs,
+    check_template,
+    encode_prompts,
+    resolve_system_prompt,
+)
 from scalerl.inputs import InputError, check_cache_dir, check_model_source, check_output_dir, check_path
 
 if TYPE_CHECKING:
@@ -157,6 +163,7 @@ def check_prompt_lengths(records: list[PromptRecord], data: DataConfig, tokenize
     `data.max_prompt_tokens`, `data.on_bad_row`); a `DataError` names the keys that decide it."""
     system = resolve_system_prompt(data.think_system_prompt, data.system_prompt)
     check_template(data.template, system)
+    tokenizer = bind_chat_template_kwargs(tokenizer, data.chat_template_kwargs)
     try:
         return encode_prompts(records, tokenizer, max_prompt_tokens=data.max_prompt_tokens,
                               system_prompt=system, on_error=data.on_bad_row, template=data.template)

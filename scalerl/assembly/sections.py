@@ -79,6 +79,8 @@ def driver_settings(cfg: RunConfig) -> DriverSettings:
         dynamic_sampling=cfg.algorithm.dynamic_sampling,
         max_consecutive_dropped_groups=cfg.algorithm.max_consecutive_dropped_groups,
         max_consecutive_noop_steps=cfg.optim.max_consecutive_noop_steps,
+        samples_every=cfg.logging.samples_every,
+        samples_per_step=cfg.logging.samples_per_step,
     )
 
 
