@@ -424,6 +424,10 @@ class AlgorithmConfig(Section):
     dynamic_sampling: bool = False
     offpolicy_mask_delta: float | None = Field(None, gt=0.0)
     keep_sampling_mask: bool = False
+    # Keep-sampling-mask: token ids of the sampler's top-k/top-p set recorded per token (4 bytes
+    # each); a larger set keeps its highest-scoring ones and is completed by the trainer, counted in
+    # `support_incomplete_tokens` (docs/algorithms.md, "Keep sampling mask").
+    keep_sampling_mask_max_ids: int = Field(64, ge=1)
     # Keep Routing (DeepSeek-V3.2 Sec. 3.1; docs/moe.md): MoE models only. The trainer's passes use
     # the experts the engine recorded for every token and layer instead of its router's own top-k.
     keep_routing: bool = False

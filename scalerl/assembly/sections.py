@@ -121,7 +121,8 @@ def sampling_params(config: RunConfig, tokenizer: Any) -> SamplingParams:
         stop_token_ids=(int(tokenizer.eos_token_id),),
         interruption=interruption,
     )
-    return replace(params, return_support=config.algorithm.keep_sampling_mask and params.truncates_support)
+    return replace(params, return_support=config.algorithm.keep_sampling_mask and params.truncates_support,
+                   support_max_ids=config.algorithm.keep_sampling_mask_max_ids)
 
 
 def reasoning_gym_mix(source: str, rg: ReasoningGymConfig) -> dict[str, tuple[float, dict[str, Any]]]:
