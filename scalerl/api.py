@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -258,6 +259,7 @@ def train(
     lines go (None: the `scalerl.assembly.run` logger)."""
     from scalerl.assembly.inputs import check_run_inputs
     from scalerl.assembly.run import (
+        ERROR_LOG,
         METRICS_FILE,
         TRAIN_KIND,
         default_name,
@@ -312,13 +314,21 @@ def train(
             say(f"train: warning: {line}")
         check_output_dir_owned(run_dir, TRAIN_KIND, "output_dir")
         cfg = prepare_model(cfg, say=say)
-        if rows is not None:  # the rows become part of the run folder, named by its config
-            claim_output_dir(run_dir, TRAIN_KIND, "output_dir")
-            kept = run_dir / TRAIN_DATASET_FILE
-            _write_rows(rows, kept, "train_dataset")
-            cfg = cfg.model_copy(deep=True)
-            cfg.data.train_path = str(kept)
-        status = train_run(cfg, run_dir, device=device, say=say, owner=TRAIN_KIND)
+        created = not run_dir.exists()
+        try:
+            if rows is not None:  # the rows become part of the run folder, named by its config
+                claim_output_dir(run_dir, TRAIN_KIND, "output_dir")
+                kept = run_dir / TRAIN_DATASET_FILE
+                _write_rows(rows, kept, "train_dataset")
+                cfg = cfg.model_copy(deep=True)
+                cfg.data.train_path = str(kept)
+            status = train_run(cfg, run_dir, device=device, say=say, owner=TRAIN_KIND)
+        except BaseException:
+            # A run that stopped before its first row leaves no folder we made (as train_run does for
+            # the folders it makes; the rows written here made this one).
+            if created and not (run_dir / METRICS_FILE).exists() and not (run_dir / ERROR_LOG).exists():
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
     if status == 1:
         raise RunFailedError(f"the run in {run_dir} failed; its sessions.jsonl says why")
     metrics = run_dir / METRICS_FILE

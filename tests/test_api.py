@@ -91,6 +91,23 @@ def test_bad_input_raises_naming_the_key_and_writes_nothing(
     assert not out.exists()
 
 
+def test_bad_input_found_while_building_leaves_no_run_folder(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rows are written into the run folder before the run builds; bad input found then (here a
+    stand-in for it) takes the folder away again, as `scalerl train` leaves none."""
+    import scalerl.assembly.build as assemble
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise scalerl.ConfigError("rewards.verifiers.x: cannot import")
+
+    monkeypatch.setattr(assemble, "train", broken)
+    out = tmp_path / "run"
+    with pytest.raises(scalerl.ConfigError, match="cannot import"):
+        scalerl.train(model=str(tiny_model), train_dataset=ROWS, output_dir=out, **SMALL)
+    assert not out.exists()
+
+
 def test_import_scalerl_stays_light() -> None:
     code = ("import sys, scalerl; scalerl.train; "
             "print('torch' in sys.modules, 'scalerl.assembly' in sys.modules)")
