@@ -33,15 +33,19 @@ if TYPE_CHECKING:
     from scalerl.rewards.sandbox import Sandbox
 
 
-def _load_prompt_file(path: str, key: str, **load_kwargs: Any) -> list[Any]:
-    check_path(path, key)
+def _load_prompt_file(path: str | list[str], key: str, **load_kwargs: Any) -> list[Any]:
+    from scalerl.data.loaders import is_hub_id
+
+    for one in [path] if isinstance(path, str) else path:
+        if not is_hub_id(one):  # a Hub id is read by `datasets.load_dataset`, which names what it lacks
+            check_path(one, key)
     try:
         return list(load_prompts(path, **load_kwargs).records)
     except (ValueError, OSError) as err:
         raise InputError(f"{key}: {err}") from None
 
 
-def check_prompt_file(path: str, key: str, **load_kwargs: Any) -> int:
+def check_prompt_file(path: str | list[str], key: str, **load_kwargs: Any) -> int:
     """The file or folder loads as prompts (every row checked); returns the number of records."""
     return len(_load_prompt_file(path, key, **load_kwargs))
 
@@ -148,8 +152,10 @@ def load_prompt_data(path: str, data: DataConfig, split: str | None = None,
     `field_map`, `default_task`, `format` and `on_bad_row` (`scalerl data check` and
     `check_run_inputs` both call this, so they accept the same files). `gold_free_tasks`: the
     run's tasks whose rows need no gold (`gold_free`)."""
-    return load_prompts(path, field_map=data.field_map, default_task=data.default_task, split=split,
-                        format=data.format, on_error=data.on_bad_row, gold_free_tasks=gold_free_tasks)
+    return load_prompts(path, field_map=data.field_map, default_task=data.default_task,
+                        split=split if split is not None else data.split, subset=data.subset,
+                        format=data.format, on_error=data.on_bad_row, gold_free_tasks=gold_free_tasks,
+                        keys=("data.subset (--subset)", "data.split (--split)"))
 
 
 def check_prompt_lengths(records: list[PromptRecord], data: DataConfig, tokenizer: Any) -> EncodedPrompts:
@@ -176,7 +182,8 @@ def prompt_tasks(cfg: RunConfig) -> dict[str, list[str]]:
     if d.train_path is not None:
         records = _load_prompt_file(d.train_path, "data.train_path", field_map=d.field_map,
                                     default_task=d.default_task, format=d.format, on_error=d.on_bad_row,
-                                    gold_free_tasks=free)
+                                    gold_free_tasks=free, subset=d.subset, split=d.split,
+                                    keys=("data.subset", "data.split"))
         for task in sorted({r.task for r in records}):
             tasks_in.setdefault(task, []).append("data.train_path")
     elif d.source is not None:
@@ -192,8 +199,11 @@ def prompt_tasks(cfg: RunConfig) -> dict[str, list[str]]:
         for task in SYNTHETIC_RECORD_TASKS[d.synthetic.task]:
             tasks_in.setdefault(task, []).append(f"data.synthetic.task={d.synthetic.task}")
     for name, extra in cfg.eval.extra_set_sources.items():
-        records = _load_prompt_file(extra.path, f"eval.extra_sets.{name}", default_task=d.default_task,
-                                    format=extra.format, on_error=d.on_bad_row, gold_free_tasks=free)
+        key = f"eval.extra_sets.{name}"
+        records = _load_prompt_file(extra.path, key, default_task=d.default_task,
+                                    format=extra.format, on_error=d.on_bad_row, gold_free_tasks=free,
+                                    subset=extra.subset, split=extra.split,
+                                    keys=(f"{key}.subset", f"{key}.split"))
         for task in sorted({r.task for r in records}):
             tasks_in.setdefault(task, []).append(f"eval.extra_sets.{name}")
     return tasks_in
