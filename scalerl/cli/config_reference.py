@@ -34,6 +34,7 @@ refused) are checked at load time and named in the error.
 #: Meanings of keys whose field has neither a description nor a comment in scalerl/config.py.
 #: tests/test_docs_state.py checks every key here exists and every key of the page has a meaning.
 MEANINGS: dict[str, str] = {
+    "data.split": "the split of a dataset or folder holding several (train, test, ...); refused unchosen",
     "recipe": "the recipe the run was built from (set by --recipe; a label only inside a YAML file)",
     "max_time_s": "also stop after this many seconds of wall clock; null = no limit",
     "model.tokenizer": "a tokenizer other than the model's own (path or Hub id)",
