@@ -190,12 +190,17 @@ def _pytest_fork(copy: Path, args: list[str], timeout: float) -> tuple[int | Non
             fd = os.open(log_path, os.O_WRONLY | os.O_TRUNC)
             os.dup2(fd, 1)
             os.dup2(fd, 2)
+            # fresh streams on the log: the parent's may be a capture object (the gate run under pytest)
+            sys.stdout = sys.__stdout__ = open(1, "w", closefd=False)  # noqa: SIM115
+            sys.stderr = sys.__stderr__ = open(2, "w", closefd=False)  # noqa: SIM115
             os.chdir(copy)
             os.environ.update(_env(copy))
             sys.dont_write_bytecode = True
             root = str(ROOT)
             sys.path[:] = [str(copy)] + [p for p in sys.path if p and Path(p).resolve() != Path(root)
                                          and Path(p).resolve() != GATE_DIR]
+            for name in [m for m in sys.modules if m.split(".")[0] in ("scalerl", "tests")]:
+                del sys.modules[name]  # the gate itself may run inside a test process
             import scalerl
 
             if not Path(scalerl.__file__).resolve().is_relative_to(copy.resolve()):
