@@ -62,13 +62,20 @@ def test_a_stale_or_malformed_entry_fails_loudly(tmp_path, text, message):
         load_mutations([_write(tmp_path, text)], root=tmp_path)
 
 
-def test_the_gate_passes_a_caught_mutation_and_fails_a_survivor(tmp_path):
+def test_the_gate_passes_a_caught_mutation_and_fails_a_survivor_and_a_collection_error(tmp_path):
     _fake_repo(tmp_path)
     text = ENTRY.format(id="caught", old="return a + b", new="return a - b") + ENTRY.format(
         id="survives", old="return a + b", new="return b + a"
     )
+    text += ENTRY.format(id="breaks-import", old="return a + b", new="return a +")
+    text += ENTRY.format(id="breaks-collection", old="import add", new="import gone").replace(
+        "file: scalerl/__init__.py", "file: tests/test_add.py")
     mutations = load_mutations([_write(tmp_path, text)], root=tmp_path)
     results = {r.mutation.id: r for r in gate(mutations, budget_s=120, root=tmp_path, log=lambda _: None)}
+    # a mutation that stops the tests from being collected is an error of the entry, not a catch
+    assert results["breaks-import"].status == "ERROR"
+    assert results["breaks-collection"].status == "ERROR"
+    assert "ERROR collecting" in results["breaks-collection"].detail
     assert results["caught"].status == "CAUGHT"
     assert results["caught"].caught_by == "tests/test_add.py::test_add"
     assert results["survives"].status == "SURVIVED"
