@@ -385,6 +385,14 @@ for _est in KL_ESTIMATORS:
         replace(GRPO, kl_coef=0.5, kl_estimator=_est),
         [GRPO] + [replace(GRPO, kl_coef=0.5, kl_estimator=e) for e in KL_ESTIMATORS if e != _est],
     )
+# The deepseek_v32 recipe's objective (its KL weight raised so the term shows): GRPO with the
+# unbiased k3 and the off-policy sequence mask; the mask multiplies the clipped policy term, the KL
+# term stays (V3.2 §3.1 writes M_{i,t} on the clipped term, beside -beta D_KL).
+DSV32 = replace(GRPO, kl_coef=0.5, kl_estimator="unbiased_k3", offpolicy_delta=0.1)
+CASES["deepseek_v32"] = (
+    DSV32,
+    [replace(DSV32, offpolicy_delta=None), replace(DSV32, kl_estimator="k3"), replace(DSV32, kl_coef=0.0)],
+)
 for _agg in AGGREGATIONS:
     CASES[f"aggregation_{_agg}"] = (
         replace(GRPO, aggregation=_agg, eps_high=0.28),
