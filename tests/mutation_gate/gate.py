@@ -69,6 +69,10 @@ class GateFileError(ValueError):
     """A malformed mutation file (exit 2)."""
 
 
+class GateRunError(RuntimeError):
+    """The gate cannot judge the mutations: its tests fail or time out unmutated (exit 1)."""
+
+
 @dataclass(frozen=True)
 class Mutation:
     id: str
@@ -94,7 +98,10 @@ def load_mutations(files: list[Path], root: Path = ROOT) -> list[Mutation]:
     out: list[Mutation] = []
     seen: dict[str, str] = {}
     for path in files:
-        data = yaml.safe_load(path.read_text())
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as err:
+            raise GateFileError(f"{path}: cannot read the mutations: {err}") from None
         if not isinstance(data, list) or not data:
             raise GateFileError(f"{path}: expected a non-empty YAML list of mutations")
         for i, entry in enumerate(data):
@@ -284,9 +291,11 @@ def gate(mutations: list[Mutation], budget_s: float, root: Path = ROOT, log=prin
         check_import_path(copy)
         union = list(dict.fromkeys(t for m in mutations for t in m.tests))
         code, output = _pytest(copy, union, budget_s, stop_first=False, fresh=fresh)
+        if code is None:
+            raise GateRunError(f"the unmutated baseline run did not finish within --budget-s {budget_s:.0f}")
         if code != 0:
             tail = "\n".join(output.strip().splitlines()[-20:])
-            raise RuntimeError(f"the gate's tests do not pass on the unmutated tree (exit {code}):\n{tail}")
+            raise GateRunError(f"the gate's tests do not pass on the unmutated tree (exit {code}):\n{tail}")
         log(f"baseline: {len(union)} test ids pass unmutated ({time.perf_counter() - start:.0f}s)")
         for m in mutations:
             left = budget_s - (time.perf_counter() - start)
@@ -340,7 +349,11 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     if not args.fresh:
         preload()
-    results = gate(mutations, args.budget_s, fresh=args.fresh)
+    try:
+        results = gate(mutations, args.budget_s, fresh=args.fresh)
+    except GateRunError as err:
+        print(f"mutation gate: {err}", file=sys.stderr)
+        return 1
     print()
     print(table(results))
     bad = [r for r in results if r.status != "CAUGHT"]

@@ -52,6 +52,7 @@ ENTRY = """
         (ENTRY.format(id="a", old="a", new="b"), "occurs 3 times"),
         (ENTRY.format(id="a", old="a + b", new="a - b") * 2, "already used"),
         ("- id: a\n  file: scalerl/__init__.py\n", "missing keys"),
+        ("- id: a\n  tests: [x[y]]\n", "cannot read"),
         (ENTRY.format(id="a", old="a + b", new="a - b").replace("::test_add", "::test_gone"),
          "no test test_gone"),
     ],
