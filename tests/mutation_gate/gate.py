@@ -5,9 +5,11 @@ r"""The mutation gate: every curated break of the package must make a test fail.
 
 Reads every `tests/mutation_gate/mutations_*.yaml` (or the files named), copies the package
 (`scalerl/`, `tests/`, `pyproject.toml`) to a temporary directory once, and for each mutation in
-turn writes the mutated file into the copy, runs the mutation's tests there (`python -m pytest -x`
-with the copy first on PYTHONPATH, no bytecode cache), and restores the file. The working tree is
-never written to.
+turn writes the mutated file into the copy, runs the mutation's tests there (pytest `-x` with the
+copy first on the import path and PYTHONPATH, no bytecode cache), and restores the file. The
+working tree is never written to. Each pytest run is a fork of this process after it has imported
+torch and transformers (never scalerl), so a run costs seconds, not an interpreter start;
+`--fresh` runs `python -m pytest` in a new interpreter instead.
 
 A mutation is CAUGHT when pytest exits 1 (a test failed) and its output names the failing test.
 Anything else fails the gate: the tests pass (SURVIVED), pytest exits with a usage or collection
@@ -194,6 +196,7 @@ def _pytest_fork(copy: Path, args: list[str], timeout: float) -> tuple[int | Non
     if pid == 0:  # the child: never returns
         code = 3
         try:
+            os.setpgid(0, 0)  # its own process group, so a timeout ends whatever the tests started
             fd = os.open(log_path, os.O_WRONLY | os.O_TRUNC)
             os.dup2(fd, 1)
             os.dup2(fd, 2)
@@ -228,7 +231,10 @@ def _pytest_fork(copy: Path, args: list[str], timeout: float) -> tuple[int | Non
         if done:
             status = os.waitstatus_to_exitcode(raw)
         elif time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:  # killed before it made its own group
+                os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
             break
         else:

@@ -3,6 +3,7 @@ stale entry fails loudly, a caught mutation passes and a surviving one fails the
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,16 @@ def test_the_gate_passes_a_caught_mutation_and_fails_a_survivor_and_a_collection
     assert results["survives"].status == "SURVIVED"
     # the working tree is never written to
     assert (tmp_path / "scalerl" / "__init__.py").read_text() == "def add(a, b):\n    return a + b\n"
+
+
+def test_a_hanging_mutation_times_out_within_the_budget(tmp_path):
+    _fake_repo(tmp_path)
+    text = ENTRY.format(id="hangs", old="return a + b", new='return __import__("time").sleep(60) or a + b')
+    mutations = load_mutations([_write(tmp_path, text)], root=tmp_path)
+    start = time.monotonic()
+    (result,) = gate(mutations, budget_s=8, root=tmp_path, log=lambda _: None)
+    assert result.status == "TIMEOUT"
+    assert time.monotonic() - start < 30
 
 
 def test_a_malformed_file_exits_2(tmp_path, capsys):
