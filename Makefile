@@ -115,7 +115,7 @@ test-envs: $(ENVS_STAMP)
 # The mutation gate (tests/mutation_gate/gate.py; docs/algorithms.md, "Proof against the papers"): each
 # curated break of the package in tests/mutation_gate/mutations_*.yaml is applied to a copy and must make
 # its tests fail; any survivor, stale entry or run past MUTATION_BUDGET_S seconds fails the target.
-MUTATION_BUDGET_S ?= 600
+MUTATION_BUDGET_S ?= 1200
 .PHONY: test-mutations
 test-mutations: setup
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) tests/mutation_gate/gate.py --budget-s $(MUTATION_BUDGET_S)
