@@ -238,7 +238,7 @@ class Endpoint:
             self._queue, self._inflight = [], {}
         for p in pending:
             if not p.future.done():
-                p.future.set_exception(err)
+                p.future.set_exception(RequestError(f"the endpoint's engine failed: {err!r}", status=503))
 
     def pending(self) -> int:
         with self._lock:
@@ -486,7 +486,8 @@ class Endpoint:
         session.gen_time_s += elapsed
         return completions
 
-    def _fit_context(self, params: SamplingParams, prompt_len: int, body: Mapping[str, Any]) -> SamplingParams:
+    def _fit_context(self, params: SamplingParams, prompt_len: int,
+                     body: Mapping[str, Any]) -> SamplingParams:
         """Prompt + max_tokens within the model's context: a request that names max_tokens past it
         is refused naming both numbers; the default max_tokens is cut to what the context leaves."""
         if self.max_context is None or prompt_len + params.max_new_tokens <= self.max_context:

@@ -46,7 +46,7 @@ def host_name(host: str) -> str:
 
 def bearer_ok(header: str | None, key: str) -> bool:
     """Whether an Authorization header carries `Bearer <key>` (constant-time comparison)."""
-    if not header or not header[:7].lower() == "bearer ":
+    if not header or header[:7].lower() != "bearer ":
         return False
     return hmac.compare_digest(header[7:].strip().encode(), key.encode())
 
@@ -147,8 +147,8 @@ class Guard:
                 message = await asyncio.wait_for(receive(), timeout=max(0.0, deadline - loop.time()))
             except TimeoutError:
                 self._refuse(408)
-                await _answer(send, 408, f"the request body did not arrive within {self.limits.read_timeout_s} s",
-                              close=True)
+                await _answer(send, 408, "the request body did not arrive within "
+                                         f"{self.limits.read_timeout_s} s", close=True)
                 return
             if message["type"] == "http.disconnect":
                 self.counters["disconnected_before_body"] += 1

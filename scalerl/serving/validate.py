@@ -250,7 +250,7 @@ def _prompt(name: str, v: Any, lim: ServeLimits) -> None:
         if not v:
             raise RequestError(f"{name}: empty")
         return
-    if isinstance(v, list) and v and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in v):
+    if isinstance(v, list) and v and all(type(t) is int and t >= 0 for t in v):
         return
     raise _fail(name, "one string or one non-empty list of token ids", v)
 
