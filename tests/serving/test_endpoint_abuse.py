@@ -191,7 +191,8 @@ def test_a_foreign_host_or_origin_is_refused_and_an_allowed_one_served(tok) -> N
         # DNS rebinding: the page's own name in Host, though the socket is 127.0.0.1.
         assert raw_request(s.port, "POST", path, chat_body(), {"Host": "evil.example"})[0] == 421
         assert raw_request(s.port, "GET", "/v1/models", headers={"Host": "evil.example:80"})[0] == 421
-        assert raw_request(s.port, "POST", path, chat_body(), {"Host": None})[0] == 400  # h11: HTTP/1.1 needs one
+        # No Host at all: h11 refuses an HTTP/1.1 request without one.
+        assert raw_request(s.port, "POST", path, chat_body(), {"Host": None})[0] == 400
         assert raw_request(s.port, "POST", path, chat_body(), {"Origin": "https://evil.example"})[0] == 403
         assert raw_request(s.port, "POST", path, chat_body(), {"Origin": "null"})[0] == 403
         # A text/plain POST is what a page may send without a CORS preflight: refused.
@@ -374,7 +375,8 @@ def test_record_is_refused_before_the_model_loads_and_never_holds_a_credential(t
     serving = start_serving(resolve_source(str(tiny_dir)), device="cpu", max_tokens=2, record=str(existing),
                             overwrite=True)
     try:
-        client = openai.OpenAI(base_url=serving.url, api_key="sk-very-secret-token", max_retries=0, timeout=60)
+        client = openai.OpenAI(base_url=serving.url, api_key="sk-very-secret-token", max_retries=0,
+                               timeout=60)
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
     finally:
         serving.close()
