@@ -220,7 +220,8 @@ def _tool_calls(where: str, calls: Any) -> None:
             raise _fail(f"{w}.function.arguments", "a JSON string or an object", args)
 
 
-_MESSAGE_FIELDS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal", "reasoning_content"}
+_MESSAGE_FIELDS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal", "reasoning_content",
+                   "annotations"}
 
 
 def _messages(name: str, v: Any, lim: ServeLimits) -> None:
@@ -232,8 +233,12 @@ def _messages(name: str, v: Any, lim: ServeLimits) -> None:
         if msg.get("role") not in ("system", "developer", "user", "assistant", "tool"):
             raise RequestError(f"{where}.role: expected system, developer, user, assistant or tool, "
                                f"got {msg.get('role')!r}")
-        _unknown_keys(where, msg, _MESSAGE_FIELDS)
+        # A message the client got from this endpoint and sends back (`model_dump()`) carries the
+        # response's unset fields as null: null is "not set", as at the top level.
+        _unknown_keys(where, {k: x for k, x in msg.items() if x is not None}, _MESSAGE_FIELDS)
         _content(where, msg.get("content"))
+        if msg.get("annotations") not in (None, []):
+            raise RequestError(f"{where}.annotations: not supported by this endpoint except []")
         for key in ("name", "tool_call_id", "refusal", "reasoning_content"):
             if msg.get(key) is not None:
                 _str(f"{where}.{key}", msg[key])

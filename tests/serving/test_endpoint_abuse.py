@@ -69,10 +69,18 @@ def test_an_oversized_prompt_is_a_400_naming_both_numbers_and_the_next_request_i
         serving.close()
 
 
+LIMITS_READ_S = 3.0
+
+
 def test_a_body_over_the_limit_is_a_413_by_header_and_by_bytes(tok) -> None:
-    s = Served(GateEngine(tok.eos_token_id), tok, ServeLimits(max_body_bytes=2000))
+    s = Served(GateEngine(tok.eos_token_id), tok,
+               ServeLimits(max_body_bytes=2000, read_timeout_s=LIMITS_READ_S))
     try:
         assert raw_request(s.port, "POST", "/v1/chat/completions", chat_body("x" * 3000))[0] == 413
+        # Refused by its Content-Length alone, before any of the body is read (or waited for).
+        start = time.monotonic()
+        status, _ = raw_request(s.port, "POST", "/v1/chat/completions", b"", {"Content-Length": "1000000000"})
+        assert status == 413 and time.monotonic() - start < LIMITS_READ_S
         # A client that lies about the length (chunked: no Content-Length) is cut off as bytes arrive.
         body = chat_body("x" * 3000)
         chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
@@ -125,6 +133,17 @@ BAD_FIELDS = [
      r"messages\[0\].tool_calls\[0\].function.arguments"),
     ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, r"messages\[0\].tool_calls"),
 ]
+
+
+def test_a_response_message_sent_back_whole_is_accepted(served) -> None:
+    client = openai.OpenAI(base_url=f"{served.base}/v1", api_key="echo", max_retries=0)
+    msgs = [{"role": "user", "content": "q"}]
+    reply = client.chat.completions.create(model="tiny", messages=msgs).choices[0].message
+    msgs += [reply.model_dump(), {"role": "user", "content": "more"}]  # nulls and all
+    assert msgs[1]["function_call"] is None and "annotations" in msgs[1]
+    assert client.chat.completions.create(model="tiny", messages=msgs).choices[0].message.content is not None
+    with pytest.raises(openai.BadRequestError, match=r"messages\[1\].audio: unknown field"):
+        client.chat.completions.create(model="tiny", messages=[*msgs[:1], {**msgs[1], "audio": {"id": "a"}}])
 
 
 @pytest.mark.parametrize(("extra", "field"), BAD_FIELDS, ids=[f for _, f in BAD_FIELDS])
