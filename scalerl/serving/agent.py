@@ -146,8 +146,8 @@ class AgentEngine(SteppingEngine):
         self._policies: dict[str, SessionPolicy] = {}
         # The clients are the run's own episodes on localhost: the request caps are the policy's
         # (its SamplingParams and token budget), concurrency is the number of episodes in flight.
-        limits = ServeLimits(max_tokens=1 << 30, max_concurrent=1 << 16, max_connections=1 << 17,
-                             read_timeout_s=300.0)
+        limits = ServeLimits(max_tokens=1 << 30, max_logprobs=20, max_concurrent=1 << 16,
+                             max_connections=1 << 17, read_timeout_s=300.0)
         self.endpoint = Endpoint(inner, tokenizer, model_name=model_name, policy_for=self._policies.get,
                                  limits=limits)
         self.server: ServerHandle = start_server(self.endpoint)

@@ -9,19 +9,22 @@ updates land between two steps as they do for every other rollout.
 
 Chat prompts are rendered with the tokenizer's chat template (`tools` passed through), and
 stitched from recorded ids when the history continues an earlier call of the same session
-(`scalerl.serving.trace`). The session is the request's API key (`Authorization: Bearer KEY`):
-an agent environment hands every episode a client with its own key.
+(`scalerl.serving.trace`). The session is a key `http` derives from the request (the
+`X-Scalerl-Session` header, or the bearer token when no API key is set): an agent environment
+hands every episode a client with its own key.
 
 Sampling: `policy` settings (a training run's `SamplingParams`) win over the request's
 temperature / top_p (the trainer's importance ratio needs the behaviour policy it configured);
 `max_tokens`, `stop`, `n` and `seed` come from the request. Without a policy the request's
-settings are used (OpenAI defaults: temperature 1, top_p 1). Not supported, answered with a 400
-naming the field: `n > 1` for a policy with a token budget, `logit_bias`, `tools` with
-`tool_choice` forcing a named tool, a content part that is not text, several prompts in one
-completions request.
+settings are used (OpenAI defaults: temperature 1, top_p 1). Every field is checked first against
+`limits` (`scalerl.serving.validate`: a 400 naming the field), and the prompt + max_tokens against
+`max_context` (a 400 naming both numbers). `n > 1` for a policy with a token budget is a 400 too.
+A request whose awaiting coroutine is cancelled (its client went away) is dropped from the queue or
+aborted in the engine (`cancel`). Sessions are kept least recently used first, at most
+`max_sessions`; a session with `max_calls_per_session` calls starts afresh.
 
 Responses follow the OpenAI schema (`stream: true` is served by `http` as events of the finished
-response); `choices[i].logprobs` when `logprobs` is asked for;
+response: buffered); `choices[i].logprobs` when `logprobs` is asked for;
 `prompt_token_ids` / `choices[i].token_ids` when `return_token_ids` is true (vLLM's extension);
 `system_fingerprint` is `scalerl-policy-<version>` (the version that sampled the last token).
 """
@@ -49,7 +52,6 @@ from scalerl.serving.trace import Call, Session, Trace, normalize_arguments
 from scalerl.serving.validate import check_request
 
 _SENTINEL = "\u2063SCALERL-SENTINEL\u2063"
-_UNSUPPORTED = ("logit_bias", "functions", "function_call")
 
 
 @dataclass
@@ -303,9 +305,6 @@ class Endpoint:
     # ------------------------------------------------------------------------------ requests
     def _params(self, body: Mapping[str, Any], policy: SessionPolicy | None, session: Session,
                 window_used: int) -> SamplingParams:
-        for key in _UNSUPPORTED:
-            if body.get(key) is not None:
-                raise RequestError(f"{key}: not supported by this endpoint")
         n = body.get("n") or 1
         if not isinstance(n, int) or n < 1:
             raise RequestError("n: expected a positive integer")
