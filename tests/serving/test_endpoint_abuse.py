@@ -415,3 +415,20 @@ def test_serve_help_says_streaming_is_buffered() -> None:
     text = sub.choices["serve"].format_help()
     assert "Streaming is buffered" in text and "--api-key" in text and "SCALERL_API_KEY" in text
     assert "Not supported (a 400 naming the field): streaming" not in text
+
+
+def test_the_api_key_comes_from_the_option_else_the_environment_and_is_never_shown(monkeypatch) -> None:
+    import argparse
+
+    from scalerl.cli.serve import limits_from_args, register
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    register(sub)
+    parse = sub.choices["serve"].parse_args
+    monkeypatch.delenv("SCALERL_API_KEY", raising=False)
+    assert limits_from_args(parse(["m"])).api_key is None
+    monkeypatch.setenv("SCALERL_API_KEY", "from-env")
+    assert limits_from_args(parse(["m"])).api_key == "from-env"
+    limits = limits_from_args(parse(["m", "--api-key", "from-flag", "--allow-host", "a.lan", "--max-n", "3"]))
+    assert limits.api_key == "from-flag" and limits.allowed_hosts == ("a.lan",) and limits.max_n == 3
+    assert "from-flag" not in repr(limits)
