@@ -252,6 +252,23 @@ def test_requests_over_the_concurrency_limit_get_a_429(tok) -> None:
         s.close()
 
 
+def test_connections_over_the_limit_get_a_503(tok) -> None:
+    s = Served(GateEngine(tok.eos_token_id), tok, ServeLimits(max_connections=3))
+    try:
+        idle = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(2)]
+        deadline = time.monotonic() + 10
+        while len(s.server.server.server_state.connections) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert raw_request(s.port, "POST", "/v1/chat/completions", chat_body())[0] == 503
+        for c in idle:
+            c.close()
+        while s.server.server.server_state.connections and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert raw_request(s.port, "POST", "/v1/chat/completions", chat_body())[0] == 200
+    finally:
+        s.close()
+
+
 def test_a_client_that_disconnects_has_its_generation_cancelled(tok) -> None:
     engine = GateEngine(tok.eos_token_id, gate_open=False)
     s = Served(engine, tok)
