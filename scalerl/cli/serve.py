@@ -35,7 +35,7 @@ from typing import Any
 
 from scalerl.assembly.evaluate import resolve_source
 from scalerl.cli.argtypes import positive_int
-from scalerl.serving.limits import ServeLimits
+from scalerl.serving.limits import LOCAL_HOSTS, ServeLimits
 
 
 def _port(text: str) -> int:
@@ -95,7 +95,7 @@ def register(subparsers: Any) -> None:
                         "other users cannot read from the process list; neither: open)")
     g.add_argument("--allow-host", metavar="NAME", action="append",
                    help="also serve requests whose Host header is NAME (repeatable; default: localhost "
-                        "names and the --host address)")
+                        "names and the --host address; a wildcard --host such as 0.0.0.0 adds none)")
     g.add_argument("--max-body-bytes", type=positive_int, default=d.max_body_bytes,
                    help=f"largest request body, bytes (default {d.max_body_bytes}; larger: 413)")
     g.add_argument("--max-tokens-limit", type=positive_int, default=d.max_tokens,
@@ -125,6 +125,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.max_logprobs < 0:
         raise InputError(f"--max-logprobs: expected an integer >= 0, got {args.max_logprobs}")
     limits = limits_from_args(args)
+    if args.host not in LOCAL_HOSTS and not limits.api_key:
+        print(f"serve: warning: listening on {args.host} without an API key: anyone who reaches it can "
+              f"generate (set {API_KEY_VAR})", file=sys.stderr)
     if args.record is not None:  # before the model loads: a bad path is the user's, found at once
         from scalerl.assembly.serve import check_record_path
 
