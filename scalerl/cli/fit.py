@@ -182,6 +182,11 @@ def _analyze(args: argparse.Namespace, opts: FitOptions) -> list[RunAnalysis]:
     if args.block < 1:
         raise InputError(f"--block must be >= 1, got {args.block}")
     curves = read_many(args.paths, x=args.x, y=args.y)
+    for curve in curves:  # a curve trained under more than one config: say so where it changed
+        for change in curve.config_changes:
+            print(f"scalerl {args.command}: note: {curve.label} changed {change['key']} from "
+                  f"{json.dumps(change['from'])} to {json.dumps(change['to'])} after step {change['step']} "
+                  "(a resumed session; sessions.jsonl)", file=sys.stderr)
     return [analyze_curve(c, opts) for c in curves]
 
 

@@ -78,6 +78,9 @@ class Curve:
     # The model a scalerl run started from (its ``start_model.json``), None when not recorded.
     start_model: dict[str, object] | None = None
     truncation: TruncationSeries | None = None  # rows with a ``truncation_rate``, None: no such rows
+    # Keys a resumed scalerl run changed (``sessions.jsonl``): ``{"step", "key", "from", "to"}``,
+    # the step after which the new value trained; () when its config never changed.
+    config_changes: tuple[dict[str, object], ...] = ()
 
     def where(self, i: int) -> str:
         """``file:line`` of point ``i``."""
@@ -315,7 +318,26 @@ def read_run_dir(path: str | Path, x: str | None = None, y: str | None = None) -
     if not log.is_file():
         raise MissingCurveError(f"{d}: not a scalerl run directory (no metrics.jsonl)")
     name, recipe = _run_identity(d)
-    return replace(read_jsonl(log, x, y, label=name), recipe=recipe, start_model=_start_model(d))
+    return replace(read_jsonl(log, x, y, label=name), recipe=recipe, start_model=_start_model(d),
+                   config_changes=config_changes(d))
+
+
+SESSIONS_FILE = "sessions.jsonl"  # written by `scalerl train` (scalerl/assembly/run.py)
+
+
+def config_changes(run_dir: str | Path) -> tuple[dict[str, object], ...]:
+    """The config changes a run's resumed sessions recorded (``sessions.jsonl`` start records with
+    ``config_changes`` and ``from_step``), oldest first, one ``{"step", "key", "from", "to"}`` each."""
+    out: list[dict[str, object]] = []
+    for row in read_rows(Path(run_dir) / SESSIONS_FILE):
+        changes = row.get("config_changes")
+        if row.get("event") != "start" or not isinstance(changes, list):
+            continue
+        for change in changes:
+            if isinstance(change, dict) and isinstance(change.get("key"), str):
+                out.append({"step": row.get("from_step"), "key": change["key"], "from": change.get("from"),
+                            "to": change.get("to")})
+    return tuple(out)
 
 
 START_MODEL_FILE = "start_model.json"  # written by `scalerl train` (scalerl/model_identity.py)
