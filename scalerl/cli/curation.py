@@ -120,6 +120,10 @@ def run_curate(args: argparse.Namespace) -> int:
 
     from scalerl.data.loaders import load_prompts, write_jsonl_atomic
 
+    lo, hi = args.pass_rate
+    if lo > hi:  # an empty range would keep nothing, silently
+        raise InputError(f"--pass-rate {lo:g} {hi:g}: LO is above HI; give the range as LO HI (e.g. "
+                         f"--pass-rate {hi:g} {lo:g})")
     outs = {"--out": args.out, "--easy": args.easy, "--hard": args.hard, "--dropped": args.dropped}
     paths = {flag: _check_out(p, args.overwrite, flag) for flag, p in outs.items() if p is not None}
     if not paths:
@@ -130,7 +134,6 @@ def run_curate(args: argparse.Namespace) -> int:
     loaded = load_prompts(args.prompts, on_error="skip" if args.skip else "error")
     if loaded.rejects:
         print(f"curate: skipped {loaded.rejects.summary()}", file=sys.stderr)
-    lo, hi = args.pass_rate
     result = curation.curate(loaded.records, min_pass_rate=lo, max_pass_rate=hi, split_at=args.split_at,
                              max_answer_share=args.max_answer_share, drop_guessable=not args.keep_guessable)
     dropped = []

@@ -39,11 +39,12 @@ def _load_tokenizer(name: str) -> Any:
 
 
 def _synth(args: argparse.Namespace) -> int:
-    from scalerl.ownership import check_output_file
+    from scalerl.ownership import check_output_file, writing_output
 
     check_output_file(args.out, "--out", overwrite=args.overwrite)
     difficulty = None if args.difficulty is None else tuple(args.difficulty)
-    path = write_synthetic_jsonl(args.out, args.task, args.n, args.seed, difficulty, args.weights)
+    with writing_output(args.out, "--out"):  # whole or not at all: an old file stays until then
+        path = write_synthetic_jsonl(args.out, args.task, args.n, args.seed, difficulty, args.weights)
     print(f"wrote {args.n} {args.task} prompts (seed {args.seed}) to {path}")
     return 0
 

@@ -177,7 +177,7 @@ def _resumed_config(args: argparse.Namespace, overrides: list[str], run_dir: Pat
     session: dict[str, Any] = {}
     if not saved_file.is_file():
         return cfg, session
-    saved = absolute_paths(build_config([yaml_layer(saved_file)]), base=base_dir.resolve())
+    saved = absolute_paths(build_config([yaml_layer(saved_file)]))  # relative: as the run read them
     changes = [c for c in config_changes(saved, cfg) if not (new_run and c["key"] == "name")]
     frozen = [c for c in frozen_changes(changes) if not new_run or c["key"].startswith("model.")]
     if frozen:

@@ -50,6 +50,9 @@ Y_FALLBACKS: tuple[str, ...] = (DEFAULT_Y, "pass_rate", "val_reward", "reward")
 EXTRA_COLUMNS: tuple[str, ...] = ("step", "epoch", "compute_device_hours", "flops", "samples", "tokens",
                                   "model_size")
 WANDB_SEP = " - "
+#: The largest |x| or |y| read: the fit's grids and predictions reach past the largest compute by
+#: factors of 10..1000 (`sigmoid.C_MID_REACH`, `grids.adaptive_grids`), and must stay finite floats.
+MAX_MAGNITUDE = 1e300
 TRUNCATION_COLUMN = "truncation_rate"
 
 
@@ -113,6 +116,10 @@ def _number(value: object, where: str, column: str) -> float:
         raise CurveError(f"{where}: {column} = {value!r} is not a number")
     if not math.isfinite(out):
         raise CurveError(f"{where}: {column} = {value!r} is not finite")
+    if abs(out) > MAX_MAGNITUDE:
+        raise CurveError(f"{where}: {column} = {value!r} is beyond {MAX_MAGNITUDE:g}: the fit searches past "
+                         "the largest value (C_mid up to 1000x the largest compute), which would overflow a "
+                         "float; rescale the column")
     return out
 
 
@@ -188,6 +195,8 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
                 raise CurveError(
                     f"{path}:{lineno}: malformed JSON ({err.msg} at column {err.colno})"
                 ) from None
+            except RecursionError:
+                raise CurveError(f"{path}:{lineno}: malformed JSON (nested too deeply to parse)") from None
             if not isinstance(obj, dict):
                 raise CurveError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
             yield lineno, obj
@@ -299,7 +308,7 @@ def read_rows(path: str | Path) -> list[dict[str, object]]:
                 continue
             try:
                 row = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(row, dict):
                 out.append(row)
@@ -459,13 +468,23 @@ def read_curves(path: str | Path, x: str | None = None, y: str | None = None) ->
     p = Path(path)
     if not p.exists():
         raise MissingCurveError(f"{p}: no such file or directory")
-    if p.is_dir():
-        return [read_run_dir(p, x, y)]
-    suffix = p.suffix.lower()
-    if suffix in (".jsonl", ".ndjson", ".json"):
-        return [read_jsonl(p, x, y)]
-    if suffix in (".csv", ".tsv", ".txt"):
-        return read_csv(p, x, y)
+    try:
+        if p.is_dir():
+            return [read_run_dir(p, x, y)]
+        if not p.is_file():  # a FIFO or a device: reading it could wait forever
+            raise CurveError(f"{p}: not a regular file")
+        suffix = p.suffix.lower()
+        if suffix in (".jsonl", ".ndjson", ".json"):
+            return [read_jsonl(p, x, y)]
+        if suffix in (".csv", ".tsv", ".txt"):
+            return read_csv(p, x, y)
+    except UnicodeDecodeError as err:  # a binary file under a text name
+        # (err.start counts from the decoder's chunk, not the file: no offset is given)
+        raise CurveError(f"{p}: not UTF-8 text ({err.reason}): a binary file? expected a run directory, "
+                         ".csv or .jsonl") from None
+    except OSError as err:  # permissions, EIO: the user's file, named
+        name = err.filename if isinstance(err.filename, str) else p
+        raise CurveError(f"{name}: cannot read ({err.strerror or err})") from None
     raise CurveError(f"{p}: unknown format {suffix!r} (expected a run directory, .csv or .jsonl)")
 
 
