@@ -478,6 +478,8 @@ def read_curves(path: str | Path, x: str | None = None, y: str | None = None) ->
             return [read_jsonl(p, x, y)]
         if suffix in (".csv", ".tsv", ".txt"):
             return read_csv(p, x, y)
+    except CurveError:  # MissingCurveError is a FileNotFoundError too: already the message
+        raise
     except UnicodeDecodeError as err:  # a binary file under a text name
         # (err.start counts from the decoder's chunk, not the file: no offset is given)
         raise CurveError(f"{p}: not UTF-8 text ({err.reason}): a binary file? expected a run directory, "
