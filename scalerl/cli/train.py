@@ -20,8 +20,13 @@ at the first evaluation whose unflagged forecast pins A to an interval narrower 
 
 SIGTERM or Ctrl-C: the run stops at the next safe point, writes a checkpoint and exits with
 128 + the signal number (143, 130); `--resume` continues it. `--resume` verifies the checkpoint's
-manifest and falls back to the previous one, with a warning, if the latest is corrupt; a run killed
-before its first checkpoint starts again from step 0 with its saved config.
+manifest and falls back to the previous one, with a warning, if the latest is corrupt; one without a
+manifest is refused unless `--trust-unverified`; a run killed before its first checkpoint starts
+again from step 0 with its saved config. A checkpoint of another run is refused unless
+`--resume-from-other`, which starts a new run from it in a new or empty `--output-dir` (`run.json`
+names the parent). Config files and overrides given with `--resume` change the saved config: each
+changed key is printed and recorded in `sessions.jsonl`; the model, the data, the held-out split,
+the seed and the loss cannot change (docs/reliability.md, "The run folder").
 """
 
 from __future__ import annotations

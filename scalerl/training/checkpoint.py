@@ -21,9 +21,12 @@ Loading verifies the manifest (`verify_checkpoint`): a missing, truncated or alt
 `CorruptCheckpointError` naming the file, never a load of garbage. `latest_valid_checkpoint` is
 what `--resume` uses: the newest checkpoint that verifies, with a warning for each newer one that
 does not (those are moved aside to `corrupt-step_*`, so a later save of the same step cannot mix
-with them). A checkpoint written before manifests existed loads with a warning that it was not
-verified. A save that fails (a full disk: ENOSPC) removes its temporary directory and leaves the
-previous checkpoints as they were.
+with them). A checkpoint without a manifest (deleted, or written before manifests existed) is
+refused by `require_verified` and by `latest_valid_checkpoint(trust_unverified=False)` (what
+`scalerl train --resume` and `scalerl export` use unless `--trust-unverified`); library loads take it
+with a warning. Saving a step again keeps one good copy at every instant (`finish_checkpoint`,
+`recover_interrupted_saves`). A save that fails (a full disk: ENOSPC) removes its temporary
+directory and leaves the previous checkpoints as they were.
 """
 
 from __future__ import annotations
