@@ -84,7 +84,7 @@ def test_resume_from_other_starts_a_new_run_and_leaves_the_parent_alone(
     _, b = two_runs
     before_b = _tree(b)
     status, err = _cli(["train", "--output-dir", "C", "--resume", "B/checkpoints/step_000002",
-                        "--resume-from-other", "--max-steps", "8"], capsys)
+                        "--resume-from-other", "--max-steps", "10"], capsys)
     assert status == 0, err
     c = tmp_path / "C"
     record = json.loads((c / "run.json").read_text())
@@ -93,12 +93,13 @@ def test_resume_from_other_starts_a_new_run_and_leaves_the_parent_alone(
     assert _starts(c)[0]["parent"] == record["parent"]
     steps = [r["step"] for r in map(json.loads, (c / "metrics.jsonl").read_text().splitlines())
              if r.get("kind") != "eval" and "step" in r]
-    assert min(steps) == 3 and max(steps) == 8  # continues the parent's step count
-    assert [s for s, _ in list_checkpoints(c)][-1] == 8
+    assert min(steps) == 3 and max(steps) == 10  # continues the parent's step count
+    # Rotation (checkpoint.keep=3) deleted the new run's step 4, and nothing of the parent's.
+    assert [s for s, _ in list_checkpoints(c)] == [6, 8, 10]
     assert _tree(b) == before_b  # the parent run is read, never written
     # The new run's own checkpoints are its own: a plain --resume of C takes them.
-    status, err = _cli(["train", "--output-dir", "C", "--resume", "C/checkpoints/step_000008",
-                        "--max-steps", "10"], capsys)
+    status, err = _cli(["train", "--output-dir", "C", "--resume", "C/checkpoints/step_000010",
+                        "--max-steps", "12"], capsys)
     assert status == 0, err
 
 
