@@ -143,8 +143,11 @@ def run_curate(args: argparse.Namespace) -> int:
         dropped.append(replace(record, metadata=meta))
     sets = {"--out": result.kept, "--easy": result.easy, "--hard": result.hard, "--dropped": dropped}
     # Everything is decided before anything is written; each file is written whole, by a rename.
+    from scalerl.ownership import writing_output
+
     for flag, path in paths.items():
-        write_jsonl_atomic(sets[flag], path)
+        with writing_output(path, flag):
+            write_jsonl_atomic(sets[flag], path)
     n = len(loaded.records)
     print(f"curate: {n} prompts from {args.prompts}: kept {len(result.kept)}, dropped {len(result.dropped)}")
     for reason, count in sorted(result.counts().items()):

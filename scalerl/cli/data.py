@@ -155,13 +155,17 @@ def _decontaminate(args: argparse.Namespace) -> int:
         for m in result.matches[:10]:
             print(f"    {m.prompt_source} ({m.prompt_id}) ~ {m.item_source} ({m.set_name} {m.item_id}): "
                   f"{m.shared}/{m.item_ngrams} n-grams, e.g. {m.example[:60]!r}")
+    from scalerl.ownership import writing_output
+
     if report is not None:
-        report.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(report, suffix=".jsonl") as tmp, tmp.open("w", encoding="utf-8") as f:
-            for m in result.matches:
-                f.write(json.dumps(m.to_dict(), ensure_ascii=False) + "\n")
+        with writing_output(report, "--report"):
+            report.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_path(report, suffix=".jsonl") as tmp, tmp.open("w", encoding="utf-8") as f:
+                for m in result.matches:
+                    f.write(json.dumps(m.to_dict(), ensure_ascii=False) + "\n")
         print(f"wrote {len(result.matches)} matches to {report}")
-    write_jsonl_atomic(result.kept, out)
+    with writing_output(out, "--out"):
+        write_jsonl_atomic(result.kept, out)
     print(f"wrote {len(result.kept)} prompts to {out}")
     return 0
 

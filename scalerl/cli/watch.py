@@ -166,13 +166,16 @@ def run_watch(args: argparse.Namespace) -> int:
         # An existing file is replaced only when --overwrite hands it over; from the first refresh
         # on, the file is this command's own and each refresh rewrites it.
         check_output_file(args.plot, "--plot", overwrite=args.overwrite)
+    from scalerl.ownership import writing_output
+
     x_name = args.x or "compute_device_hours"
     try:
         while True:
             rows = collect(args.paths, args.x, args.y, args.a_width)
             text = render(rows, x_name)
             if args.plot:
-                drawn = write_plot(args.paths, args.x, args.y, args.plot)
+                with writing_output(args.plot, "--plot"):
+                    drawn = write_plot(args.paths, args.x, args.y, args.plot)
                 text += (f"\nplot written to {args.plot} ({drawn} curve(s))" if drawn else
                          f"\nplot not written: no curve can be fitted yet ({args.plot} left as it was)")
             if args.once:
