@@ -271,6 +271,8 @@ def load_prompts(
     root = Path(path)
     if not root.exists():
         raise MissingDataError(f"prompt data not found: {root}")
+    if not root.is_dir() and not root.is_file():  # a FIFO or a device: reading could wait forever
+        raise DataError(f"{root}: not a regular file or folder")
     file_format = "auto" if benchmark is not None else format
 
     records: list[PromptRecord] = []

@@ -14,6 +14,7 @@ case's files, and checks
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -149,6 +150,8 @@ CASES: list[Case] = [
          r"scalerl ablate: error: rewards\.verifiers\.mine: verifier path 'nope\.nope:f': cannot import"),
     Case("config-file-is-a-directory", "config", (*TRAIN, "-c", "cdir.yaml"),
          r"cdir\.yaml: is a directory, not a config file", {"cdir.yaml/x": "y"}),
+    Case("config-file-is-a-fifo", "config", (*TRAIN, "-c", "c.yaml"), r"c\.yaml: not a regular file",
+         setup=lambda root: os.mkfifo(root / "c.yaml")),
     Case("config-duplicate-key", "config", (*TRAIN, "-c", "c.yaml"),
          r"c\.yaml:3: optim\.lr: duplicate key \(first at line 2\); keep one of them",
          {"c.yaml": "optim:\n  lr: 1.0e-5\n  lr: 2.0e-5\n"}),
@@ -206,6 +209,8 @@ CASES: list[Case] = [
          r"--out ok\.jsonl: exists; decontaminate never replaces a file", ROWS),
     Case("data-check-not-utf8", "data", ("data", "check", "d.jsonl"), r"d\.jsonl: not UTF-8 text",
          {"d.jsonl": b'{"prompt": "\xff", "answer": "1"}\n'}),
+    Case("data-check-fifo", "data", ("data", "check", "p.jsonl"), r"p\.jsonl: not a regular file or folder",
+         setup=lambda root: os.mkfifo(root / "p.jsonl")),
     Case("jsonl-nested-too-deep", "data", (*TRAIN, "--data", "d.jsonl"),
          r"data\.train_path: d\.jsonl: 1 row\(s\) rejected:\n  invalid JSON: 1\n    d\.jsonl:2: nested too "
          r"deeply to parse", {"d.jsonl": ROWS["ok.jsonl"] + DEEP_ROW}),
