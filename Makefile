@@ -95,9 +95,10 @@ test-bench: setup
 # The engine at a real model shape (vocabulary 151,936, Qwen2.5-0.5B's layer shape, 2 layers): peak RSS
 # of generation and evaluation against full-sequence logits (marker real_shape, deselected from
 # `make test` by pyproject; minutes on CPU, ~2 GB per process). docs/training.md, "The engine side".
+# Also each shipped real-model config of examples/ trains one step at that shape (tests/test_examples.py).
 .PHONY: test-real-shape
 test-real-shape: setup
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -s -m real_shape tests/rollout/test_embedded_real_shape.py
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -s -m real_shape tests/rollout/test_embedded_real_shape.py tests/test_examples.py
 
 # Environments written against other libraries (verifiers, openenv-core) through the OpenAI-compatible
 # endpoint (docs/agentic.md): their dependencies are heavy, so the `envs` extra is installed here only
@@ -110,3 +111,11 @@ $(ENVS_STAMP): $(STAMP)
 .PHONY: test-envs
 test-envs: $(ENVS_STAMP)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m envs tests/serving
+
+# The mutation gate (tests/mutation_gate/gate.py; docs/algorithms.md, "Proof against the papers"): each
+# curated break of the package in tests/mutation_gate/mutations_*.yaml is applied to a copy and must make
+# its tests fail; any survivor, stale entry or run past MUTATION_BUDGET_S seconds fails the target.
+MUTATION_BUDGET_S ?= 1200
+.PHONY: test-mutations
+test-mutations: setup
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) tests/mutation_gate/gate.py --budget-s $(MUTATION_BUDGET_S)

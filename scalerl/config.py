@@ -193,8 +193,12 @@ class ReasoningGymConfig(Section):
 
 
 class DataConfig(Section):
-    # None = the built-in synthetic task (no download).
-    train_path: str | None = None
+    # None = the built-in synthetic task (no download). A file, a folder, a `save_to_disk` dataset, a
+    # Hub id or snapshot folder (datasets.load_dataset), or a list of them (docs/data.md).
+    train_path: str | list[str] | None = None
+    # The config (subset) and the split of a dataset or folder holding several (scalerl/data/layout.py).
+    subset: str | None = None
+    split: str | None = None
     # A generated prompt source instead of a file: "reasoning_gym:<dataset>" or "reasoning_gym"
     # (the mix in reasoning_gym.datasets); None: train_path or the synthetic task.
     source: str | None = None
@@ -213,6 +217,9 @@ class DataConfig(Section):
     # How a record becomes the model's input (scalerl/data/tokenize.py): the tokenizer's chat
     # template, or a text template for base models (R1-Zero's `r1`, `qwen_math`, `raw`).
     template: Literal["chat", "r1", "qwen_math", "raw"] = "chat"
+    # Keywords for every `apply_chat_template` call of the run (training, evaluation, tool-use turns,
+    # `scalerl serve`), e.g. Qwen3's {"enable_thinking": false}.
+    chat_template_kwargs: dict[str, Any] = {}
     max_prompt_tokens: int = Field(256, gt=0)
     on_bad_row: Literal["error", "skip"] = "error"
 
@@ -238,6 +245,13 @@ class DataConfig(Section):
         if not name and rg.config:
             raise CrossKeyError(("reasoning_gym.config",),
                                 "options of a mix go in reasoning_gym.datasets.<name>.config")
+        return self
+
+    @model_validator(mode="after")
+    def _choice_needs_a_path(self) -> DataConfig:
+        chosen = [k for k in ("subset", "split") if getattr(self, k) is not None]
+        if chosen and self.train_path is None:
+            raise CrossKeyError((chosen[0], "train_path"), "chooses within data.train_path, which is unset")
         return self
 
     @model_validator(mode="after")
@@ -410,6 +424,10 @@ class AlgorithmConfig(Section):
     dynamic_sampling: bool = False
     offpolicy_mask_delta: float | None = Field(None, gt=0.0)
     keep_sampling_mask: bool = False
+    # Keep-sampling-mask: token ids of the sampler's top-k/top-p set recorded per token (4 bytes
+    # each); a larger set keeps its highest-scoring ones and is completed by the trainer, counted in
+    # `support_incomplete_tokens` (docs/algorithms.md, "Keep sampling mask").
+    keep_sampling_mask_max_ids: int = Field(64, ge=1)
     # Keep Routing (DeepSeek-V3.2 Sec. 3.1; docs/moe.md): MoE models only. The trainer's passes use
     # the experts the engine recorded for every token and layer instead of its router's own top-k.
     keep_routing: bool = False
@@ -519,9 +537,11 @@ class ExtraSetConfig(Section):
     `format`: a file type (auto: by suffix) or a benchmark's published layout (gsm8k, math, aime,
     amc, humaneval, mbpp; scalerl/data/benchmarks.py). A bare string entry is `{path: ...}`."""
 
-    path: str = Field(min_length=1)
+    path: str | list[str] = Field(min_length=1)
     format: Literal["auto", "jsonl", "json", "parquet", "csv", "tsv", "hf",
                     "gsm8k", "math", "aime", "amc", "humaneval", "mbpp"] = "auto"
+    subset: str | None = None  # the config and split of a dataset holding several (as data.subset/split)
+    split: str | None = None
 
 
 class EvalConfig(Section):
@@ -549,6 +569,10 @@ class LoggingConfig(Section):
     wandb: bool = False
     wandb_project: str = "scalerl"
     progress: bool = True
+    # Every this many optimizer steps, `samples_per_step` of the step's trained samples (prompt,
+    # response, reward, version, lag) are appended to `<run_dir>/samples.jsonl`; 0 = off.
+    samples_every: int = Field(0, ge=0)
+    samples_per_step: int = Field(4, ge=1)
 
 
 class ForecastConfig(Section):
@@ -667,6 +691,21 @@ class RewardModelConfig(Section):
         return self
 
 
+class RewardFunctionConfig(Section):
+    """One `rewards.functions` entry: a reward function, its weight, the tasks it scores
+    (scalerl/rewards/functions.py; docs/rewards.md). `fn`: "package.module:name", "path/file.py:name",
+    or a verifier's name ("math", "code", a registered one). `style`: how it is called, "trl"
+    (`f(prompts, completions, **columns) -> list[float | None]`), "verl" (`compute_score(data_source,
+    solution_str, ground_truth, extra_info)`), "verifier" (`f(completion, record)`), or "auto" (by
+    its parameter names, the rule in `functions.detect_style`). `tasks`: None scores every task."""
+
+    fn: str = Field(min_length=1)
+    weight: float = Field(1.0, allow_inf_nan=False)
+    name: str | None = Field(None, min_length=1)
+    style: Literal["auto", "trl", "verl", "verifier"] = "auto"
+    tasks: list[str] | None = None
+
+
 class RewardConfig(Section):
     """Verifiers (`scalerl.rewards.RewardRouter`): reward scale, time bounds, parallelism, the code
     sandbox, custom verifiers (`verifiers`: task -> dotted path)."""
@@ -692,6 +731,24 @@ class RewardConfig(Section):
     # task name -> a learned scorer (classifier or LLM judge) for that task's records, which then
     # need no gold answer (scalerl/rewards/reward_model.py).
     reward_models: dict[str, RewardModelConfig] = Field(default_factory=dict)
+    # Reward functions combined by weight (TRL / verl signatures, verifiers by name); a task they
+    # score takes their weighted sum as its reward instead of its verifier's (docs/rewards.md).
+    functions: list[RewardFunctionConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _functions(self) -> RewardConfig:
+        names = [f.name for f in self.functions if f.name is not None]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise CrossKeyError(("functions",), f"reward function name(s) {dupes} used twice; each "
+                                "needs its own name (its metrics are reward_fn/<name>)")
+        for i, f in enumerate(self.functions):
+            tasks = set(self.reward_models) if f.tasks is None else set(f.tasks) & set(self.reward_models)
+            if tasks:
+                raise CrossKeyError(("functions", "reward_models"),
+                                    f"functions[{i}] ({f.fn}) scores task(s) {sorted(tasks)}, which have "
+                                    "a reward model; keep one (name the function's tasks)")
+        return self
 
     @model_validator(mode="after")
     def _scale_order(self) -> RewardConfig:
@@ -711,11 +768,12 @@ class DistributedConfig(Section):
     """Scale-out on Ray (`scalerl.distributed`): engine actors, FSDP2 trainer ranks, weight sync.
 
     `backend: local` (the default) is the single-process loop and reads nothing else here. With
-    `ray`, `address` attaches to a running cluster ("auto", "ray://head:10001") or, when None,
-    starts a local Ray instance with `num_cpus` logical CPUs. Ray resources are logical: fractional
-    CPUs let several actors share a core. Every wait on a remote actor is bounded by `timeout_s`
-    (actor start-up, which loads torch and a model, by `startup_timeout_s`), so a dead or hung peer
-    becomes an error naming it instead of a hang.
+    `ray`, `address` attaches to a running cluster ("auto", "ray://head:10001"); when None, the
+    cluster named by `RAY_ADDRESS` or started on this machine by `ray start --head` is joined, and
+    only without one a local Ray instance is started with `num_cpus` logical CPUs. Ray resources
+    are logical: fractional CPUs let several actors share a core. Every wait on a remote actor is
+    bounded by `timeout_s` (actor start-up, which loads torch and a model, by
+    `startup_timeout_s`), so a dead or hung peer becomes an error naming it instead of a hang.
     """
 
     backend: Literal["local", "ray"] = "local"
@@ -738,6 +796,8 @@ class DistributedConfig(Section):
     # last published weights, verified. 0: dead engines stay dead (the run goes on without them).
     engine_restarts: int = Field(0, ge=0)
     engine_restart_backoff_s: float = Field(5.0, ge=0.0)
+    # Ray's dashboard (a web UI on port 8265) when this run starts the Ray instance; off by default.
+    dashboard: bool = False
 
 
 class AgenticConfig(Section):
@@ -757,6 +817,9 @@ class AgenticConfig(Section):
     thinking_retention: Literal["deepseek_v32", "keep_all"] = "deepseek_v32"
     max_observation_tokens: int = Field(64, ge=1)
     tool_timeout_s: float = Field(10.0, gt=0.0)
+    # The format the model writes tool calls in (scalerl/agentic/toolcalls.py): Qwen/Hermes
+    # <tool_call> JSON, Llama 3 JSON, Mistral [TOOL_CALLS], Qwen3-Coder XML.
+    tool_parser: Literal["hermes", "llama3_json", "mistral", "qwen3_xml"] = "hermes"
     corpus_path: str | None = None
     # True: environment steps overlap decoding (threaded pipeline); False: each engine step waits for
     # them, so the reproducible schedules stay reproducible.

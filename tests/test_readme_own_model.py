@@ -1,4 +1,4 @@
-"""The README's "Your own model and data" command, run for one step on a random-init Qwen2 saved
+"""The README's "Your model on GSM8K" command, run for one step on a random-init Qwen2 saved
 to a temporary folder and a GSM8K-format file, so the section cannot rot."""
 
 from __future__ import annotations
@@ -23,17 +23,18 @@ def _save_model(path: Path) -> None:
     from scalerl.models.tiny import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+    # As wide as a real small model (the advice for real models keys on width; 2 layers keep it fast).
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
                          tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
                          eos_token_id=tok.eos_token_id)
     Qwen2ForCausalLM(config).save_pretrained(path)
     tok.save_pretrained(path)
 
 
-def test_the_own_model_command_trains_one_step(tmp_path: Path, monkeypatch) -> None:
-    section = _section("Your own model and data")
-    (line,) = [ln for ln in _code_lines(section) if ln.startswith("scalerl train")]
+def test_the_own_model_command_trains_one_step(tmp_path: Path, monkeypatch, capsys) -> None:
+    section = _section("Your model on GSM8K")
+    (line,) = [ln for ln in _code_lines(section) if ln.startswith("scalerl train --model ./my-model")]
     argv = shlex.split(line)[1:]
     _save_model(tmp_path / "my-model")
     (tmp_path / "gsm8k").mkdir()
@@ -42,6 +43,12 @@ def test_the_own_model_command_trains_one_step(tmp_path: Path, monkeypatch) -> N
     (tmp_path / "gsm8k" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     monkeypatch.chdir(tmp_path)  # the command's ./my-model, ./gsm8k/train.jsonl and runs/mine
     assert main([*argv, *FAST, "--device", "cpu"]) == 0
+    # A named model on the tiny model's defaults is warned about, key by key, before training.
+    err = capsys.readouterr().err
+    for key in ("optim.lr", "model.dtype", "checkpoint.every"):
+        assert f"train: warning: {key} is " in err, key
+    for key in ("data.max_prompt_tokens", "generation.max_new_tokens"):  # FAST sets them
+        assert f"train: warning: {key}" not in err, key
     run = tmp_path / "runs" / "mine"
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["kind"] == "step"] == [1]

@@ -70,13 +70,16 @@ def tool_messages_as_user(observations: Sequence[Message]) -> list[Message]:
 class ChatFormat:
     """Renders message lists to token ids for one tokenizer (see the module docstring)."""
 
-    def __init__(self, tokenizer: Any, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
+    def __init__(self, tokenizer: Any, tools: Sequence[Mapping[str, Any]] | None = None,
+                 stop_text: str | None = TOOL_CALL_CLOSE) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("agentic: the tokenizer has no chat template")
         self.tokenizer = tokenizer
         self.tools = [dict(t) for t in tools] if tools else None
         self.native_tools = template_has_tool_role(tokenizer)
-        self.stop_sequence = tuple(tokenizer.encode(TOOL_CALL_CLOSE, add_special_tokens=False))
+        # Generation stops after a call's closing tag (the JSON formats: at the model's end of turn).
+        self.stop_sequence = (tuple(tokenizer.encode(stop_text, add_special_tokens=False))
+                              if stop_text else None)
 
     def _prepare(self, messages: Sequence[Message]) -> list[Message]:
         msgs = [{k: v for k, v in m.items() if k != "reasoning_content" or self.native_tools}

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from scalerl.agentic.messages import Message
-from scalerl.agentic.toolcalls import CallError, ToolCall, parse_tool_calls
+from scalerl.agentic.toolcalls import CallError, ToolCall, parse_turn
 from scalerl.agentic.tools import Tool, ToolBox, ToolError
 from scalerl.data.records import PromptRecord
 from scalerl.rewards.registry import VerifierResult
@@ -67,8 +67,10 @@ def error_observation(kind: str, message: str, name: str = "") -> Message:
 class ToolEnvironment:
     """Tool use on any task: each turn's `<tool_call>`s are run; a turn without one is the answer."""
 
-    def __init__(self, tools: ToolBox, *, timeout_s: float = 10.0, system_prompt: str | None = None) -> None:
+    def __init__(self, tools: ToolBox, *, timeout_s: float = 10.0, system_prompt: str | None = None,
+                 parser: str = "hermes") -> None:
         self.toolbox = tools
+        self.parser = parser
         self.timeout_s = float(timeout_s)
         self.system_prompt = system_prompt
         self.tool_schemas = tools.schemas()
@@ -81,7 +83,7 @@ class ToolEnvironment:
         return task.chat(self.system_prompt)
 
     def step(self, action: str) -> StepResult:
-        calls = parse_tool_calls(action)
+        calls = parse_turn(action, self.parser)
         if not calls:
             return StepResult([], done=True)
         result = StepResult([], done=False, tool_calls=len(calls))

@@ -69,6 +69,7 @@ from scalerl.rollout.protocol import (
     SamplingParams,
 )
 from scalerl.rollout.sampling import SUPPORT_FORCED
+from scalerl.rollout.support import SupportIds
 
 ENDS: tuple[str, ...] = ("answer", "turn_limit", "token_budget", "context_limit", "length", "env_error")
 _SEED_MIX = 0x9E3779B97F4A7C15
@@ -86,13 +87,15 @@ class _Window:
     versions: list[int] = field(default_factory=list)
     loss_mask: list[bool] = field(default_factory=list)
     support: list[int] | None = None  # `Completion.support` codes
+    support_ids: SupportIds | None = None  # `Completion.support_ids`
     segments: list[tuple[str, int, int]] = field(default_factory=list)  # (kind, start, end)
     start_version: int | None = None
     reported: int = 0  # tokens of this window the inner engine has already reported
     held: bool = False
 
     def add(self, kind: str, ids: Sequence[int], logprobs: Sequence[float], versions: Sequence[int],
-            mask: Sequence[bool], support: Sequence[int] | None) -> None:
+            mask: Sequence[bool], support: Sequence[int] | None,
+            support_ids: SupportIds | None = None) -> None:
         start = len(self.token_ids)
         self.token_ids.extend(ids)
         self.logprobs.extend(logprobs)
@@ -101,6 +104,11 @@ class _Window:
         if self.support is not None:
             # Environment tokens (and a model turn that recorded none) were not drawn: forced.
             self.support.extend(support if support is not None else [SUPPORT_FORCED] * len(ids))
+        if self.support_ids is not None:
+            if support is not None and support_ids is not None:
+                self.support_ids.extend(support_ids)
+            else:  # forced tokens record no id; a turn without ids is completed by the trainer
+                self.support_ids.append_empty(len(ids))
         if ids:
             self.segments.append((kind, start, len(self.token_ids)))
 
@@ -226,12 +234,13 @@ class TrajectoryEngine(SteppingEngine):
     def _new_window(self, request: GenerationRequest, prompt: list[int], *, first: bool = False) -> _Window:
         inner_id = f"{request.request_id}#0" if first else self._fresh_id(request)
         support: list[int] | None = [] if request.params.return_support else None
-        return _Window(inner_id=inner_id, prompt_ids=list(prompt), support=support)
+        return _Window(inner_id=inner_id, prompt_ids=list(prompt), support=support,
+                       support_ids=SupportIds() if support is not None else None)
 
     def _turn_params(self, params: SamplingParams, *, budget: int, n: int | None = None,
                      seed: int | None = None) -> SamplingParams:
         stops = params.stop_sequences
-        if self.chat.stop_sequence not in stops:
+        if self.chat.stop_sequence and self.chat.stop_sequence not in stops:
             stops = (*stops, self.chat.stop_sequence)
         return replace(params, n=params.n if n is None else n, seed=params.seed if seed is None else seed,
                        max_new_tokens=max(1, min(params.max_new_tokens, budget)), stop_sequences=stops)
@@ -267,7 +276,8 @@ class TrajectoryEngine(SteppingEngine):
             ep.first_version = c.start_version
         ids = c.token_ids[new]
         support = c.support[new] if c.support is not None else None
-        w.add("model", ids, c.logprobs[new], c.versions[new], c.loss_mask[new], support)
+        support_ids = c.support_ids[new] if c.support_ids is not None else None
+        w.add("model", ids, c.logprobs[new], c.versions[new], c.loss_mask[new], support, support_ids)
         w.held = self.continuable
         ep.total_tokens += len(ids)
         ep.last_reason = c.finish_reason
@@ -486,6 +496,7 @@ class TrajectoryEngine(SteppingEngine):
             start_version=ep.first_version if ep.first_version is not None else self.inner.version,
             support=None if w.support is None else list(w.support),
             support_cut=None if w.support is None else (ep.request.params.top_k, ep.request.params.top_p),
+            support_ids=None if w.support_ids is None else w.support_ids.copy(),
             metadata=metadata,
         )
         finished.append((ep.serial, ep.sample_index, completion))

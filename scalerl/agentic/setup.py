@@ -20,6 +20,7 @@ from scalerl.agentic.chat import ChatFormat
 from scalerl.agentic.environment import Environment, ToolEnvironment
 from scalerl.agentic.rollout import TrajectoryEngine
 from scalerl.agentic.scoring import TrajectoryScorer
+from scalerl.agentic.toolcalls import turn_stop_text
 from scalerl.agentic.tools import ToolBox, ToolSettings, tool_factories
 from scalerl.config import AgenticConfig, ConfigError
 from scalerl.data.records import PromptRecord
@@ -52,7 +53,7 @@ def environment_factory(
     box = ToolBox(tool_factories(a.tools, ToolSettings(sandbox=sandbox, timeout_s=a.tool_timeout_s,
                                                        corpus_path=a.corpus_path)))
     if spec == "tools":
-        return (lambda: ToolEnvironment(box, timeout_s=a.tool_timeout_s)), box
+        return (lambda: ToolEnvironment(box, timeout_s=a.tool_timeout_s, parser=a.tool_parser)), box
     if spec.startswith("skyrl:"):
         from scalerl.agentic.skyrl import SkyRLEnvironment, load_skyrl_env
 
@@ -73,7 +74,8 @@ def build_agentic(
 ) -> Agentic:
     make_env, _ = environment_factory(a, router)
     probe = make_env()
-    chat = ChatFormat(tokenizer, tools=list(probe.tool_schemas) or None)
+    chat = ChatFormat(tokenizer, tools=list(probe.tool_schemas) or None,
+                      stop_text=turn_stop_text(a.tool_parser))
     probe.close()
     wrapped = TrajectoryEngine(engine, make_env, chat, decode, a)
     cache: dict[str, list[int]] = {}

@@ -9,7 +9,8 @@ outstanding prompts) and the compute meter, and keeps the original held-out spli
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from scalerl.assembly.backend import Backend
 from scalerl.assembly.forecast import ForecastingSink, StopAfterEval
 from scalerl.assembly.local import local_backend
+from scalerl.assembly.resolved import write_resolved
 from scalerl.assembly.sections import (
     driver_settings,
     gold_free,
@@ -36,6 +38,7 @@ from scalerl.data import (
     split_by_ids,
     split_heldout,
 )
+from scalerl.data.decontaminate import overlap_ids
 from scalerl.evaluation.evaluator import Evaluator
 from scalerl.pipeline.driver import Components, Driver, success_threshold
 from scalerl.pipeline.preemption import StopRequest
@@ -49,6 +52,7 @@ from scalerl.telemetry import RunTelemetry
 from scalerl.training.trainer import Trainer
 
 HELDOUT_IDS_FILE = "heldout_ids.json"
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -83,6 +87,18 @@ def load_snapshot(checkpoint: str | Path) -> dict[str, Any] | None:
     from scalerl.training.checkpoint import load_torch_file
 
     return dict(load_torch_file(path))
+
+
+def report_overlap(train: Sequence[PromptRecord],
+                   sets: Mapping[str, Sequence[PromptRecord]]) -> dict[str, int]:
+    """Evaluation prompts that are also training prompts, by content (`overlap_ids`: word for
+    word, whatever their ids): a warning per set that has any, with the count. Returns set -> count."""
+    counts = {name: len(overlap_ids(train, items)) for name, items in sets.items() if items}
+    for name, count in counts.items():
+        if count:
+            _log.warning("data overlap: %d of %d prompts of %s are also training prompts (same text); "
+                         "its scores measure memory as well as skill", count, len(sets[name]), name)
+    return counts
 
 
 def build_training(
@@ -159,10 +175,14 @@ def _build_training(
     closers: list[Any] = [router.close]
     extra_sets = {
         name: load_prompts(extra.path, default_task=d.default_task, format=extra.format,
-                           on_error=on_error, gold_free_tasks=gold_free(config)).records
+                           on_error=on_error, gold_free_tasks=gold_free(config), subset=extra.subset,
+                           split=extra.split, keys=(f"eval.extra_sets.{name}.subset",
+                                                    f"eval.extra_sets.{name}.split")).records
         for name, extra in config.eval.extra_set_sources.items()
     }
     router.check_tasks({r.task for r in records} | {r.task for s in extra_sets.values() for r in s})
+    report_overlap(split.train, {"held-out split": split.heldout, **{f"eval.extra_sets.{name}": s
+                                                                    for name, s in extra_sets.items()}})
     params = sampling_params(config, tokenizer)
     check_params = getattr(engine, "check_params", None)
     if callable(check_params):
@@ -177,7 +197,9 @@ def _build_training(
 
     evaluator = None
     if split.heldout:
-        eval_scorer = GroupScorer(scorer, decode, max_workers=config.rewards.max_workers,
+        # Held-out samples stay out of the reward functions' per-step means (docs/rewards.md).
+        held_out_scorer = router.untallied() if scorer is router else scorer
+        eval_scorer = GroupScorer(held_out_scorer, decode, max_workers=config.rewards.max_workers,
                                   success_threshold=success_threshold(config.rewards))
         closers.append(eval_scorer.close)
         evaluator = Evaluator(
@@ -202,6 +224,10 @@ def _build_training(
         from scalerl.assembly.local import EngineFigures
 
         metrics = EngineFigures(metrics, router.reward_model_figures)
+    if router.functions is not None and metrics is not None:
+        from scalerl.assembly.local import EngineFigures
+
+        metrics = EngineFigures(metrics, router.reward_function_figures)
     live = None
     if config.forecast.enabled and telemetry is not None and evaluator is not None:
         # The live forecast (scaling.live): reads the rows as logged, never changes training.
@@ -218,6 +244,8 @@ def _build_training(
     driver = Driver(driver_settings(config), components, start_step=start_step, resume_state=resume_state,
                     resume_snapshot=snapshot, stop=stop)
     closers.extend(backend.closers)  # last: evaluations and the final checkpoint may still generate
+    if log:  # what the built components use, read back from them (`assembly.resolved`)
+        write_resolved(run_path, trainer, pool, driver, engine)
     return Training(driver=driver, trainer=trainer, engine=engine, pool=pool, router=router,
                     telemetry=telemetry, heldout=list(split.heldout), closers=closers)
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from scalerl.config import RunConfig
 from scalerl.data.difficulty import PassRate
+from scalerl.data.tokenize import bind_chat_template_kwargs
 from scalerl.inputs import MissingInputError
 
 Say = Callable[[str], None]
@@ -105,7 +106,7 @@ def rate_difficulty(
                           on_error=on_error)
     from scalerl.training.policy import load_tokenizer
 
-    tokenizer = load_tokenizer(cfg.model)
+    tokenizer = bind_chat_template_kwargs(load_tokenizer(cfg.model), cfg.data.chat_template_kwargs)
     enc = encode_prompts(loaded.records, tokenizer, max_prompt_tokens=max_prompt_tokens, system_prompt=system,
                          on_error=on_error, template=template)
     records = enc.records

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerl.config import RunConfig, build_config, yaml_layer
+from scalerl.data.tokenize import bind_chat_template_kwargs
 from scalerl.inputs import InputError, MissingInputError
 
 RUN_CONFIG = "config.yaml"
@@ -120,9 +121,11 @@ def source_policy(source: EvalSource, device: str | None = None) -> Any:
 
 
 def eval_records(source: EvalSource, data: str | None, max_prompts: int | None,
-                 fmt: str = "auto") -> tuple[list[Any], str]:
+                 fmt: str = "auto", subset: str | None = None, split: str | None = None
+                 ) -> tuple[list[Any], str]:
     """The prompts to evaluate on and a description of them; `fmt` is how `data` is read (a file
-    type or a benchmark layout, `scalerl.data.loaders.FORMATS`)."""
+    type or a benchmark layout, `scalerl.data.loaders.FORMATS`), `subset` and `split` which config
+    and split of a dataset holding several (`--subset`, `--split`)."""
     from scalerl.assembly.build import load_records
     from scalerl.data import load_heldout_ids, load_prompts, split_by_ids, split_heldout
 
@@ -133,7 +136,8 @@ def eval_records(source: EvalSource, data: str | None, max_prompts: int | None,
         from scalerl.assembly.sections import gold_free
 
         records = load_prompts(data, default_task=cfg.data.default_task, format=fmt,
-                               on_error=cfg.data.on_bad_row, gold_free_tasks=gold_free(cfg)).records
+                               on_error=cfg.data.on_bad_row, gold_free_tasks=gold_free(cfg), subset=subset,
+                               split=split, keys=("--subset", "--split")).records
         what = f"{data}" if fmt == "auto" else f"{data} ({fmt})"
     elif source.run_dir is not None:
         ids_file = source.run_dir / HELDOUT_IDS
@@ -159,8 +163,10 @@ def evaluate_source(
     temperature: float,
     seed: int,
     device: str | None = None,
+    save_samples: Path | None = None,
 ) -> dict[str, float]:
-    """Load the model into the configured engine and evaluate `records` (keys without a prefix)."""
+    """Load the model into the configured engine and evaluate `records` (keys without a prefix);
+    `save_samples`: every sample written there as JSONL (prompt, response, reward), atomically."""
     import tempfile
 
     from scalerl.assembly.sections import engine_spec
@@ -168,7 +174,7 @@ def evaluate_source(
 
     cfg = source.config.model_copy(deep=True)
     policy = source_policy(source, device)
-    tokenizer = policy.tokenizer
+    tokenizer = bind_chat_template_kwargs(policy.tokenizer, cfg.data.chat_template_kwargs)
     model_path, scratch = source.model, None
     if policy.lora and cfg.generation.engine != "embedded":
         # vLLM loads a directory: the adapter merged into its base, as the training run sent it.
@@ -180,15 +186,33 @@ def evaluate_source(
     model = (policy.generation_copy() if policy.lora else policy.model) if spec.kind == "embedded" else None
     engine = build_engine(spec, model=model)
     try:
-        return _evaluate_with(engine, cfg, tokenizer, records, k=k, temperature=temperature, seed=seed)
+        return _evaluate_with(engine, cfg, tokenizer, records, k=k, temperature=temperature, seed=seed,
+                              save_samples=save_samples)
     finally:
         close_engine(engine)
         if scratch is not None:
             scratch.cleanup()
 
 
+def sample_lines(scored: Any, decode: Any) -> str:
+    """Every scored sample as one JSON line: prompt, response, reward, correctness, finish reason."""
+    import json
+
+    lines = []
+    for group in scored:
+        record = group.record
+        prompt = record.prompt if record.prompt is not None else record.messages
+        for i, c in enumerate(group.completions):
+            lines.append(json.dumps({
+                "prompt_id": record.id, "task": record.task, "sample": i, "prompt": prompt,
+                "answer": record.answer, "response": decode(list(c.token_ids)),
+                "reward": float(group.rewards[i]), "correct": bool(group.correct[i]),
+                "finish_reason": c.finish_reason, "tokens": len(c.token_ids)}, allow_nan=False))
+    return "".join(line + "\n" for line in lines)
+
+
 def _evaluate_with(engine: Any, cfg: RunConfig, tokenizer: Any, records: list[Any], *, k: int,
-                   temperature: float, seed: int) -> dict[str, float]:
+                   temperature: float, seed: int, save_samples: Path | None = None) -> dict[str, float]:
     from scalerl.assembly.sections import sampling_params
     from scalerl.data import encode_prompts, resolve_system_prompt
     from scalerl.evaluation.evaluator import evaluate
@@ -225,8 +249,15 @@ def _evaluate_with(engine: Any, cfg: RunConfig, tokenizer: Any, records: list[An
         closers.append(scorer.close)
         # The same request seeds as the evaluations during training (prefix and seed), so a
         # checkpoint of an evaluated step reproduces that evaluation.
+        def write_samples(scored: Any) -> None:
+            from scalerl.atomic import write_atomic
+
+            assert save_samples is not None
+            write_atomic(save_samples, sample_lines(scored, decode))
+
         return evaluate(engine.generate, records, encode, k, params, scorer,
-                        seed=seed, prefix="", request_prefix="eval/heldout/")
+                        seed=seed, prefix="", request_prefix="eval/heldout/",
+                        on_scored=write_samples if save_samples is not None else None)
     finally:
         for close in reversed(closers):
             close()

@@ -3,8 +3,10 @@
 A LoRA checkpoint (`adapter/`, peft's format) is loaded onto its run's base model and merged
 (`W + (alpha / r) B A`, `scalerl.models.lora`); a full checkpoint is written as it is. The result
 loads with `AutoModelForCausalLM.from_pretrained(DIR)` and `AutoTokenizer.from_pretrained(DIR)`.
-It is written into a temporary sibling and renamed into place, so DIR is either complete or
-absent; an existing non-empty DIR is refused (exit 2), never overwritten.
+A model card (`README.md`: base model, data, recipe and the keys changed from it, the final
+held-out pass rate, the fitted A with its interval and flag; `scalerl.assembly.model_card`) is
+written beside the weights. It is written into a temporary sibling and renamed into place, so DIR
+is either complete or absent; an existing non-empty DIR is refused (exit 2), never overwritten.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from scalerl.assembly.evaluate import resolve_source, source_policy
+from scalerl.assembly.model_card import model_card
 from scalerl.inputs import InputError
 
 
@@ -45,6 +48,8 @@ def export_checkpoint(spec: str, out: str | Path, warn: Callable[[str], None] | 
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         policy.save_pretrained(tmp)  # merged for a LoRA policy
+        card = model_card(source.model, source.run_dir, source.config, bool(policy.lora))
+        (tmp / "README.md").write_text(card, encoding="utf-8")
         if target.exists():
             target.rmdir()  # empty (checked above)
         os.replace(tmp, target)

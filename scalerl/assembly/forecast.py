@@ -43,6 +43,9 @@ class ForecastingSink:
         self.live.after_eval(row)
         return row
 
+    def log_samples(self, step: int, rows: list[Mapping[str, Any]]) -> None:
+        self.sink.log_samples(step, rows)
+
 
 def read_stop_request(run_dir: Path) -> dict[str, Any] | None:
     """The stop request in `run_dir` (its JSON object; `{}` when unreadable: a request all the

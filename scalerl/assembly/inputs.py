@@ -19,7 +19,13 @@ from scalerl.config import ConfigError, DataConfig, RewardConfig, RunConfig
 from scalerl.data.loaders import LoadResult, load_prompts
 from scalerl.data.records import PromptRecord
 from scalerl.data.rejects import DataError
-from scalerl.data.tokenize import EncodedPrompts, check_template, encode_prompts, resolve_system_prompt
+from scalerl.data.tokenize import (
+    EncodedPrompts,
+    bind_chat_template_kwargs,
+    check_template,
+    encode_prompts,
+    resolve_system_prompt,
+)
 from scalerl.inputs import InputError, check_cache_dir, check_model_source, check_output_dir, check_path
 
 if TYPE_CHECKING:
@@ -27,15 +33,19 @@ if TYPE_CHECKING:
     from scalerl.rewards.sandbox import Sandbox
 
 
-def _load_prompt_file(path: str, key: str, **load_kwargs: Any) -> list[Any]:
-    check_path(path, key)
+def _load_prompt_file(path: str | list[str], key: str, **load_kwargs: Any) -> list[Any]:
+    from scalerl.data.loaders import is_hub_id
+
+    for one in [path] if isinstance(path, str) else path:
+        if not is_hub_id(one):  # a Hub id is read by `datasets.load_dataset`, which names what it lacks
+            check_path(one, key)
     try:
         return list(load_prompts(path, **load_kwargs).records)
     except (ValueError, OSError) as err:
         raise InputError(f"{key}: {err}") from None
 
 
-def check_prompt_file(path: str, key: str, **load_kwargs: Any) -> int:
+def check_prompt_file(path: str | list[str], key: str, **load_kwargs: Any) -> int:
     """The file or folder loads as prompts (every row checked); returns the number of records."""
     return len(_load_prompt_file(path, key, **load_kwargs))
 
@@ -142,8 +152,10 @@ def load_prompt_data(path: str, data: DataConfig, split: str | None = None,
     `field_map`, `default_task`, `format` and `on_bad_row` (`scalerl data check` and
     `check_run_inputs` both call this, so they accept the same files). `gold_free_tasks`: the
     run's tasks whose rows need no gold (`gold_free`)."""
-    return load_prompts(path, field_map=data.field_map, default_task=data.default_task, split=split,
-                        format=data.format, on_error=data.on_bad_row, gold_free_tasks=gold_free_tasks)
+    return load_prompts(path, field_map=data.field_map, default_task=data.default_task,
+                        split=split if split is not None else data.split, subset=data.subset,
+                        format=data.format, on_error=data.on_bad_row, gold_free_tasks=gold_free_tasks,
+                        keys=("data.subset (--subset)", "data.split (--split)"))
 
 
 def check_prompt_lengths(records: list[PromptRecord], data: DataConfig, tokenizer: Any) -> EncodedPrompts:
@@ -151,6 +163,7 @@ def check_prompt_lengths(records: list[PromptRecord], data: DataConfig, tokenize
     `data.max_prompt_tokens`, `data.on_bad_row`); a `DataError` names the keys that decide it."""
     system = resolve_system_prompt(data.think_system_prompt, data.system_prompt)
     check_template(data.template, system)
+    tokenizer = bind_chat_template_kwargs(tokenizer, data.chat_template_kwargs)
     try:
         return encode_prompts(records, tokenizer, max_prompt_tokens=data.max_prompt_tokens,
                               system_prompt=system, on_error=data.on_bad_row, template=data.template)
@@ -179,7 +192,8 @@ def prompt_tasks(cfg: RunConfig, counts: dict[str, int] | None = None) -> dict[s
     if d.train_path is not None:
         records = _load_prompt_file(d.train_path, "data.train_path", field_map=d.field_map,
                                     default_task=d.default_task, format=d.format, on_error=d.on_bad_row,
-                                    gold_free_tasks=free)
+                                    gold_free_tasks=free, subset=d.subset, split=d.split,
+                                    keys=("data.subset", "data.split"))
         if counts is not None:
             counts[f"data.train_path {d.train_path}"] = len(records)
         for task in sorted({r.task for r in records}):
@@ -199,8 +213,11 @@ def prompt_tasks(cfg: RunConfig, counts: dict[str, int] | None = None) -> dict[s
         for task in SYNTHETIC_RECORD_TASKS[d.synthetic.task]:
             tasks_in.setdefault(task, []).append(f"data.synthetic.task={d.synthetic.task}")
     for name, extra in cfg.eval.extra_set_sources.items():
-        records = _load_prompt_file(extra.path, f"eval.extra_sets.{name}", default_task=d.default_task,
-                                    format=extra.format, on_error=d.on_bad_row, gold_free_tasks=free)
+        key = f"eval.extra_sets.{name}"
+        records = _load_prompt_file(extra.path, key, default_task=d.default_task,
+                                    format=extra.format, on_error=d.on_bad_row, gold_free_tasks=free,
+                                    subset=extra.subset, split=extra.split,
+                                    keys=(f"{key}.subset", f"{key}.split"))
         for task in sorted({r.task for r in records}):
             tasks_in.setdefault(task, []).append(f"eval.extra_sets.{name}")
     return tasks_in

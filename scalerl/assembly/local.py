@@ -10,6 +10,7 @@ from typing import Any
 from scalerl.assembly.backend import Backend
 from scalerl.assembly.sections import engine_spec, trainer_settings
 from scalerl.config import RunConfig
+from scalerl.data.tokenize import bind_chat_template_kwargs
 from scalerl.inputs import InputError
 from scalerl.pipeline.local import ColocatedWeightChannel, EngineWeightChannel
 from scalerl.pipeline.snapshot import SNAPSHOT_FILE
@@ -86,7 +87,7 @@ def local_backend(
         if resume_state is None:
             raise InputError(f"{resume}: checkpoint has no pipeline state (not written by `scalerl train`?)")
 
-    tokenizer = policy.tokenizer
+    tokenizer = bind_chat_template_kwargs(policy.tokenizer, config.data.chat_template_kwargs)
     closers: list[Any] = []
     engine = _build_engine(config, trainer, closers)
     # Every sync is verified (scalerl.rollout.fingerprint); the vLLM engine gets the trainer's weights
@@ -137,3 +138,6 @@ class EngineFigures:
 
     def log_eval(self, step: int, metrics: Mapping[str, Any]) -> Any:
         return self.sink.log_eval(step, metrics)
+
+    def log_samples(self, step: int, rows: list[Mapping[str, Any]]) -> None:
+        self.sink.log_samples(step, rows)

@@ -20,6 +20,7 @@ from typing import Any
 from scalerl.assembly.backend import Backend
 from scalerl.assembly.sections import engine_spec, trainer_settings
 from scalerl.config import RunConfig
+from scalerl.data.tokenize import bind_chat_template_kwargs
 from scalerl.distributed.channel import RayWeightChannel
 from scalerl.distributed.cluster import connect
 from scalerl.distributed.engine_actor import EngineFactory
@@ -58,6 +59,9 @@ class StepFigures:
     def log_eval(self, step: int, metrics: Mapping[str, Any]) -> Any:
         return self.sink.log_eval(step, metrics)
 
+    def log_samples(self, step: int, rows: list[Mapping[str, Any]]) -> None:
+        self.sink.log_samples(step, rows)
+
 
 def ray_backend(config: RunConfig, run_path: Path, resume: str | Path | None) -> Backend:
     d = config.distributed
@@ -82,7 +86,7 @@ def ray_backend(config: RunConfig, run_path: Path, resume: str | Path | None) ->
             resume_state = trainer.resumed.extra.get("pipeline")
             if resume_state is None:
                 raise InputError(f"{resume}: checkpoint has no pipeline state (not from scalerl train?)")
-        tokenizer = load_tokenizer(config.model)
+        tokenizer = bind_chat_template_kwargs(load_tokenizer(config.model), config.data.chat_template_kwargs)
         pad = tokenizer.pad_token_id
         spec = engine_spec(
             config,

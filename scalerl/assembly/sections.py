@@ -79,6 +79,8 @@ def driver_settings(cfg: RunConfig) -> DriverSettings:
         dynamic_sampling=cfg.algorithm.dynamic_sampling,
         max_consecutive_dropped_groups=cfg.algorithm.max_consecutive_dropped_groups,
         max_consecutive_noop_steps=cfg.optim.max_consecutive_noop_steps,
+        samples_every=cfg.logging.samples_every,
+        samples_per_step=cfg.logging.samples_per_step,
     )
 
 
@@ -119,7 +121,8 @@ def sampling_params(config: RunConfig, tokenizer: Any) -> SamplingParams:
         stop_token_ids=(int(tokenizer.eos_token_id),),
         interruption=interruption,
     )
-    return replace(params, return_support=config.algorithm.keep_sampling_mask and params.truncates_support)
+    return replace(params, return_support=config.algorithm.keep_sampling_mask and params.truncates_support,
+                   support_max_ids=config.algorithm.keep_sampling_mask_max_ids)
 
 
 def reasoning_gym_mix(source: str, rg: ReasoningGymConfig) -> dict[str, tuple[float, dict[str, Any]]]:
@@ -151,7 +154,8 @@ def load_records(config: RunConfig) -> list[PromptRecord]:
         return make_reasoning_gym(mix, rg.size, rg.seed, keys)
     if d.train_path is not None:
         return load_prompts(d.train_path, field_map=d.field_map, default_task=d.default_task,
-                            format=d.format, on_error=on_error, gold_free_tasks=gold_free(config)).records
+                            format=d.format, on_error=on_error, gold_free_tasks=gold_free(config),
+                            subset=d.subset, split=d.split, keys=("data.subset", "data.split")).records
     env = config.agentic.environment
     if env is not None and env.startswith("verifiers:"):  # the environment's own dataset
         from scalerl.serving.verifiers_env import load_verifiers_env, taskset_records

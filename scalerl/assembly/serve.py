@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerl.assembly.evaluate import EvalSource
+from scalerl.data.tokenize import bind_chat_template_kwargs
 from scalerl.inputs import MissingInputError
 
 
@@ -50,7 +51,7 @@ def start_serving(source: EvalSource, *, host: str = "127.0.0.1", port: int = 0,
         policy = load_policy(cfg.model, device)
     except OSError as err:
         raise MissingInputError(f"{source.model}: cannot load a model from it ({err})") from None
-    tokenizer = policy.tokenizer
+    tokenizer = bind_chat_template_kwargs(policy.tokenizer, cfg.data.chat_template_kwargs)
     spec = engine_spec(cfg, model_path=source.model, eos_token_ids=(int(tokenizer.eos_token_id),),
                        pad_token_id=policy.pad_token_id)
     engine = build_engine(spec, model=policy.model if spec.kind == "embedded" else None)

@@ -16,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from scalerl.config import ConfigError, RunConfig
+from scalerl.data.tokenize import bind_chat_template_kwargs
 from scalerl.ownership import check_output_dir_owned, mark_output_dir
 from scalerl.training.sft_config import SFTConfig
 
@@ -76,7 +77,8 @@ def sft_run(
         policy = load_policy(cfg.model, device=device)
         if pairs is None:
             pairs = solution_pairs(default_sft_records(cfg))
-        examples = examples_from_records(pairs, policy.tokenizer, system_prompt_of(cfg.data), sft.max_length,
+        tokenizer = bind_chat_template_kwargs(policy.tokenizer, cfg.data.chat_template_kwargs)
+        examples = examples_from_records(pairs, tokenizer, system_prompt_of(cfg.data), sft.max_length,
                                          cfg.data.template)
         say(f"sft: {len(examples)} examples, {sft.steps} steps of {sft.batch_size}")
         result = train_sft(policy, examples, sft, on_step=on_step)

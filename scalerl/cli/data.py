@@ -59,7 +59,7 @@ def check_settings(args: argparse.Namespace) -> tuple[DataConfig, RunConfig]:
     given: dict[str, Any] = {}
     if args.field_map:
         given["field_map"] = dict(args.field_map)
-    for key in ("default_task", "format", "max_prompt_tokens", "template", "system_prompt"):
+    for key in ("default_task", "format", "max_prompt_tokens", "template", "system_prompt", "subset"):
         if getattr(args, key) is not None:
             given[key] = getattr(args, key)
     if args.think:
@@ -199,7 +199,10 @@ def register(subparsers: Any) -> None:
     check.add_argument("--default-task", default=None,
                        help="task for rows without a task column (config key data.default_task; default "
                             f"the config's, else {DEFAULTS.default_task}, as in training)")
-    check.add_argument("--split", help="split of a DatasetDict folder, or file-name prefix in a folder")
+    check.add_argument("--split", help="the split of a dataset or folder holding several (config key "
+                       "data.split; default the config's)")
+    check.add_argument("--subset", help="the config (subset) of a dataset or folder holding several "
+                       "(config key data.subset; default the config's)")
     check.add_argument("--format", choices=FORMATS, default=None,
                        help=f"config key data.format (default the config's, else {DEFAULTS.format})")
     check.add_argument("--skip", action="store_true", help="skip and count bad rows instead of failing "

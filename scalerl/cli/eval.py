@@ -73,6 +73,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("model", metavar="CHECKPOINT_OR_MODEL",
                    help="run directory, checkpoint directory, saved model directory or hub name")
     p.add_argument("--data", metavar="PATH", help="prompt file or folder (default: see above)")
+    p.add_argument("--subset", help="the config (subset) of a --data dataset or folder holding several")
+    p.add_argument("--split", help="the split of a --data dataset or folder holding several")
     p.add_argument("--format", choices=FORMATS, default="auto",
                    help="how --data is read: a file type (default auto: by suffix) or a benchmark's "
                         f"published layout ({', '.join(BENCHMARK_FORMATS)}; docs/data.md)")
@@ -86,6 +88,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--engine", choices=("embedded", "vllm"),
                    help="generation engine (config key generation.engine; default: the run's, or embedded)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--save-samples", metavar="FILE",
+                   help="write every sample (prompt, response, reward, correct) to FILE as JSONL")
+    p.add_argument("--overwrite", action="store_true", help="with --save-samples: replace an existing FILE")
     p.set_defaults(func=run_eval)
 
 
@@ -93,6 +98,11 @@ def run_eval(args: argparse.Namespace) -> int:
     from scalerl.inputs import check_device
 
     check_device(args.device)
+    save = None
+    if args.save_samples is not None:  # before any model is loaded
+        from scalerl.ownership import check_output_file
+
+        save = check_output_file(args.save_samples, "--save-samples", overwrite=args.overwrite)
     source = resolve_source(args.model, warn=lambda m: print(f"eval: warning: {m}", file=sys.stderr))
     if args.engine is not None:
         source.config.generation.engine = args.engine
@@ -103,8 +113,10 @@ def run_eval(args: argparse.Namespace) -> int:
     k = args.k if args.k is not None else cfg.eval.k
     temperature = args.temperature if args.temperature is not None else cfg.eval.temperature
     seed = args.seed if args.seed is not None else cfg.seed
-    records, what = eval_records(source, args.data, args.max_prompts, args.format)
-    metrics = evaluate_source(source, records, k=k, temperature=temperature, seed=seed, device=args.device)
+    records, what = eval_records(source, args.data, args.max_prompts, args.format, subset=args.subset,
+                                 split=args.split)
+    metrics = evaluate_source(source, records, k=k, temperature=temperature, seed=seed, device=args.device,
+                              save_samples=save)
     if args.json:
         out = {"model": source.model, "run_dir": None if source.run_dir is None else str(source.run_dir),
                "data": args.data, "format": args.format, "prompts": what, "k": k, "temperature": temperature,

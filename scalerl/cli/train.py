@@ -8,7 +8,8 @@
 Layers, lowest precedence first: the recipe, `--config` files, the flags, then `key.sub=value`
 overrides (anywhere on the line). With no model given, the tiny default is warm-started by
 `scalerl sft` (cached). The run directory receives `config.yaml` (the resolved config),
-`metrics.jsonl`, `heldout_ids.json`, `sessions.jsonl` (when each session started and why it
+`metrics.jsonl`, `heldout_ids.json`, `resolved.json` (what the built trainer, pool and driver use,
+`scalerl.assembly.resolved`), `sessions.jsonl` (when each session started and why it
 stopped), `checkpoints/`, `.scalerl-owner.json` (the folder is a train run's: a folder holding
 anything else is refused) and, if the run failed on our side (not bad input), `error.log` with the
 traceback; `scalerl fit RUN_DIR` fits its held-out curve.
@@ -97,6 +98,8 @@ def register(subparsers: Any) -> None:
                    help="stop at the first evaluation whose live forecast pins A to an interval "
                         "narrower than W (hi - lo) with an unflagged fit (config forecast.stop_when_known)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda if available)")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config (recipe, files, flags, overrides) as YAML and exit")
     p.add_argument("--resume", nargs="?", const="latest", metavar="CHECKPOINT",
                    help="continue from a checkpoint (default: the run directory's latest); a checkpoint of "
                         "another run is refused unless --resume-from-other")
@@ -205,6 +208,11 @@ def run_train(args: argparse.Namespace) -> int:
 
     overrides = [*flag_overrides(args), *args.overrides]
     probe = default_name(resolve_run_config(args.recipe, args.config, overrides))
+    if args.print_config:
+        from scalerl.config import config_to_yaml
+
+        print(config_to_yaml(probe), end="")
+        return 0
     from scalerl.rollout.factory import check_engine_available  # torch: imported only when running
 
     check_engine_available(probe.generation.engine)
@@ -240,6 +248,10 @@ def run_train(args: argparse.Namespace) -> int:
                 f"or choose another --output-dir"
             )
         check_run_inputs(probe)  # before the warm start and before anything is written
+        from scalerl.assembly.advice import tiny_default_advice
+
+        for line in tiny_default_advice(probe):
+            print(f"train: warning: {line}", file=sys.stderr)
         check_output_dir_owned(run_dir, TRAIN_KIND, "--output-dir")
         cfg = absolute_paths(prepare_model(probe, say=stderr_say))
         for stale in (SESSIONS_FILE, ERROR_LOG, RUN_FILE):  # a new run's history starts here (ours)

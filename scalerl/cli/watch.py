@@ -4,6 +4,7 @@
     scalerl watch runs/grpo --once                              # print it once and exit
     scalerl watch runs/grpo --plot curves.png                   # also rewrite a PNG of the fits
     scalerl watch verl_log.jsonl wandb_export.csv --x gpu_hours # other frameworks' logs
+    scalerl watch runs/tb/ --y eval/reward --x step             # TensorBoard, TRL, MLflow, verl logs
 
 One row per run: its last step, its compute, its last held-out pass rate, the forecast asymptote
 A with its 95% interval, B, and the compute beyond the run's data that would pin A to +-a_width
@@ -11,7 +12,8 @@ A with its 95% interval, B, and the compute beyond the run's data that would pin
 machine's run or a Ray task's: a last line still being written is left for the next refresh), and
 its forecast is the one the run logged on its newest eval row (`scalerl.scaling.live`; the row says
 which evaluation it fitted). Anything else (a run without a logged forecast, a JSONL or CSV log of
-another framework, a W&B export: the readers `scalerl fit` has) is fitted here the same way.
+another framework, a W&B export, TensorBoard event files, a TRL trainer_state.json, an MLflow run
+folder, a verl console log: the readers `scalerl fit` has) is fitted here the same way.
 `--plot` redraws the curves and their fitted sigmoids into one PNG at every refresh.
 """
 
@@ -90,27 +92,30 @@ def _forecast_row(curve: Any, cfg: Any, step: str, compute: float | None) -> Wat
         return WatchRow(curve.label, step, compute, pass_rate, None, None, None, None, None, "-",
                         f"fewer than {cfg.min_evals} evaluations with {curve.x_name} > 0")
     return WatchRow(curve.label, step, compute, pass_rate, f.A, f.A_lo, f.A_hi, f.B, f.compute_to_pin,
-                    f.status, f"fitted here on {f.evals} evaluations")
+                    f.status, f"fitted here on {f.evals} evaluations (x = {curve.x_name})")
 
 
-def collect(paths: Sequence[str], x: str | None, y: str | None, a_width: float) -> list[WatchRow]:
-    """One row per run in `paths` (a run folder, or every curve a log file holds)."""
+def collect(paths: Sequence[str], x: str | None, y: str | None, a_width: float,
+            fmt: str | None = None) -> list[WatchRow]:
+    """One row per run in `paths` (a run folder, or every curve a log file or log folder holds:
+    TensorBoard, TRL, MLflow, verl, CSV, JSONL; `fmt` names the format, else it is detected)."""
     from scalerl.config import ForecastConfig
     from scalerl.scaling.io import DEFAULT_X, DEFAULT_Y, read_curves
+    from scalerl.scaling.logs import detect_format
 
     out = []
     for p in paths:
         path = Path(p)
         if not path.exists():
             raise MissingInputError(f"{path}: no such run folder or log file")
-        if path.is_dir():
+        if path.is_dir() and (fmt or detect_format(path)) == "scalerl":
             if not (path / "metrics.jsonl").is_file():
                 out.append(WatchRow(path.name, "-", None, None, None, None, None, None, None, "-",
                                     "no metrics.jsonl yet"))
                 continue
             out.append(_run_dir_row(path, x or DEFAULT_X, y or DEFAULT_Y, a_width))
             continue
-        for curve in read_curves(path, x, y):
+        for curve in read_curves(path, x, y, fmt=fmt):
             cfg = ForecastConfig(x=curve.x_name, a_width=a_width)
             step = curve.extra.get("step")
             last = str(int(step[-1])) if step is not None and math.isfinite(step[-1]) else "-"
@@ -129,11 +134,12 @@ def render(rows: Sequence[WatchRow], x_name: str) -> str:
     return "\n".join([table(head, body), *notes])
 
 
-def write_plot(paths: Sequence[str], x: str | None, y: str | None, out: str) -> int:
+def write_plot(paths: Sequence[str], x: str | None, y: str | None, out: str, fmt: str | None = None) -> int:
     """Every readable curve with its fitted sigmoid and band, into `out` (atomically); how many
     curves it drew (0: none can be fitted yet, and `out` was not written)."""
     from scalerl.scaling.analysis import FitOptions, analyze_curve
     from scalerl.scaling.io import curve_from_rows, read_curves, read_rows, run_label
+    from scalerl.scaling.logs import detect_format
     from scalerl.scaling.plot import FitPlotItem, plot_fits
     from scalerl.scaling.validation import CurveError
 
@@ -141,8 +147,9 @@ def write_plot(paths: Sequence[str], x: str | None, y: str | None, out: str) -> 
     for p in paths:
         path = Path(p)
         try:
+            native = path.is_dir() and (fmt or detect_format(path)) == "scalerl"
             curves = ([curve_from_rows(read_rows(path / "metrics.jsonl"), x, y, run_label(path), str(path))]
-                      if path.is_dir() else read_curves(path, x, y))
+                      if native else read_curves(path, x, y, fmt=fmt))
             for c in curves:
                 a = analyze_curve(c, FitOptions(n_boot=200))
                 items.append(FitPlotItem(c.label, a.fit, a.boot))
@@ -171,11 +178,11 @@ def run_watch(args: argparse.Namespace) -> int:
     x_name = args.x or "compute_device_hours"
     try:
         while True:
-            rows = collect(args.paths, args.x, args.y, args.a_width)
+            rows = collect(args.paths, args.x, args.y, args.a_width, args.format)
             text = render(rows, x_name)
             if args.plot:
                 with writing_output(args.plot, "--plot"):
-                    drawn = write_plot(args.paths, args.x, args.y, args.plot)
+                    drawn = write_plot(args.paths, args.x, args.y, args.plot, args.format)
                 text += (f"\nplot written to {args.plot} ({drawn} curve(s))" if drawn else
                          f"\nplot not written: no curve can be fitted yet ({args.plot} left as it was)")
             if args.once:
@@ -198,7 +205,9 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("paths", nargs="+", metavar="RUN_DIR",
-                   help="scalerl run folder (being written or not), or a .jsonl / .csv / W&B export log")
+                   help="scalerl run folder (being written or not), a .jsonl / .csv / W&B export log, a "
+                   "TensorBoard event file or folder, a TRL trainer_state.json, an MLflow run folder, "
+                   "a verl log")
     p.add_argument("--once", action="store_true", help="print the table once and exit")
     p.add_argument("--interval", type=float, default=10.0, metavar="S", help="seconds between refreshes")
     p.add_argument("--plot", metavar="PNG",
@@ -206,7 +215,9 @@ def register(subparsers: Any) -> None:
                         "existing one with --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --plot file")
     p.add_argument("--x", metavar="COL", help="compute column (default compute_device_hours)")
-    p.add_argument("--y", metavar="COL", help="reward column (default val_pass_rate)")
+    p.add_argument("--y", metavar="COL", help="reward column or tag (default val_pass_rate)")
+    p.add_argument("--format", choices=("scalerl", "tensorboard", "trl", "mlflow", "verl"), metavar="FMT",
+                   help="log format (scalerl, tensorboard, trl, mlflow, verl; default: detected)")
     p.add_argument("--a-width", type=float, default=0.02, metavar="W",
                    help="target half-width on A for 'compute to pin A' of curves fitted here (default 0.02)")
     p.set_defaults(func=run_watch)

@@ -110,6 +110,24 @@ def resolve_system_prompt(think_system_prompt: bool = False, system_prompt: str 
     return THINK_SYSTEM_PROMPT if think_system_prompt else None
 
 
+def bind_chat_template_kwargs(tokenizer: Any, kwargs: Mapping[str, Any]) -> Any:
+    """`tokenizer` with `kwargs` passed to every `apply_chat_template` call (`data.chat_template_kwargs`,
+    e.g. Qwen3's `{"enable_thinking": false}`); a call's own keywords win. Bound once on the run's
+    tokenizer by the composition root, so training, evaluation, tool-use turns and `scalerl serve`
+    all render with them. Binding again replaces the earlier keywords."""
+    if not kwargs:
+        return tokenizer
+    original = getattr(tokenizer, "_scalerl_apply_chat_template", None) or tokenizer.apply_chat_template
+    bound = dict(kwargs)
+
+    def apply_chat_template(*args: Any, **call: Any) -> Any:
+        return original(*args, **{**bound, **call})
+
+    tokenizer._scalerl_apply_chat_template = original
+    tokenizer.apply_chat_template = apply_chat_template
+    return tokenizer
+
+
 def _where(record: PromptRecord) -> str:
     return record.source or f"prompt {record.id!r}"
 

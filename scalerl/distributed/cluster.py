@@ -46,14 +46,34 @@ def connect(cfg: DistributedConfig) -> tuple[Any, bool]:
     # Workers inherit the driver's environment; without a bound every torch actor would start one
     # thread per core and the actors sharing a node would oversubscribe it.
     env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TOKENIZERS_PARALLELISM": "false"}
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True,
+    kwargs: dict[str, Any] = {"include_dashboard": cfg.dashboard, "log_to_driver": True,
                               "runtime_env": {"env_vars": env}}
+    # A cluster that is already running (RAY_ADDRESS, `ray job submit`, or `ray start --head` on
+    # this machine) is joined as it is: Ray refuses resource arguments when it attaches, and the
+    # cluster's resources are its own.
+    address = cfg.address if cfg.address is not None else running_cluster()
     with keep_signal_handlers():
-        if cfg.address is not None:
-            ray.init(address=cfg.address, **kwargs)
+        if address is not None:
+            ray.init(address=address, **kwargs)
         else:
             ray.init(num_cpus=local_num_cpus(cfg), **kwargs)
     return ray, True
+
+
+def running_cluster() -> str | None:
+    """The cluster a bare `ray.init()` would attach to: `RAY_ADDRESS`, else the head that
+    `ray start --head` started on this machine (Ray's own lookup); None: none, start one."""
+    env = os.environ.get("RAY_ADDRESS")
+    if env:
+        return env
+    try:  # Ray's lookup of the last `ray start` head (a private helper; ray>=2.60,<3 is pinned)
+        from ray._private.services import canonicalize_bootstrap_address
+    except ImportError:
+        return None
+    try:
+        return canonicalize_bootstrap_address(None)
+    except (ConnectionError, ValueError):
+        return None
 
 
 @contextlib.contextmanager

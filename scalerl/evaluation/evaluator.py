@@ -50,10 +50,12 @@ def evaluate(
     seed: int = 0,
     prefix: str = "val_",
     request_prefix: str = "eval/",
+    on_scored: Callable[[Sequence[ScoredBatch]], None] | None = None,
 ) -> dict[str, float]:
     """mean@k of `records` under the engine's current weights; keys are `prefix + name`.
 
     `scorer` must not be shared with a running generator (its results are collected here).
+    `on_scored` receives every prompt's scored samples (`scalerl eval --save-samples`).
     """
     if k < 1:
         raise ValueError(f"k: must be >= 1, got {k}")
@@ -84,6 +86,8 @@ def evaluate(
          for r, record in zip(requests, records, strict=True)]
     )
 
+    if on_scored is not None:
+        on_scored(scored)
     per_prompt = [sum(s.correct) / k for s in scored]
     samples = [c for s in scored for c in s.completions]
     rewards = [x for s in scored for x in s.rewards]

@@ -50,7 +50,7 @@ from scalerl.pipeline.modes import BatchSource, InterleavedBatches, PipelineBatc
 from scalerl.pipeline.preemption import Interrupted, StopRequest
 from scalerl.pipeline.shaping import LengthShaping
 from scalerl.pipeline.staleness import StalenessController
-from scalerl.pipeline.stats import IntervalMeter, batch_metrics
+from scalerl.pipeline.stats import IntervalMeter, batch_metrics, sample_rows
 from scalerl.rewards.groups import GroupScorer, Scorer
 from scalerl.rollout.fingerprint import channel_state, restore_channel_state
 from scalerl.rollout.protocol import Completion, Engine, GenerationRequest, SamplingParams
@@ -73,6 +73,8 @@ class MetricsSink(Protocol):
     def log_step(self, step: int, metrics: Mapping[str, Any]) -> Any: ...
 
     def log_eval(self, step: int, metrics: Mapping[str, Any]) -> Any: ...
+
+    def log_samples(self, step: int, rows: list[Mapping[str, Any]]) -> None: ...
 
 
 @dataclass
@@ -136,6 +138,8 @@ class DriverSettings:
     dynamic_sampling: bool = False
     max_consecutive_dropped_groups: int | None = 1000
     max_consecutive_noop_steps: int | None = None
+    samples_every: int = 0  # logging.samples_every: every this many steps, a few samples as text
+    samples_per_step: int = 4
 
 
 def success_threshold(rewards: RewardConfig) -> float:
@@ -394,6 +398,9 @@ class Driver:
                 self.step += 1
                 if self.c.metrics is not None:
                     self.c.metrics.log_step(self.step, row)
+                    if cfg.samples_every and self.step % cfg.samples_every == 0:
+                        self.c.metrics.log_samples(self.step, sample_rows(
+                            items, int(row["train_version"]), self.group_scorer.decode, cfg.samples_per_step))
                 result.last_step = row
                 self.noop_run.add(bool(row.get("skipped_no_signal")))
                 self.noop_run.check(f"step {self.step}")

@@ -33,6 +33,7 @@ from typing import Any, Protocol, runtime_checkable
 from scalerl.data.records import PromptRecord
 from scalerl.pipeline.interfaces import ReadyGroup
 from scalerl.rollout.protocol import Completion
+from scalerl.rollout.support import SupportIds
 from scalerl.training.batch import ScoredGroup
 
 SNAPSHOT_FILE = "pipeline_snapshot.pt"
@@ -68,12 +69,15 @@ def _metadata_from_plain(metadata: Mapping[str, Any]) -> dict[str, Any]:
 def completion_to_plain(c: Completion) -> dict[str, Any]:
     d = asdict(c)
     d["metadata"] = _metadata_to_plain(c.metadata)
+    d["support_ids"] = None if c.support_ids is None else c.support_ids.to_plain()
     return d
 
 
 def completion_from_plain(d: Mapping[str, Any]) -> Completion:
     d = dict(d)
     d["metadata"] = _metadata_from_plain(d["metadata"])
+    ids = d.get("support_ids")
+    d["support_ids"] = None if ids is None else SupportIds.from_plain(ids)
     return Completion(**d)
 
 

@@ -139,3 +139,30 @@ class IntervalMeter:
         self._last_time, self._last_counters = now, counters
         self._last_busy, self._last_idle = busy, idle
         return out
+
+
+def sample_rows(items: Sequence[ReadyGroup], train_version: int, decode: Callable[[list[int]], str],
+                limit: int) -> list[dict[str, object]]:
+    """Up to `limit` of the step's trained samples as readable rows (`logging.samples_every`).
+
+    Taken round-robin over the groups (the first sample of each group, then the second, ...), so a
+    few rows show several prompts. `lag` is the trainer version minus the sample's `start_version`,
+    the staleness `pipeline.k` bounds; `versions` the first and last token's policy version.
+    """
+    order = [(g, s) for s in range(max((len(it.group.completions) for it in items), default=0))
+             for g in range(len(items)) if s < len(items[g].group.completions)]
+    rows: list[dict[str, object]] = []
+    for g, s in order[:limit]:
+        group = items[g].group
+        record, completion = group.record, group.completions[s]
+        versions = [int(completion.versions[0]), int(completion.versions[-1])] if completion.versions else []
+        rows.append({
+            "prompt_id": record.id, "task": record.task, "sample": s,
+            "prompt": record.prompt if record.prompt is not None else record.messages,
+            "response": decode(list(completion.token_ids)),
+            "reward": float(group.rewards[s]), "correct": bool(group.is_correct[s]),
+            "finish_reason": completion.finish_reason, "tokens": len(completion.token_ids),
+            "start_version": int(completion.start_version),
+            "lag": int(train_version - completion.start_version), "versions": versions,
+        })
+    return rows

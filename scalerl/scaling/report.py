@@ -66,6 +66,7 @@ def run_to_dict(a: RunAnalysis) -> dict[str, object]:
         "label": a.curve.label,
         "source": a.curve.source,
         "x": a.curve.x_name,
+        "x_conversion": a.curve.x_note,  # how x was derived from tokens or steps (None: logged)
         "y": a.curve.y_name,
     }
     out.update(a.fit.to_dict())
@@ -197,6 +198,7 @@ def comparison_to_dict(cmp: Comparison, analyses: Sequence[RunAnalysis]) -> dict
                 "B_interval": r.interval("B"),
                 "C_mid_interval": r.interval("C_mid"),
                 "fixed_A_B": cmp.B_at_fixed_A.get(r.name),
+                "pooled": None if r.pooled is None else r.pooled.to_dict(),
             }
         )
     out = {
@@ -287,6 +289,9 @@ def render_comparison(cmp: Comparison, level: float) -> str:
             a_part = f"A {num(sp.A_mean)} +-{num(sp.A_margin, 2)} (std {num(sp.A_std, 2)})"
             b_part = f"B {num(sp.B_mean, 3)} +-{num(sp.B_margin, 2)} (std {num(sp.B_std, 2)})"
             parts.append(f"  {r.name}: seed-to-seed over {sp.n_seeds} runs: {a_part}, {b_part}")
+        if r.pooled is not None:
+            parts.append(f"  {r.name}: pooled fit of its {len(r.labels)} seeds (A, B, C_mid and their "
+                         "intervals above); margin = max(pooled interval half-width, --margin-*)")
     if cmp.pairs:
         parts += [
             "",
@@ -351,13 +356,21 @@ def is_run_dir(curve: Curve) -> bool:
 
 
 def axis_notes(analyses: list[RunAnalysis]) -> list[str]:
-    """A note when the x axis is wall-clock based (it moves with the machine and its load)."""
+    """The x axis each run was fitted on (and how it was derived, when converted from tokens or
+    steps), and a note when it is wall-clock based (it moves with the machine and its load)."""
+    by_axis: dict[tuple[str, str | None], list[str]] = {}
+    for a in analyses:
+        by_axis.setdefault((a.curve.x_name, a.curve.x_note), []).append(a.curve.label)
+    out = []
+    for (name, note), labels in by_axis.items():
+        runs = f" ({', '.join(labels)})" if len(by_axis) > 1 else ""
+        out.append(f"x axis{runs}: {note if note else name}")
     timed = [a.curve.label for a in analyses if a.curve.x_name == DEFAULT_X and is_run_dir(a.curve)]
-    if not timed:
-        return []
-    return [f"note: x = {DEFAULT_X} ({', '.join(timed)}) is wall-clock time x devices: it changes with the "
-            "machine and its load, so reruns and other machines do not line up; --x flops counts the work "
-            "done and is reproducible"]
+    if timed:
+        out.append(f"note: x = {DEFAULT_X} ({', '.join(timed)}) is wall-clock time x devices: it changes "
+                   "with the machine and its load, so reruns and other machines do not line up; --x flops "
+                   "counts the work done and is reproducible")
+    return out
 
 
 def start_models(analyses: list[RunAnalysis]) -> dict[str, str | None]:

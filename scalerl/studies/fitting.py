@@ -24,7 +24,7 @@ import numpy as np
 from scalerl.inputs import InputError
 from scalerl.scaling.analysis import FitOptions, RunAnalysis, analyze_curve
 from scalerl.scaling.compare import PAPER_SEED_MARGIN_A, Comparison, compare, fixed_A_refit
-from scalerl.scaling.io import Curve, read_run_dir
+from scalerl.scaling.io import DEFAULT_X, Curve, read_run_dir
 from scalerl.scaling.uncertainty import Bootstrap, bootstrap
 
 
@@ -120,7 +120,8 @@ def fit_run(run_dir: str | Path, name: str, group: str, settings: FitSettings) -
     """Read and fit one run directory; a bad or too-short curve becomes `RunFit.error`."""
     path = Path(run_dir)
     try:
-        curve = replace(read_run_dir(path, settings.x, settings.y), label=name)
+        # Studies keep the paper's axis unless told (`scalerl fit` prefers flops when logged).
+        curve = replace(read_run_dir(path, settings.x or DEFAULT_X, settings.y), label=name)
         opts = FitOptions(max_x=settings.window_end(curve), n_boot=settings.n_boot, level=settings.level,
                           seed=settings.seed, predict_at=(float(curve.x[-1]),))
         return RunFit(name, group, path, analysis=analyze_curve(curve, opts))

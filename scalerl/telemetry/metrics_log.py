@@ -16,8 +16,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-RowKind = Literal["step", "eval"]
+RowKind = Literal["step", "eval", "sample"]
 METRICS_FILE = "metrics.jsonl"
+#: A few trained samples per step, readable text (`logging.samples_every`); same row format.
+SAMPLES_FILE = "samples.jsonl"
 
 
 def _plain(value: Any) -> Any:
@@ -72,8 +74,9 @@ class MetricsLog:
     `s` logs step `s + 1` next.
     """
 
-    def __init__(self, run_dir: str | Path, resume_step: int | None = None) -> None:
-        self.path = Path(run_dir) / METRICS_FILE
+    def __init__(self, run_dir: str | Path, resume_step: int | None = None,
+                 filename: str = METRICS_FILE) -> None:
+        self.path = Path(run_dir) / filename
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is None:
             self._rewrite([])
@@ -106,8 +109,8 @@ class MetricsLog:
 
     def write(self, kind: RowKind, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
         """Append one row; `kind` and `step` override same-named keys in `metrics`. Returns the row."""
-        if kind not in ("step", "eval"):
-            raise ValueError(f"kind: expected 'step' or 'eval', got {kind!r}")
+        if kind not in ("step", "eval", "sample"):
+            raise ValueError(f"kind: expected 'step', 'eval' or 'sample', got {kind!r}")
         row = {"kind": kind, "step": int(step), **_plain({k: v for k, v in metrics.items()
                                                          if k not in ("kind", "step")})}
         self._file.write(json.dumps(row, allow_nan=False) + "\n")

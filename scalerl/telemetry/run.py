@@ -15,7 +15,7 @@ from typing import Any
 from scalerl.config import LoggingConfig
 from scalerl.telemetry.alarms import TruncationAlarm
 from scalerl.telemetry.compute import ComputeMeter
-from scalerl.telemetry.metrics_log import MetricsLog
+from scalerl.telemetry.metrics_log import SAMPLES_FILE, MetricsLog
 from scalerl.telemetry.progress import Progress
 from scalerl.telemetry.sinks import Sink, TensorBoardSink, WandbSink
 
@@ -68,6 +68,10 @@ class RunTelemetry:
                           resume=resume_step is not None, resume_step=resume_step)
             )
         self.log = MetricsLog(self.run_dir, resume_step=resume_step)
+        # Samples of a resumed run past its checkpoint are dropped like its metric rows: the steps
+        # after it are trained again and log their own.
+        self.samples = (MetricsLog(self.run_dir, resume_step=resume_step, filename=SAMPLES_FILE)
+                        if logging_cfg.samples_every else None)
         for sink in self.sinks:
             after = getattr(sink, "replay_after", None)
             if after is None:
@@ -107,9 +111,18 @@ class RunTelemetry:
         self.progress.update(step, row)
         return row
 
+    def log_samples(self, step: int, rows: list[Mapping[str, Any]]) -> None:
+        """Append one `sample` row per trained sample shown (`logging.samples_every`)."""
+        if self.samples is None:
+            return
+        for row in rows:
+            self.samples.write("sample", step, row)
+
     def close(self) -> None:
         self.progress.close()
         self.log.close()
+        if self.samples is not None:
+            self.samples.close()
         for sink in self.sinks:
             sink.close()
 

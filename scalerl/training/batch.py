@@ -85,8 +85,11 @@ class TrainBatch:
     old_logprobs: Tensor | None = None  # [N, T] float32
     advantages: Tensor | None = None  # [N] or [N, T] float32
     # Keep-sampling-mask: per response token the `Completion.support` code (-1 where none was
-    # recorded), and per row the request's (top_k, top_p), 0 / 1.0 (untruncated) where none was.
+    # recorded) and the members of the sampler's set recorded as ids (`Completion.support_ids`,
+    # -1 after each token's own; S = the most any token of the batch recorded, at most
+    # `support_max_ids`), and per row the request's (top_k, top_p), 0 / 1.0 (untruncated) where none was.
     support_size: Tensor | None = None  # [N, T] long
+    support_ids: Tensor | None = None  # [N, T, S] int32
     support_top_k: Tensor | None = None  # [N] long
     support_top_p: Tensor | None = None  # [N] float32
     # MoE: the engine's recorded experts per column of `input_ids` (prompt and response) and MoE
@@ -153,6 +156,7 @@ class TrainBatch:
             advantages=rows_of(self.advantages, resp if self.advantages is not None
                                and self.advantages.dim() == 2 else None),
             support_size=rows_of(self.support_size, resp),
+            support_ids=trim_ids(rows_of(self.support_ids, resp)),
             support_top_k=rows_of(self.support_top_k),
             support_top_p=rows_of(self.support_top_p),
             routing=rows_of(self.routing, slice(lo, hi)),
@@ -238,9 +242,10 @@ def collate(groups: Sequence[ScoredGroup], pad_token_id: int) -> TrainBatch:
         if old is not None:
             old[row, :t] = torch.tensor(groups[g].old_logprobs[k], dtype=torch.float32)  # type: ignore[index]
 
-    support_size = support_top_k = support_top_p = None
+    support_size = support_ids = support_top_k = support_top_p = None
     if any(c.support is not None for _, _, c in samples):
         support_size = torch.full((n, t_width), -1, dtype=torch.long)
+        support_ids = collate_support_ids([c for _, _, c in samples], t_width)
         support_top_k = torch.zeros(n, dtype=torch.long)
         support_top_p = torch.ones(n, dtype=torch.float32)
         for row, (_, _, c) in enumerate(samples):
@@ -266,10 +271,31 @@ def collate(groups: Sequence[ScoredGroup], pad_token_id: int) -> TrainBatch:
         finish_reasons=[c.finish_reason for _, _, c in samples],
         old_logprobs=old,
         support_size=support_size,
+        support_ids=support_ids,
         support_top_k=support_top_k,
         support_top_p=support_top_p,
         routing=routing,
     )
+
+
+def collate_support_ids(completions: Sequence[Completion], t_width: int) -> Tensor:
+    """`Completion.support_ids` of every sample as `[N, t_width, S]` int32, -1 after each token's
+    recorded ids (and for a sample without a record: the trainer then completes its sets)."""
+    width = max((max(c.support_ids.counts, default=0) for c in completions if c.support_ids is not None),
+                default=0)
+    out = torch.full((len(completions), t_width, width), -1, dtype=torch.int32)
+    for row, c in enumerate(completions):
+        if c.support_ids is not None and width:
+            out[row, : c.num_tokens] = c.support_ids.padded(width)
+    return out
+
+
+def trim_ids(ids: Tensor | None) -> Tensor | None:
+    """`[n, T, S]` recorded ids without the trailing columns no token of these rows uses."""
+    if ids is None or ids.shape[-1] == 0:
+        return ids
+    width = int((ids >= 0).sum(dim=-1).max())
+    return ids[..., :width]
 
 
 def collate_routing(samples: Sequence[tuple[int, int, Completion]], tokens: PaddedTokens) -> Tensor | None:

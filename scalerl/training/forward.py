@@ -38,7 +38,7 @@ from scalerl.models.lm_head import (
     token_logprobs,
 )
 from scalerl.models.moe import RoutingTally, load_balancing_loss, moe_routers, replay_routing
-from scalerl.rollout.sampling import support_mask, support_sizes
+from scalerl.rollout.sampling import support_from_record
 from scalerl.training.packing import decoder_order_real, decoder_order_routing, response_states
 
 EntropyMode = Literal["none", "metric", "grad"]
@@ -75,11 +75,11 @@ class TokenLayout(Protocol):
 class ResponseForward:
     logprobs: Tensor  # [n, T] float32, differentiable unless run under no_grad
     entropy: Tensor | None  # [n, T] float32 (detached in "metric" mode), 0 at padding
-    # Keep-sampling-mask only, [n, T] bool: this pass's logits put the sampler's cut elsewhere (at
-    # another size, or with the drawn token below it: `rollout.sampling.support_sizes` and
-    # `support_mask`), and positions whose cut was recomputed (no exact size recorded).
+    # Keep-sampling-mask only, [n, T] bool: the sampler's recorded set differs from this pass's own
+    # top-|S| set (or misses the drawn token), and positions whose set was not recorded whole and
+    # was completed from these logits (`rollout.sampling.support_from_record`).
     support_mismatch: Tensor | None = None
-    support_recomputed: Tensor | None = None
+    support_incomplete: Tensor | None = None
     # MoE with a routing record: this pass's (token, layer) pairs and the router's disagreements.
     routing: RoutingTally | None = None
     # MoE with `router_aux=True`: the load-balancing loss of this pass's real tokens (differentiable).
@@ -101,24 +101,29 @@ class RoutingRecord:
 @dataclass
 class SupportRecord:
     """The sampler's recorded support (keep-sampling-mask) of `[n, T]` response tokens:
-    `Completion.support` codes `[n, T]` and each row's `(top_k [n], top_p [n])`."""
+    `Completion.support` codes `[n, T]`, the recorded ids `[n, T, S]` (`TrainBatch.support_ids`)
+    and each row's `(top_k [n], top_p [n])`."""
 
     codes: Tensor
+    ids: Tensor
     top_k: Tensor
     top_p: Tensor
 
-    def per_token(self, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Codes, top-k and top-p of the positions `mask [n, T]` selects, flattened `[M]`."""
+    def per_token(self, mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Codes `[M]`, ids `[M, S]`, top-k `[M]` and top-p `[M]` of the positions `mask [n, T]`
+        selects."""
         width = mask.shape[1]
         codes = self.codes[:, :width]
-        return (codes[mask], self.top_k.unsqueeze(1).expand_as(codes)[mask],
+        return (codes[mask], self.ids[:, :width][mask], self.top_k.unsqueeze(1).expand_as(codes)[mask],
                 self.top_p.unsqueeze(1).expand_as(codes)[mask])
 
 
 def _support_block(
-    scaled: Tensor, targets: Tensor, codes: Tensor, top_k: Tensor, top_p: Tensor, size: Tensor | None
+    scaled: Tensor, targets: Tensor, codes: Tensor, ids: Tensor, top_k: Tensor, top_p: Tensor,
+    size: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """`(mask [M, V], size [M], mismatch [M], recomputed [M])` of `M` positions' scaled logits.
+    """`(mask [M, V], size [M], mismatch [M], incomplete [M])` of `M` positions' scaled logits
+    (`rollout.sampling.support_from_record`).
 
     Positions with no recorded support and an untruncated cut keep the whole vocabulary. `size`
     (from an earlier call on the same logits) skips the cut search: the backward recomputation
@@ -128,20 +133,17 @@ def _support_block(
     active = (codes >= 0) | (top_k > 0) | (top_p < 1.0)
     mask = torch.ones((m, vocab), dtype=torch.bool, device=scaled.device)
     mismatch = torch.zeros(m, dtype=torch.bool, device=scaled.device)
-    recomputed = torch.zeros(m, dtype=torch.bool, device=scaled.device)
+    incomplete = torch.zeros(m, dtype=torch.bool, device=scaled.device)
     out_size = torch.full((m,), vocab, dtype=torch.long, device=scaled.device)
     rows = active.nonzero().flatten()
     if rows.numel():
         z = scaled.detach()[rows]
-        if size is None:
-            kept, mm, rc = support_sizes(z, codes[rows], top_k[rows], top_p[rows])
-            mismatch[rows], recomputed[rows] = mm, rc
-        else:
-            kept = size[rows]
-        out_size[rows] = kept
-        mask[rows], outside = support_mask(z, targets[rows], kept, codes[rows])
-        mismatch[rows] |= outside
-    return mask, out_size, mismatch, recomputed
+        mask[rows], kept, mm, inc = support_from_record(
+            z, targets[rows], codes[rows], ids[rows], top_k[rows], top_p[rows],
+            size[rows] if size is not None else None,
+        )
+        out_size[rows], mismatch[rows], incomplete[rows] = kept, mm, inc
+    return mask, out_size, mismatch, incomplete
 
 
 def _chunk_terms(
@@ -149,7 +151,7 @@ def _chunk_terms(
     weight: Tensor,
     bias: Tensor | None,
     targets: Tensor,
-    support: tuple[Tensor, Tensor, Tensor] | None,
+    support: tuple[Tensor, Tensor, Tensor, Tensor] | None,
     *,
     fp32: bool,
     softcap: float | None,
@@ -158,18 +160,18 @@ def _chunk_terms(
     size: Tensor | None = None,
     teacher: TeacherHead | None = None,
 ) -> tuple[Tensor, Tensor | None, tuple[Tensor, Tensor, Tensor] | None, Tensor | None]:
-    """Log-probs `[M]` of `targets`, entropies `[M]` (or None), with `support` (codes, top-k, top-p
-    per position) `(size, mismatch, recomputed)`, and with `teacher` (its states at these rows) the
+    """Log-probs `[M]` of `targets`, entropies `[M]` (or None), with `support` (codes, ids, top-k,
+    top-p per position) `(size, mismatch, incomplete)`, and with `teacher` (its states at these rows) the
     full reverse KL `[M]`, at the `M` positions of `hidden [M, H]`: the unchunked path's arithmetic
     on these rows only."""
     logits = project_logits(hidden, weight, bias, fp32=fp32, softcap=softcap)
     mask, cut = None, None
     if support is not None:
         # The sampler's scaled logits were `logits.float() / T`; the cut is found on the same.
-        mask, kept, mismatch, recomputed = _support_block(
+        mask, kept, mismatch, incomplete = _support_block(
             logits.detach().float() / temperature, targets, *support, size
         )
-        cut = (kept, mismatch, recomputed)
+        cut = (kept, mismatch, incomplete)
     logprobs = token_logprobs(logits, targets, temperature, mask)
     ent = None
     if entropy != "none":
@@ -210,7 +212,7 @@ def _teacher_kl(logits: Tensor, teacher: TeacherHead | None, temperature: float)
 
 
 class ChunkedHeadLogprobs(torch.autograd.Function):
-    """`(logprobs [M], entropy [M], support mismatch [M], support recomputed [M])` of `M` response
+    """`(logprobs [M], entropy [M], support mismatch [M], support incomplete [M])` of `M` response
     positions, `chunk` positions at a time.
 
     Forward keeps no logits; backward recomputes each chunk's logits (under the autocast state of
@@ -228,6 +230,7 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
         bias: Tensor | None,
         targets: Tensor,
         codes: Tensor | None,
+        ids: Tensor | None,
         top_k: Tensor | None,
         top_p: Tensor | None,
         teacher_states: Tensor | None,
@@ -241,14 +244,15 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
         logprobs = torch.empty(n, dtype=torch.float32, device=device)
         ent = torch.zeros(n, dtype=torch.float32, device=device)
         mismatch = torch.zeros(n, dtype=torch.bool, device=device)
-        recomputed = torch.zeros(n, dtype=torch.bool, device=device)
+        incomplete = torch.zeros(n, dtype=torch.bool, device=device)
         sizes = torch.zeros(n, dtype=torch.long, device=device) if codes is not None else None
         kl = torch.zeros(n, dtype=torch.float32, device=device)
         teacher = _teacher_of(teacher_states, teacher_weight, teacher_bias, options)
         kw = {k: options[k] for k in ("fp32", "softcap", "temperature", "entropy")}
         for lo in range(0, n, chunk):
             hi = min(n, lo + chunk)
-            sup = (codes[lo:hi], top_k[lo:hi], top_p[lo:hi]) if codes is not None else None  # type: ignore[index]
+            sup = ((codes[lo:hi], ids[lo:hi], top_k[lo:hi], top_p[lo:hi])  # type: ignore[index]
+                   if codes is not None else None)
             t_rows = teacher.rows(lo, hi) if teacher is not None else None
             lp, h, cut, d = _chunk_terms(hidden[lo:hi], weight, bias, targets[lo:hi], sup, teacher=t_rows,
                                          **kw)
@@ -258,24 +262,24 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
             if d is not None:
                 kl[lo:hi] = d
             if cut is not None:
-                sizes[lo:hi], mismatch[lo:hi], recomputed[lo:hi] = cut  # type: ignore[index]
+                sizes[lo:hi], mismatch[lo:hi], incomplete[lo:hi] = cut  # type: ignore[index]
         ctx.options = options
         device_type = device.type
         ctx.autocast = (device_type, torch.is_autocast_enabled(device_type),
                         torch.get_autocast_dtype(device_type))
-        ctx.save_for_backward(hidden, weight, bias, targets, codes, top_k, top_p, sizes,
+        ctx.save_for_backward(hidden, weight, bias, targets, codes, ids, top_k, top_p, sizes,
                               teacher_states, teacher_weight, teacher_bias)
-        ctx.mark_non_differentiable(mismatch, recomputed)
+        ctx.mark_non_differentiable(mismatch, incomplete)
         if options["entropy"] != "grad":
             ctx.mark_non_differentiable(ent)
         if teacher is None:
             ctx.mark_non_differentiable(kl)
-        return logprobs, ent, mismatch, recomputed, kl
+        return logprobs, ent, mismatch, incomplete, kl
 
     @staticmethod
     def backward(ctx: Any, grad_logprobs: Tensor, grad_entropy: Tensor | None, _mismatch: Any,  # type: ignore[override]
-                 _recomputed: Any, grad_kl: Tensor | None) -> tuple[Any, ...]:
-        (hidden, weight, bias, targets, codes, top_k, top_p, sizes,
+                 _incomplete: Any, grad_kl: Tensor | None) -> tuple[Any, ...]:
+        (hidden, weight, bias, targets, codes, ids, top_k, top_p, sizes,
          teacher_states, teacher_weight, teacher_bias) = ctx.saved_tensors
         options = ctx.options
         chunk = options["chunk"]
@@ -298,7 +302,7 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
         for lo in range(0, hidden.shape[0], chunk):
             hi = min(hidden.shape[0], lo + chunk)
             h = hidden[lo:hi].detach().requires_grad_(want_h)
-            sup = (codes[lo:hi], top_k[lo:hi], top_p[lo:hi]) if codes is not None else None
+            sup = (codes[lo:hi], ids[lo:hi], top_k[lo:hi], top_p[lo:hi]) if codes is not None else None
             size = sizes[lo:hi] if sizes is not None else None
             t_rows = teacher.rows(lo, hi) if teacher is not None else None
             with torch.enable_grad(), torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_on):
@@ -329,7 +333,7 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
             grad_weight = torch.zeros_like(weight)
         if want_b and bias is not None and grad_bias is None:
             grad_bias = torch.zeros_like(bias)
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None, None, None
 
 
 def _teacher_of(states: Tensor | None, weight: Tensor | None, bias: Tensor | None,
@@ -356,8 +360,8 @@ def response_forward(
 ) -> ResponseForward:
     """Log-probs of `batch`'s response tokens under `model` at the sampling `temperature`.
 
-    `support` (the sampler's recorded top-k/top-p support) renormalises each position over that
-    support, rebuilt on these logits (keep-sampling-mask; `rollout.sampling.support_sizes`).
+    `support` (the sampler's recorded top-k/top-p set S_old, as token ids) renormalises each
+    position over exactly that set (keep-sampling-mask; `rollout.sampling.support_from_record`).
     `logit_chunk_tokens` response tokens go through the head at a time (module docstring; None: as
     many as fit `LOGIT_CHUNK_ELEMENTS` logits). A micro-batch whose response tokens fit in one chunk
     takes the unchunked path, every position's logits at once through plain autograd: the same
@@ -409,9 +413,9 @@ def response_forward(
         out.router_aux_loss = aux(tally)
         return out
 
-    codes = top_k = top_p = None
+    codes = ids = top_k = top_p = None
     if support is not None:
-        codes, top_k, top_p = support.per_token(mask)
+        codes, ids, top_k, top_p = support.per_token(mask)
     options = {"chunk": chunk, "fp32": fp32_lm_head, "softcap": softcap,
                "temperature": float(temperature), "entropy": entropy,
                "teacher_softcap": teacher_head.softcap if teacher_head is not None else None}
@@ -419,8 +423,8 @@ def response_forward(
         states = response_states(decoder, batch, packed=packed, at=mask)
     t_args = ((teacher_head.states, teacher_head.weight, teacher_head.bias) if teacher_head is not None
               else (None, None, None))
-    lp, ent, mismatch, recomputed, kl = ChunkedHeadLogprobs.apply(
-        states, weight, bias, batch.response_ids[mask], codes, top_k, top_p, *t_args, options,
+    lp, ent, mismatch, incomplete, kl = ChunkedHeadLogprobs.apply(
+        states, weight, bias, batch.response_ids[mask], codes, ids, top_k, top_p, *t_args, options,
     )
 
     def spread(values: Tensor) -> Tensor:
@@ -430,7 +434,7 @@ def response_forward(
         logprobs=spread(lp),
         entropy=spread(ent) if entropy != "none" else None,
         support_mismatch=spread(mismatch) if support is not None else None,
-        support_recomputed=spread(recomputed) if support is not None else None,
+        support_incomplete=spread(incomplete) if support is not None else None,
         routing=tally if routing is not None else None,
         router_aux_loss=aux(tally),
         distill_kl=spread(kl) if teacher_head is not None else None,
@@ -454,17 +458,17 @@ def _unchunked(
     logits = project_logits(hidden, weight, bias, fp32=fp32, softcap=softcap)
     targets = batch.response_ids
     mask = batch.token_mask.bool()
-    support_mask_ = mismatch = recomputed = None
+    support_mask_ = mismatch = incomplete = None
     if support is not None:
         n, t, vocab = logits.shape
         everywhere = torch.ones_like(mask)
-        codes, top_k, top_p = support.per_token(everywhere)
-        flat, _, mm, rc = _support_block(
-            logits.detach().float().reshape(n * t, vocab) / temperature, targets.reshape(-1), codes, top_k,
-            top_p, None,
+        codes, ids, top_k, top_p = support.per_token(everywhere)
+        flat, _, mm, inc = _support_block(
+            logits.detach().float().reshape(n * t, vocab) / temperature, targets.reshape(-1), codes, ids,
+            top_k, top_p, None,
         )
         support_mask_ = flat.reshape(n, t, vocab)
-        mismatch, recomputed = mm.reshape(n, t) & mask, rc.reshape(n, t) & mask
+        mismatch, incomplete = mm.reshape(n, t) & mask, inc.reshape(n, t) & mask
     logprobs = token_logprobs(logits, targets, temperature, support_mask_)
     ent = None
     if entropy != "none":
@@ -477,5 +481,5 @@ def _unchunked(
             ent = entropy_from_logits(scaled, mask)
     kl = _teacher_kl(logits, teacher, temperature)
     return ResponseForward(logprobs=logprobs, entropy=ent, support_mismatch=mismatch,
-                           support_recomputed=recomputed,
+                           support_incomplete=incomplete,
                            distill_kl=torch.where(mask, kl, 0.0) if kl is not None else None)

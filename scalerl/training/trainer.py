@@ -132,9 +132,10 @@ class _StepStats:
     gen_diff: _MeanMax = field(default_factory=_MeanMax)
     mismatch: _MeanMax = field(default_factory=_MeanMax)  # gen_diff on samples of the current weights only
     distill_kl: _MeanMax = field(default_factory=_MeanMax)  # `distill.estimator: full`'s KL per token
-    # Keep-sampling-mask: loss tokens whose sampler cut these logits put elsewhere / recomputed.
+    # Keep-sampling-mask: loss tokens whose recorded set differs from these logits' own top-|S| /
+    # whose set was not recorded whole (completed from these logits).
     support_mismatch: int = 0
-    support_recomputed: int = 0
+    support_incomplete: int = 0
     # MoE with recorded routing (training passes): (token, layer) pairs with a record, those where
     # the trainer's own top-k differs from it, and (keep_routing) pairs routed freely for want of one.
     routing_pairs: int = 0
@@ -165,7 +166,7 @@ class _StepStats:
             mismatch=_MeanMax.merge([s.mismatch for s in per_rank]),
             distill_kl=_MeanMax.merge([s.distill_kl for s in per_rank]),
             support_mismatch=sum(s.support_mismatch for s in per_rank),
-            support_recomputed=sum(s.support_recomputed for s in per_rank),
+            support_incomplete=sum(s.support_incomplete for s in per_rank),
             routing_pairs=sum(s.routing_pairs for s in per_rank),
             routing_mismatched=sum(s.routing_mismatched for s in per_rank),
             routing_unrecorded=sum(s.routing_unrecorded for s in per_rank),
@@ -343,7 +344,7 @@ class Trainer:
     ) -> ResponseForward:
         support = None
         if self.algo.keep_sampling_mask and mb.support_size is not None:
-            support = SupportRecord(mb.support_size, mb.support_top_k, mb.support_top_p)
+            support = SupportRecord(mb.support_size, mb.support_ids, mb.support_top_k, mb.support_top_p)
         routing = None
         if mb.routing is not None:
             routing = RoutingRecord(mb.routing, replay=self.algo.keep_routing)
@@ -578,7 +579,7 @@ class Trainer:
             logprob_mismatch_max=stats.mismatch.max if stats.mismatch.count else math.nan,
             logprob_mismatch_tokens=float(stats.mismatch.count),
             support_cut_mismatch_tokens=float(stats.support_mismatch),
-            support_recomputed_tokens=float(stats.support_recomputed),
+            support_incomplete_tokens=float(stats.support_incomplete),
             # Keep Routing (docs/moe.md): share of (token, layer) pairs of the training passes where
             # the trainer's own top-k differs from the engine's recorded experts (NaN: no record).
             routing_mismatch=(stats.routing_mismatched / stats.routing_pairs if stats.routing_pairs
@@ -675,9 +676,9 @@ class Trainer:
         gap = (lp.detach() - behaviour).abs()
         stats.gen_diff.add(gap, mb.response_mask)
         stats.mismatch.add(gap, mb.response_mask & same_weights(mb, self.version)[:, None])
-        if out.support_mismatch is not None and out.support_recomputed is not None:
+        if out.support_mismatch is not None and out.support_incomplete is not None:
             stats.support_mismatch += int((out.support_mismatch & mb.response_mask).sum())
-            stats.support_recomputed += int((out.support_recomputed & mb.response_mask).sum())
+            stats.support_incomplete += int((out.support_incomplete & mb.response_mask).sum())
         if out.routing is not None:
             stats.routing_pairs += out.routing.pairs
             stats.routing_mismatched += out.routing.mismatched

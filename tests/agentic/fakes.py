@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from scalerl.rollout.base import Finished, SteppingEngine
 from scalerl.rollout.interruption import ends_with
 from scalerl.rollout.protocol import Completion, GenerationRequest, SamplingParams
+from scalerl.rollout.sampling import SUPPORT_FORCED
+from scalerl.rollout.support import SupportIds
 
 Policy = Callable[[str], str]  # decoded context -> the next turn's text
 
@@ -27,11 +29,14 @@ class _Sample:
     mask: list[bool]
     start_version: int
     hold: bool
+    support: list[int] = field(default_factory=list)
+    support_ids: SupportIds = field(default_factory=SupportIds)
 
 
 class ScriptedEngine(SteppingEngine):
     """One whole segment per step per sample, chosen by `policy(decoded context)`; honours stop
-    tokens, stop sequences and `max_new_tokens`; log-prob -0.5 per sampled token. With
+    tokens, stop sequences and `max_new_tokens`; log-prob -0.5 per sampled token; with
+    `return_support`, each sampled token t records the set {t, t + 1} (forced ones none). With
     `continuable`, implements `extend`/`release` (and counts prefix tokens it never re-reads)."""
 
     def __init__(self, tokenizer, policy: Policy, *, continuable: bool = True) -> None:
@@ -79,13 +84,24 @@ class ScriptedEngine(SteppingEngine):
             s.logprobs += [-0.5] * len(ids)
             s.versions += [self._version] * len(ids)
             s.mask += [True] * len(ids)
+            s.support += [2] * len(ids)
+            for t in ids:
+                s.support_ids.append([t, t + 1])
             if s.hold:
                 self._held[(s.request.request_id, s.index)] = s
             c = Completion(s.request.request_id, s.index, list(s.request.prompt_ids), list(s.tokens),
                            list(s.logprobs), list(s.versions), list(s.mask), reason,  # type: ignore[arg-type]
-                           s.start_version, metadata=dict(s.request.metadata))
+                           s.start_version, metadata=dict(s.request.metadata),
+                           **self._support_of(s))
             done.append((s.serial, s.index, c))
         return done
+
+    @staticmethod
+    def _support_of(s: _Sample) -> dict:
+        if not s.request.params.return_support:
+            return {}
+        return {"support": list(s.support), "support_cut": (s.params.top_k, s.params.top_p),
+                "support_ids": s.support_ids.copy()}
 
     def _extend(self, request_id: str, sample_index: int, append_ids, params: SamplingParams, *,
                 hold: bool = True) -> None:
@@ -96,6 +112,8 @@ class ScriptedEngine(SteppingEngine):
             s.logprobs += [0.0] * k
             s.versions += [self._version] * k
             s.mask += [False] * k
+            s.support += [SUPPORT_FORCED] * k
+            s.support_ids.append_empty(k)
             s.params, s.hold = params, hold
             self.extends += 1
             self._waiting.append(s)

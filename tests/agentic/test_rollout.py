@@ -104,6 +104,19 @@ def test_a_tool_call_episode_is_model_env_model_segments(continuable: bool) -> N
     assert engine.num_unfinished() == 0
 
 
+@pytest.mark.parametrize("continuable", [True, False])
+def test_recorded_sampling_sets_follow_the_tokens_of_every_turn(continuable: bool) -> None:
+    """Keep-sampling-mask across turns: model tokens keep the ids the engine recorded for them
+    (the fake records {t, t + 1} for token t), environment tokens are forced (no id)."""
+    engine, _ = make_engine(solver, continuable=continuable)
+    (c,) = run(engine, top_k=2, return_support=True)
+    (_, m0, m1), (_, e0, e1), (_, a0, a1) = c.metadata["agentic"]["segments"]
+    assert c.support == [2] * (m1 - m0) + [0] * (e1 - e0) + [2] * (a1 - a0)
+    assert c.support_ids is not None and len(c.support_ids) == c.num_tokens
+    for t, tok in enumerate(c.token_ids):
+        assert c.support_ids.token(t) == ([] if e0 <= t < e1 else [tok, tok + 1])
+
+
 def test_continuation_and_resubmission_build_the_same_trajectory() -> None:
     a = run(make_engine(solver, continuable=True)[0], n=3)
     b = run(make_engine(solver, continuable=False)[0], n=3)

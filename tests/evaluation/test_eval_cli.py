@@ -109,3 +109,21 @@ def test_paths_that_are_not_models_are_errors(tmp_path: Path, monkeypatch: pytes
     assert "a run directory without a checkpoint" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         scalerl.cli.main(["eval", str(tmp_path / "run"), "--k", "0"])
+
+
+def test_save_samples_writes_every_sample_with_the_reward_of_its_own_text(
+        run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from scalerl.rewards import math_reward
+
+    out = tmp_path / "samples.jsonl"
+    code, stdout, _ = run([str(run_dir), "--json", "--save-samples", str(out)], capsys)
+    assert code == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    metrics = json.loads(stdout)["metrics"]
+    assert len(rows) == metrics["num_prompts"] * 3  # every prompt x k
+    assert sum(r["correct"] for r in rows) / len(rows) == pytest.approx(metrics["pass_rate"])
+    for r in rows:  # the saved reward is the verifier's on the saved response
+        assert r["reward"] == math_reward(r["response"], r["answer"])
+    before = out.read_text()
+    assert scalerl.cli.main(["eval", str(run_dir), "--save-samples", str(out)]) == 2
+    assert "--overwrite" in capsys.readouterr().err and out.read_text() == before  # never overwritten

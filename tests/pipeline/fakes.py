@@ -264,9 +264,13 @@ class Rows:
     def __init__(self) -> None:
         self.steps: list[tuple[int, dict[str, Any]]] = []
         self.evals: list[tuple[int, dict[str, Any]]] = []
+        self.samples: list[tuple[int, dict[str, Any]]] = []
 
     def log_step(self, step: int, metrics: Mapping[str, Any]) -> None:
         self.steps.append((step, dict(metrics)))
 
     def log_eval(self, step: int, metrics: Mapping[str, Any]) -> None:
         self.evals.append((step, dict(metrics)))
+
+    def log_samples(self, step: int, rows: list[Mapping[str, Any]]) -> None:
+        self.samples.extend((step, dict(r)) for r in rows)

@@ -75,6 +75,9 @@ def test_sampling_params_follow_the_config() -> None:
     tok = load_tokenizer(cfg.model)
     p = sampling_params(cfg, tok)
     assert p.n == 2 and p.max_new_tokens == 12 and p.top_k == 5 and p.return_support
+    assert p.support_max_ids == 64
+    cfg.algorithm.keep_sampling_mask_max_ids = 7
+    assert sampling_params(cfg, tok).support_max_ids == 7  # algorithm.keep_sampling_mask_max_ids
     assert p.stop_token_ids == (tok.eos_token_id,)
     assert p.interruption is not None
     assert tok.decode(list(p.interruption.think_end_ids)) == "</think>"

@@ -11,7 +11,7 @@ import torch
 from scalerl.models.lm_head import decoder_of, lm_head_logits, sequence_logprobs, token_logprobs
 from scalerl.rollout import EmbeddedEngine, GenerationRequest, InterruptionSpec, SamplingParams
 from scalerl.rollout.protocol import Completion, Engine
-from scalerl.rollout.sampling import support_mask, support_sizes
+from scalerl.rollout.sampling import support_from_record
 
 PROMPTS = [
     [5, 6, 7],
@@ -51,8 +51,8 @@ def recomputed_logprobs(
         out = sequence_logprobs(model, ids, fp32_lm_head=fp32, temperature=temperature,
                                 response_start=len(c.prompt_ids))
         return out[0]
-    # Keep-sampling-mask: the recorded support sizes rebuilt on the recomputed logits; with the
-    # same weights the sampler's cut must land in the same place on every token.
+    # Keep-sampling-mask: the recorded sets (ids) on the recomputed logits; with the same weights
+    # each recorded set is the top-|S| of these logits, and every set was recorded whole.
     start = len(c.prompt_ids)
     hidden = decoder_of(model)(input_ids=ids, use_cache=False).last_hidden_state[0, start - 1 : -1]
     logits = lm_head_logits(model, hidden, fp32)
@@ -61,10 +61,13 @@ def recomputed_logprobs(
     top_k, top_p = c.support_cut
     n = len(c.token_ids)
     scaled = logits.float() / temperature
-    size, mismatch, _ = support_sizes(scaled, codes, torch.full((n,), top_k, device=device),
-                                      torch.full((n,), top_p, device=device))
-    mask, outside = support_mask(scaled, targets, size, codes)
-    assert not bool((mismatch | outside).any()), "the recomputed logits put the sampler's cut elsewhere"
+    assert c.support_ids is not None
+    recorded = c.support_ids.padded().to(device)
+    mask, _, mismatch, incomplete = support_from_record(
+        scaled, targets, codes, recorded, torch.full((n,), top_k, device=device),
+        torch.full((n,), top_p, device=device))
+    assert not bool(mismatch.any()), "the recomputed logits rank the sampler's set differently"
+    assert not bool(incomplete.any())
     return token_logprobs(logits, targets, temperature, mask)
 
 

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 
 from scalerl.rollout.sampling import (
     SUPPORT_FORCED,
     prefix_size,
     sample_next_tokens,
-    support_mask,
-    support_sizes,
+    support_from_record,
     top_m_mask,
     truncation_mask,
 )
+from scalerl.rollout.support import SupportIds
 
 
 def _gens(n: int, seed: int = 0) -> list[torch.Generator]:
@@ -121,45 +124,91 @@ def test_top_m_mask_breaks_ties_by_lower_id() -> None:
     assert top_m_mask(z, torch.tensor([6])).all()
 
 
-def test_recorded_sizes_rebuild_the_samplers_support_on_tokens_near_the_cut() -> None:
-    """The engine records only `support_size`; on the same logits the trainer rebuilds the exact set
-    the sampler drew from, including rows whose cut falls inside a run of near-equal logits."""
+def _ids(out) -> torch.Tensor:
+    """`[B, S]` recorded ids of a `SampledTokens`, -1 padded."""
+    return SupportIds(out.support_counts.tolist(), out.support_ids.tolist()).padded()
+
+
+def test_recorded_ids_are_the_samplers_set_and_the_trainer_keeps_it_on_moved_logits() -> None:
+    """The engine records S_old as ids; the trainer's mask is that set on any logits (including rows
+    whose cut falls inside a run of near-equal logits), and a reordering is counted, not followed."""
     g = torch.Generator().manual_seed(5)
     rows, vocab = 256, 300
     logits = torch.randn(rows, vocab, generator=g) * 3
-    # Near-ties at the cut: a block of logits within 1e-6 of each other around the top.
-    logits[:, 5:15] = logits[:, 5:6] + torch.arange(10) * 1e-6
+    logits[:, 5:15] = logits[:, 5:6] + torch.arange(10) * 1e-6  # near-ties at the cut
     temp = torch.full((rows,), 0.7)
     top_k = torch.where(torch.arange(rows) % 2 == 0, 8, 0)
     top_p = torch.full((rows,), 0.9)
-    out = sample_next_tokens(logits, temp, top_k, top_p, _gens(rows))
+    everything = torch.full((rows,), vocab)
+    out = sample_next_tokens(logits, temp, top_k, top_p, _gens(rows), record_ids=everything)
     assert out.support is not None and out.support_size is not None
-    assert torch.equal(out.support.sum(-1), out.support_size)
+    assert torch.equal(out.support_counts, out.support_size)  # every set recorded whole
+    ids = _ids(out)
+    slots = torch.where(ids >= 0, ids, vocab).long()
+    recorded = torch.zeros(rows, vocab + 1, dtype=torch.bool).scatter(1, slots, True)[:, :vocab]
+    assert torch.equal(recorded, out.support)
     scaled = logits.float() / 0.7
-    size, mismatch, recomputed = support_sizes(scaled, out.support_size, top_k, top_p)
-    assert not bool(mismatch.any()) and not bool(recomputed.any())
-    mask, outside = support_mask(scaled, out.token_ids, size, out.support_size)
-    assert torch.equal(mask, out.support) and not bool(outside.any())
+    mask, size, mismatch, incomplete = support_from_record(scaled, out.token_ids, out.support_size, ids,
+                                                           top_k, top_p)
+    assert torch.equal(mask, out.support) and torch.equal(size, out.support_size)
+    assert not bool(mismatch.any()) and not bool(incomplete.any())
 
-    # The trainer's logits differ: the cut moves where a token crossed it, and that is counted.
+    # The trainer's logits differ: the mask is still the sampler's set; where the trainer's own
+    # top-|S| differs from it, the token is counted.
     moved = scaled.clone()
     moved[:, 5:15] += torch.randn(rows, 10, generator=g) * 0.5
-    size, mismatch, _ = support_sizes(moved, out.support_size, top_k, top_p)
-    own = prefix_size(moved, top_k, top_p)
-    assert torch.equal(mismatch, own != out.support_size) and 0 < int(mismatch.sum()) < rows
-    assert torch.equal(size, out.support_size)  # the sampler's size is kept, on the trainer's ranking
-    mask, outside = support_mask(moved, out.token_ids, size, out.support_size)
-    assert bool(mask.gather(1, out.token_ids.unsqueeze(1)).all())  # the drawn token is always kept
-    ranked_out = ~top_m_mask(moved, size).gather(1, out.token_ids.unsqueeze(1)).squeeze(1)
-    assert torch.equal(outside, ranked_out) and bool(outside.any())
+    mask, size, mismatch, incomplete = support_from_record(moved, out.token_ids, out.support_size, ids, top_k,
+                                                           top_p)
+    assert torch.equal(mask, out.support) and not bool(incomplete.any())
+    own = top_m_mask(moved, out.support_size)
+    assert torch.equal(mismatch, (own != out.support).any(dim=1)) and 0 < int(mismatch.sum()) < rows
 
-    # Lower bounds (an engine that showed 4 log-probs) recompute the cut; forced tokens keep themselves.
+    # At most 4 ids per token: larger sets are incomplete, completed by the trainer's own ranking
+    # (on the sampler's logits that is the sampler's set again).
+    few = sample_next_tokens(logits, temp, top_k, top_p, _gens(rows), record_ids=torch.full((rows,), 4))
+    assert torch.equal(few.support_counts, few.support_size.clamp(max=4))
+    mask, size, mismatch, incomplete = support_from_record(scaled, few.token_ids, few.support_size, _ids(few),
+                                                           top_k, top_p)
+    assert torch.equal(mask, few.support) and torch.equal(incomplete, few.support_size > 4)
+    assert 0 < int(incomplete.sum()) < rows and not bool(mismatch.any())
+
+    # Lower bounds (an engine that showed 4 log-probs, all finite) complete the set with the
+    # request's cut on these logits; forced tokens keep themselves.
     bound = torch.full((rows,), -4)
-    size, mismatch, recomputed = support_sizes(scaled, bound, top_k, top_p)
+    mask, size, mismatch, incomplete = support_from_record(scaled, few.token_ids, bound, _ids(few), top_k,
+                                                           top_p)
     own = prefix_size(scaled, top_k, top_p)
-    assert torch.equal(size, own) and bool(recomputed.all()) and torch.equal(mismatch, own < 4)
+    assert torch.equal(size, own.clamp(min=4)) and bool(incomplete.all())
+    assert torch.equal(mask, top_m_mask(scaled, own.clamp(min=4)))
     forced = torch.full((rows,), SUPPORT_FORCED)
-    size, _, _ = support_sizes(scaled, forced, top_k, top_p)
-    mask, outside = support_mask(scaled, out.token_ids, size, forced)
+    mask, _, mismatch, incomplete = support_from_record(scaled, out.token_ids, forced,
+                                                        torch.full((rows, 0), -1), top_k, top_p)
     assert torch.equal(mask, torch.nn.functional.one_hot(out.token_ids, vocab).bool())
-    assert not bool(outside.any())
+    assert not bool(mismatch.any()) and not bool(incomplete.any())
+
+
+@pytest.mark.parametrize("cut", [(2, 1.0), (0, 0.85)], ids=["top_k_2", "top_p_0.85"])
+def test_keep_sampling_mask_renormalises_over_the_samplers_set_not_the_trainers(cut) -> None:
+    """Issue 37's counter-example. Sampler logits [3, 2, 1, 0, -5, -5]: top-k 2 (or top-p 0.85
+    alone: p = 0.644, 0.237, 0.087, ...; the mass before rank 2 is 0.881 >= 0.85) keeps
+    S_old = {0, 1}. After an update the trainer's logits are [3, 1, 2, 0, -5, -5] and token 0 was
+    drawn: over S_old, log pi(0) = 3 - log(e^3 + e^1) = -0.127; the trainer's own top-2 set {0, 2}
+    would give 3 - log(e^3 + e^2) = -0.313."""
+    top_k, top_p = torch.tensor([cut[0]]), torch.tensor([cut[1]])
+    sampler = torch.tensor([[3.0, 2.0, 1.0, 0.0, -5.0, -5.0]])
+    out = sample_next_tokens(sampler, torch.tensor([1.0]), top_k, top_p, _gens(1),
+                             record_ids=torch.tensor([64]))
+    assert out.support_size.tolist() == [2] and _ids(out).tolist() == [[0, 1]]
+
+    trainer = torch.tensor([[3.0, 1.0, 2.0, 0.0, -5.0, -5.0]])
+    drawn = torch.tensor([0])
+    mask, size, mismatch, incomplete = support_from_record(trainer, drawn, out.support_size, _ids(out), top_k,
+                                                           top_p)
+    assert mask.tolist() == [[True, True, False, False, False, False]] and size.tolist() == [2]
+    logp = float(torch.log_softmax(trainer.masked_fill(~mask, float("-inf")), dim=-1)[0, 0])
+    s_old = 3.0 - math.log(math.exp(3.0) + math.exp(1.0))
+    rebuilt = 3.0 - math.log(math.exp(3.0) + math.exp(2.0))
+    assert logp == pytest.approx(s_old, abs=1e-6) and round(s_old, 3) == -0.127
+    assert round(rebuilt, 3) == -0.313 and abs(logp - rebuilt) > 0.18
+    # The diagnostic: the recorded set differs from the trainer's own top-2 set.
+    assert mismatch.tolist() == [True] and incomplete.tolist() == [False]

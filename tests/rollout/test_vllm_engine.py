@@ -19,8 +19,8 @@ from scalerl.rollout import GenerationRequest, InterruptionSpec, SamplingParams,
 from scalerl.rollout.base import SteppingEngine
 from scalerl.rollout.protocol import Completion, Engine
 from scalerl.rollout.sampling import SUPPORT_FORCED
+from scalerl.rollout.support import SupportIds
 from scalerl.rollout.vllm_engine import (
-    TOP_P_SUPPORT_LOGPROBS,
     CheckpointLayout,
     check_full_update,
     contains_subsequence,
@@ -28,9 +28,12 @@ from scalerl.rollout.vllm_engine import (
     import_vllm,
     phase_seed,
     read_layout,
-    record_support_size,
+    record_support,
     support_logprobs,
 )
+
+#: The default bound on recorded ids per token (`algorithm.keep_sampling_mask_max_ids`).
+CAP = SamplingParams().support_max_ids
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -85,23 +88,34 @@ def test_kv_cache_fits_every_sequence_in_whole_blocks() -> None:
 
 
 def test_support_logprobs() -> None:
+    assert CAP == 64
     assert support_logprobs(SamplingParams(top_k=5, top_p=0.9), 151_936) == 5
-    assert support_logprobs(SamplingParams(top_p=0.9), 151_936) == TOP_P_SUPPORT_LOGPROBS
+    assert support_logprobs(SamplingParams(top_p=0.9), 151_936) == CAP
     assert support_logprobs(SamplingParams(top_p=0.9), 50) == 50
+    # The id bound caps what vLLM is asked for, top-k included.
+    assert support_logprobs(SamplingParams(top_k=100, support_max_ids=16), 151_936) == 16
+    assert support_logprobs(SamplingParams(top_p=0.9, support_max_ids=256), 151_936) == 256
 
 
-def test_record_support_size_from_processed_logprobs() -> None:
+def _entry(logprobs: dict[int, float]) -> dict[int, Any]:
+    """vLLM's per-token log-prob dict: token id -> an object with `.logprob`."""
+    return {t: types.SimpleNamespace(logprob=lp) for t, lp in logprobs.items()}
+
+
+def test_record_support_from_processed_logprobs() -> None:
     inf = float("inf")
-    # Some of the shown log-probs are -inf: the whole support was seen.
-    assert record_support_size([-0.1, -1.2, -inf, -inf], shown=4, bound=151_936) == 2
-    # All shown finite: at least that many (the trainer recomputes the cut).
-    assert record_support_size([-1.0] * 4, shown=4, bound=151_936) == -4
-    # ... plus the sampled token from outside the shown ones: at least 5.
-    assert record_support_size([-1.0] * 5, shown=4, bound=151_936) == -5
+    # Some of the shown log-probs are -inf: the whole set was seen, its ids all recorded.
+    assert record_support(_entry({7: -0.1, 3: -1.2, 9: -inf, 4: -inf}), shown=4, bound=151_936) == (2, [7, 3])
+    # All shown finite: at least that many (the trainer completes the set), the shown ids recorded.
+    assert record_support(_entry({7: -1.0, 3: -0.5, 9: -2.0, 4: -1.0}), shown=4, bound=151_936) == (
+        -4, [3, 4, 7, 9])  # by log-prob, ties by lower id
+    # ... plus the sampled token (8) from outside the shown ones: at least 5, the top 4 ids kept.
+    got = record_support(_entry({7: -1.0, 3: -1.0, 9: -1.0, 4: -1.0, 8: -3.0}), shown=4, bound=151_936)
+    assert got == (-5, [3, 4, 7, 9])
     # top-k shown in full (bound = top_k = shown): exact.
-    assert record_support_size([-1.0] * 4, shown=4, bound=4) == 4
+    assert record_support(_entry({1: -1.0, 2: -1.0, 5: -1.0, 6: -1.0}), shown=4, bound=4) == (4, [1, 2, 5, 6])
     with pytest.raises(RuntimeError, match="finite"):
-        record_support_size([-inf], shown=4, bound=10)
+        record_support(_entry({3: -inf}), shown=4, bound=10)
 
 
 # ----------------------------------------------------------------------------- fake vLLM core
@@ -288,7 +302,7 @@ def test_bad_requests_are_refused_before_anything_is_queued() -> None:
 
 
 class ShowingCore(FakeCore):
-    """A fake core that returns `TOP_P_SUPPORT_LOGPROBS` processed log-probs per token, of which the
+    """A fake core that returns `CAP` processed log-probs per token, of which the
     first `sizes[step]` are finite (the sampled token first), the rest -inf; a size above the
     shown count also returns the sampled token from outside them (vLLM's top-N plus the sample)."""
 
@@ -303,8 +317,8 @@ class ShowingCore(FakeCore):
             (out,) = o.outputs
             tok = out.token_ids[0]
             size = self.sizes[self.steps % len(self.sizes)]
-            others = [t for t in range(100, 100 + TOP_P_SUPPORT_LOGPROBS + 1) if t != tok]
-            shown = TOP_P_SUPPORT_LOGPROBS if size <= TOP_P_SUPPORT_LOGPROBS else TOP_P_SUPPORT_LOGPROBS + 1
+            others = [t for t in range(100, 100 + CAP + 1) if t != tok]
+            shown = CAP if size <= CAP else CAP + 1
             entry = {tok: out.logprobs[0][tok]}
             for i, t in enumerate(others[: shown - 1]):
                 entry[t] = types.SimpleNamespace(logprob=-2.0 if i + 1 < size else float("-inf"))
@@ -314,17 +328,25 @@ class ShowingCore(FakeCore):
 
 
 def test_top_p_only_support_is_recorded_at_a_real_vocabulary() -> None:
-    """deepseek_v32's sampling (top_p 0.95, top_k 0) at vocabulary 151,936: per token one int, the
-    exact support size where vLLM showed all of it, a lower bound where it did not."""
+    """deepseek_v32's sampling (top_p 0.95, top_k 0) at vocabulary 151,936: per token the finite
+    ids vLLM showed (at most `CAP`), with the exact set size where vLLM showed all of it and a lower
+    bound where it did not."""
     engine, _ = fake_engine(counting)
     engine.vocab_size = 151_936
-    core = ShowingCore(counting, sizes=[3, TOP_P_SUPPORT_LOGPROBS, 1, TOP_P_SUPPORT_LOGPROBS + 1])
+    core = ShowingCore(counting, sizes=[3, CAP, 1, CAP + 1])
     engine._engine = core
     params = SamplingParams(top_p=0.95, return_support=True, max_new_tokens=4, temperature=1.0)
     engine.check_params(params)
     (c,) = engine.generate([GenerationRequest("a", [5, 6], params)])
-    assert c.support == [3, -TOP_P_SUPPORT_LOGPROBS, 1, -(TOP_P_SUPPORT_LOGPROBS + 1)]
+    assert c.support == [3, -CAP, 1, -(CAP + 1)]
     assert c.support_cut == (0, 0.95)
+    assert c.support_ids is not None and list(c.support_ids.counts) == [3, CAP, 1, CAP]
+    toks = c.token_ids
+    # The sampled token (log-prob 0 in the fake) ranks first; then the finite others, by id.
+    assert c.support_ids.token(0) == [toks[0], *(t for t in range(100, 103) if t != toks[0])][:3]
+    assert c.support_ids.token(2) == [toks[2]]
+    assert toks[3] in c.support_ids.token(3) and len(set(c.support_ids.token(3))) == CAP
+    assert c.support_ids.nbytes == 4 * (4 + 3 + CAP + 1 + CAP)
 
 
 def test_interruption_phrase_support_is_forced() -> None:
@@ -333,6 +355,8 @@ def test_interruption_phrase_support_is_forced() -> None:
     (c,) = engine.generate([GenerationRequest("a", [5, 6], params)])
     assert c.support is not None and c.support[3:5] == [SUPPORT_FORCED, SUPPORT_FORCED]
     assert c.support[:3] == [1, 1, 1]  # the fake core shows the sampled token alone: size 1 of top-5
+    assert c.support_ids == SupportIds([1, 1, 1, 0, 0, *[1] * (len(c.token_ids) - 5)],
+                                       [*c.token_ids[:3], *c.token_ids[5:]])
 
 
 def test_a_partial_update_is_refused() -> None:

@@ -127,7 +127,8 @@ def test_fit_run_directory_with_step_window(
     )
     assert code == 0, err
     (r,) = json.loads(out)["runs"]
-    assert r["label"] == "cispo-8b" and r["x"] == "compute_device_hours" and r["y"] == "val_pass_rate"
+    # The run logs flops: the default x (issue 42: the axis every example uses, the same under any load).
+    assert r["label"] == "cispo-8b" and r["x"] == "flops" and r["y"] == "val_pass_rate"
     assert r["fit_window"]["n_points"] == 21  # steps 1000..3000
     assert r["r0_source"] == "zero_compute_point"
 

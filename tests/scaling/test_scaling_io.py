@@ -21,12 +21,22 @@ def test_run_directory(tmp_path: Path, run_writer: Callable[..., Path]) -> None:
     d = _eval_rows(tmp_path, run_writer, config_name="scalerl-8b-bs2048")
     (curve,) = read_curves(d)
     assert curve.label == "scalerl-8b-bs2048"
-    assert (curve.x_name, curve.y_name) == ("compute_device_hours", "val_pass_rate")
+    # flops is the default x when the run logs it; device-hours when asked for (or when it does not).
+    assert (curve.x_name, curve.y_name) == ("flops", "val_pass_rate")
     assert curve.x.size == 11 and curve.x[0] == 0.0  # step rows were skipped
+    assert curve.x[-1] == pytest.approx(5000 * 3.6e18)
     np.testing.assert_array_equal(curve.column("step"), np.arange(11) * 100)
     assert curve.lines[0] == 2 and curve.where(1) == f"{d / 'metrics.jsonl'}:4"
-    (by_flops,) = read_curves(d, x="flops")
-    assert by_flops.x[-1] == pytest.approx(5000 * 3.6e18)
+    (by_hours,) = read_curves(d, x="compute_device_hours")
+    assert by_hours.x[-1] == pytest.approx(5000)
+
+
+def test_default_x_is_device_hours_without_flops(tmp_path: Path) -> None:
+    log = tmp_path / "m.jsonl"
+    log.write_text("".join(json.dumps({"compute_device_hours": h, "val_pass_rate": 0.1 * h}) + "\n"
+                           for h in (1, 2, 3)))
+    (curve,) = read_curves(log)
+    assert curve.x_name == "compute_device_hours" and list(curve.x) == [1.0, 2.0, 3.0]
 
 
 def test_run_directory_config_recipe(tmp_path: Path, run_writer: Callable[..., Path]) -> None:

@@ -8,7 +8,7 @@ import sys
 # One fresh interpreter: list sys.modules after the imports, then again after drawing a plot.
 PROBE = """
 import sys
-import scalerl.scaling, scalerl.cli.fit, scalerl.cli.fit_cross, scalerl.scaling.analysis
+import scalerl.scaling, scalerl.cli.fit, scalerl.cli.fit_cross, scalerl.scaling.analysis, scalerl.scaling.logs
 print(" ".join(sorted(sys.modules)))
 import os, tempfile
 import numpy as np
@@ -30,5 +30,6 @@ def test_scaling_never_imports_torch_and_plots_without_pyplot() -> None:
     for mods in (after_import, after_plot):
         assert not any(m == "torch" or m.startswith("torch.") for m in mods)
     assert "matplotlib" not in after_import  # imported lazily, only when a plot is requested
+    assert not any(m.split(".")[0] == "tensorboard" for m in after_import)  # only to read event files
     assert "matplotlib" in after_plot
     assert "matplotlib.pyplot" not in after_plot  # Figure + Agg canvas: no global backend state

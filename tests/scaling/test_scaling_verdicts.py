@@ -124,17 +124,20 @@ def test_fit_fraction_holds_out_the_rest_of_each_run(
     c = np.linspace(0, 0.019, 20)  # a run ending before --max-x 0.045: nothing would be held out
     y = sigmoid_reward(np.maximum(c, 1e-9), 0.6, 1.5, 0.006, 0.3)
     d = run_writer(tmp_path, "r", c, y, config_name="r")
-    curve = read_run_dir(d)
+    curve = read_run_dir(d, x="compute_device_hours")
     assert analyze_curve(curve, FitOptions(max_x=0.045, n_boot=0)).held_out is None
     half = analyze_curve(curve, FitOptions(max_x_fraction=0.5, n_boot=0))
     assert half.held_out is not None and half.held_out.n == 10
     assert float(half.fit.fit_compute.max()) <= 0.5 * 0.019
     code, out, _ = _run(["fit", str(d), "--fit-fraction", "0.5", "--bootstrap", "0"], capsys)
     assert code == 0 and "held-out points after the window: 10" in out
-    # The default x of a scalerl run is wall-clock based: the output says so.
+    # The run logs flops: the default x, printed with the fit; no wall-clock note.
+    assert "x axis: flops" in out and "note: x = " not in out
+    code, out, _ = _run(["fit", str(d), "--fit-fraction", "0.5", "--bootstrap", "0",
+                         "--x", "compute_device_hours"], capsys)
+    # Device-hours are wall-clock based: the output says so.
+    assert "x axis: compute_device_hours" in out
     assert "note: x = compute_device_hours" in out and "--x flops" in out
-    code, out, _ = _run(["fit", str(d), "--fit-fraction", "0.5", "--bootstrap", "0", "--x", "flops"], capsys)
-    assert "note: x = " not in out
     with pytest.raises(ValueError, match="fit-fraction"):
         FitOptions(max_x_fraction=1.5)
 

@@ -5,13 +5,34 @@ import torch
 
 from scalerl.data.records import PromptRecord
 from scalerl.rollout.protocol import Completion
+from scalerl.rollout.support import SupportIds
 from scalerl.training.batch import ScoredGroup, collate
 
 
-def _c(prompt, tokens, *, mask=None, support=None, cut=None, reason="stop", version=0) -> Completion:
+def _c(prompt, tokens, *, mask=None, support=None, cut=None, ids=None, reason="stop",
+       version=0) -> Completion:
     n = len(tokens)
     return Completion("r", 0, prompt, tokens, [-1.0 - i for i in range(n)], [version] * n,
-                      mask or [True] * n, reason, version, support=support, support_cut=cut)
+                      mask or [True] * n, reason, version, support=support, support_cut=cut, support_ids=ids)
+
+
+def test_recorded_support_ids_are_laid_out_per_token_and_trimmed_by_select():
+    rec = PromptRecord(id="a", task="t", prompt="x")
+    long = _c([1], [2, 3, 4], support=[2, 0, 3], cut=(3, 1.0), ids=SupportIds([2, 0, 3], [2, 9, 4, 7, 8]))
+    short = _c([1], [5, 6], support=[1, 1], cut=(3, 1.0), ids=SupportIds([1, 1], [5, 6]))
+    none = _c([1, 1], [7])
+    b = collate([ScoredGroup(rec, [long, short, none], [1.0, 0.0, 0.5])], 0)
+    assert b.support_ids.dtype == torch.int32 and b.support_ids.shape == (3, 3, 3)
+    assert b.support_ids[0].tolist() == [[2, 9, -1], [-1, -1, -1], [4, 7, 8]]
+    assert b.support_ids[1].tolist() == [[5, -1, -1], [6, -1, -1], [-1, -1, -1]]
+    assert bool((b.support_ids[2] == -1).all())
+    sub = b.select([1, 2])  # response width 2, at most one id per token
+    assert sub.support_ids.tolist() == [[[5], [6]], [[-1], [-1]]]
+    assert sub.support_size.tolist() == [[1, 1], [-1, -1]]
+    with pytest.raises(ValueError, match="support_ids"):
+        _c([1], [2], support=[1], cut=(1, 1.0), ids=SupportIds([1, 1], [2, 3]))
+    with pytest.raises(ValueError, match="support_ids"):
+        _c([1], [2], ids=SupportIds([1], [2]))
 
 
 def test_layout_left_pads_prompts_right_pads_responses():
@@ -44,6 +65,7 @@ def test_support_records_and_validation():
     assert sub.support_size.tolist() == [[-1, -1, -1], [2, 0, -64]]
     assert sub.support_top_p.tolist() == pytest.approx([1.0, 0.9])
     assert collate([ScoredGroup(rec, [_c([1], [5])], [1.0])], 0).support_size is None
+    assert b.support_ids is not None and b.support_ids.shape == (2, 3, 0)  # no ids recorded anywhere
     with pytest.raises(ValueError, match="support_cut"):
         _c([1], [2], support=[1])
     with pytest.raises(ValueError, match="rewards"):

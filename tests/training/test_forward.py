@@ -11,6 +11,7 @@ from scalerl.config import AlgorithmConfig, OptimConfig
 from scalerl.data.records import PromptRecord
 from scalerl.models.lm_head import sequence_logprobs
 from scalerl.rollout import EmbeddedEngine, GenerationRequest, InterruptionSpec, SamplingParams
+from scalerl.rollout.support import SupportIds
 from scalerl.training.batch import ScoredGroup, collate
 from scalerl.training.forward import response_forward
 from scalerl.training.trainer import Trainer
@@ -77,7 +78,9 @@ def test_keep_sampling_mask_renormalises_over_recorded_support(make_policy):
 @pytest.mark.parametrize("params", [{"top_k": 4}, {"top_p": 0.7}, {"top_k": 6, "top_p": 0.8}])
 def test_keep_sampling_mask_chunked_equals_full_and_counts_cut_mismatch(make_policy, params):
     policy = make_policy()
-    sampling = SamplingParams(n=3, temperature=1.0, max_new_tokens=8, return_support=True, seed=2, **params)
+    # Every set recorded whole (the tiny model's top-p sets reach most of its 108 tokens).
+    sampling = SamplingParams(n=3, temperature=1.0, max_new_tokens=8, return_support=True, seed=2,
+                              support_max_ids=128, **params)
     groups = _generate(policy, sampling, PROMPTS)
     algo = AlgorithmConfig(keep_sampling_mask=True, entropy_coef=0.01)
     results = []
@@ -88,7 +91,7 @@ def test_keep_sampling_mask_chunked_equals_full_and_counts_cut_mismatch(make_pol
         grads = {n: p.grad.clone() for n, p in trainer.policy.model.named_parameters() if p.grad is not None}
         results.append((m, grads))
         # Same weights as the sampler: its cut lands in the same place on every token.
-        assert m["support_cut_mismatch_tokens"] == 0 and m["support_recomputed_tokens"] == 0
+        assert m["support_cut_mismatch_tokens"] == 0 and m["support_incomplete_tokens"] == 0
     (m_full, g_full), (m_chunk, g_chunk) = results
     assert m_chunk["loss"] == pytest.approx(m_full["loss"], rel=0, abs=1e-6)
     for name, g in g_chunk.items():
@@ -101,8 +104,9 @@ def test_keep_sampling_mask_chunked_equals_full_and_counts_cut_mismatch(make_pol
 
 
 def test_lower_bound_support_recomputes_the_cut_and_counts_it(make_policy):
-    """An engine that showed only the top log-probs (vLLM, top-p alone) records 'at least n': the
-    trainer cuts with top_p on its own logits and counts those tokens."""
+    """An engine that showed only the top log-probs (vLLM, top-p alone) records 'at least n' with
+    the n ids it saw (here none): the trainer completes the set with top_p on its own logits and
+    counts those tokens."""
     policy = make_policy()
     sampling = SamplingParams(n=2, temperature=1.0, top_p=0.7, max_new_tokens=8, return_support=True, seed=4)
     groups = _generate(policy, sampling, PROMPTS)
@@ -111,10 +115,11 @@ def test_lower_bound_support_recomputes_the_cut_and_counts_it(make_policy):
     for g in groups:
         for c in g.completions:
             c.support = [-1 if s > 0 else s for s in c.support]  # "at least one"
+            c.support_ids = SupportIds([0] * c.num_tokens)
     batch = collate(groups, policy.pad_token_id)
     lp = exact.compute_logprobs(batch)
     # The recomputed cut on the sampler's own weights is the sampler's cut.
     torch.testing.assert_close(lp[batch.token_mask], lp_exact[batch.token_mask], rtol=0, atol=1e-6)
     m = exact.compute_gradients(groups)
-    assert m["support_recomputed_tokens"] == float(batch.response_mask.sum())
+    assert m["support_incomplete_tokens"] == float(batch.response_mask.sum())
     assert m["support_cut_mismatch_tokens"] == 0

@@ -263,22 +263,6 @@ def test_lora_meter_prices_training_at_4n_plus_2_adapter_and_generation_at_the_b
     assert plain.flops == 10 * 6 * n_base
 
 
-# -- FSDP2 ranks --------------------------------------------------------------------------------
-
-
-@pytest.mark.distributed
-def test_an_fsdp_rank_refuses_lora_before_joining_the_group(model_config):
-    from scalerl.assembly.sections import trainer_settings
-    from scalerl.distributed.fsdp import ShardedTrainerRank
-    from scalerl.distributed.group import ProcessGroupSpec
-
-    cfg = model_config(lora=LORA)
-    settings = trainer_settings(load_config(overrides=[]))
-    spec = ProcessGroupSpec(0, 1, "tcp://127.0.0.1:1", timeout_s=5)
-    with pytest.raises(ConfigError, match=r"model\.lora\.r"):
-        ShardedTrainerRank(cfg, settings, spec)
-
-
 # -- export and eval of a LoRA run ----------------------------------------------------------------
 
 
@@ -314,6 +298,8 @@ def test_export_writes_merged_weights_that_from_pretrained_loads(make_policy, ma
     run, _, policy, groups = _lora_run(make_policy, make_groups, tiny, tmp_path)
     out = tmp_path / "merged"
     assert main(["export", str(run), "--out", str(out)]) == 0
+    card = (out / "README.md").read_text()  # the model card beside the weights
+    assert "(LoRA adapter merged into it)" in card and "## Held-out pass rate" in card
     model = AutoModelForCausalLM.from_pretrained(out)
     pad = policy.pad_token_id
     torch.testing.assert_close(_logprobs(model, groups, pad), _logprobs(policy.model, groups, pad),

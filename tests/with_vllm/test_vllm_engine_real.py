@@ -133,13 +133,17 @@ def test_logprobs_and_support_equal_transformers(
             assert c.support is not None
             assert c.support_cut == (top_k, top_p)
             shown = support_logprobs(params, ref.shape[-1])
+            assert c.support_ids is not None and len(c.support_ids) == c.num_tokens
             for t, size in enumerate(c.support):
                 finite = int(torch.isfinite(ref[t]).sum())
                 assert bool(torch.isfinite(ref[t, c.token_ids[t]]))
-                if size > 0:  # the whole support was among the shown log-probs: its exact size
-                    assert size == finite
-                else:  # more than shown: a lower bound (the trainer recomputes the cut)
-                    assert shown <= -size <= finite
+                recorded = c.support_ids.token(t)
+                # Every recorded id is a member of the reference's set.
+                assert bool(torch.isfinite(ref[t, recorded]).all())
+                if size > 0:  # the whole set was among the shown log-probs: exact, every id recorded
+                    assert size == finite and len(recorded) == finite
+                else:  # more than shown: a lower bound, the shown ids (the trainer completes the set)
+                    assert shown <= -size <= finite and len(recorded) == shown
         else:
             assert c.support is None
     assert tokens > 8 * len(PROMPTS)

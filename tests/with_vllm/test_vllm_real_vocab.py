@@ -3,11 +3,11 @@ vocabulary 151,936, then a real `Trainer.step` on what it sampled (issue 23).
 
 The model has Qwen2.5-0.5B's layer shape and vocabulary but 2 layers and a random init whose std
 (`INIT_STD`) makes next-token distributions peaked at some positions and broad at others, so the
-recorded top-p support is exact at some tokens (vLLM showed all of it among its
-`TOP_P_SUPPORT_LOGPROBS` log-probs) and a lower bound at others. The support is one int per token
-at this vocabulary; the engine's sizes and log-probs are checked against an independent
-transformers recomputation (sort-based top-p, float64), and the trainer's step reports the cut
-mismatch and the recomputed-cut count and agrees with vLLM's behaviour log-probs in float32.
+recorded top-p set is whole at some tokens (vLLM showed all of it among its `support_max_ids` (64)
+log-probs) and a lower bound at others. The set is recorded as at most 64 token ids per token at
+this vocabulary; the engine's sizes, ids and log-probs are checked against an independent
+transformers recomputation (sort-based top-p, float64), and the trainer's step reports the set
+mismatch and the incomplete-set count and agrees with vLLM's behaviour log-probs in float32.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from scalerl.assembly.sections import sampling_params
 from scalerl.data.records import PromptRecord
 from scalerl.recipes import load_recipe_config
 from scalerl.rollout import Completion, GenerationRequest
-from scalerl.rollout.vllm_engine import TOP_P_SUPPORT_LOGPROBS, VLLMEngine
+from scalerl.rollout.vllm_engine import VLLMEngine
 from scalerl.training.batch import ScoredGroup
 from scalerl.training.policy import load_policy
 from scalerl.training.trainer import Trainer
@@ -38,6 +38,7 @@ VOCAB = 151_936
 INIT_STD = 0.2
 RESPONSE = 12
 PROMPTS = [[40, 41, 42, 43, 44, 45], [60, 61, 62, 63]]
+CAP = 64  # deepseek_v32's algorithm.keep_sampling_mask_max_ids (the default)
 FLOAT32 = 1e-4  # engine vs trainer, float32 on both sides
 
 
@@ -68,9 +69,11 @@ def sampled(model_dir: Path) -> Iterator[tuple[object, list[Completion]]]:
     yield cfg, completions
 
 
-def top_p_reference(model: torch.nn.Module, c: Completion, top_p: float) -> tuple[list[int], list[float]]:
-    """Per response token: the top-p support size and the sampled token's renormalised log-prob, from
-    a transformers forward in float64 with a full sort (independent of scalerl's sampling code)."""
+def top_p_reference(model: torch.nn.Module, c: Completion, top_p: float
+                    ) -> tuple[list[int], list[float], list[list[int]]]:
+    """Per response token: the top-p support size, the sampled token's renormalised log-prob and
+    the support's ids by decreasing probability, from a transformers forward in float64 with a full
+    sort (independent of scalerl's sampling code)."""
     ids = torch.tensor([c.prompt_ids + c.token_ids])
     with torch.no_grad():
         logits = model(ids).logits[0, len(c.prompt_ids) - 1 : -1].double()
@@ -80,7 +83,8 @@ def top_p_reference(model: torch.nn.Module, c: Completion, top_p: float) -> tupl
     sizes = keep_sorted.sum(-1).tolist()
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
     logp = torch.log_softmax(logits.masked_fill(~keep, -math.inf), -1)
-    return sizes, logp.gather(-1, torch.tensor(c.token_ids).unsqueeze(1)).squeeze(1).tolist()
+    members = [order[t, : sizes[t]].tolist() for t in range(len(sizes))]
+    return sizes, logp.gather(-1, torch.tensor(c.token_ids).unsqueeze(1)).squeeze(1).tolist(), members
 
 
 def test_top_p_support_is_recorded_compactly_and_matches_transformers(
@@ -96,17 +100,22 @@ def test_top_p_support_is_recorded_compactly_and_matches_transformers(
         # One int per token, whatever the vocabulary: exact sizes (> 0) or lower bounds (< 0).
         assert c.support is not None and len(c.support) == RESPONSE
         assert all(isinstance(s, int) and s != 0 for s in c.support)
-        sizes, logprobs = top_p_reference(model, c, 0.95)
+        sizes, logprobs, members = top_p_reference(model, c, 0.95)
+        assert c.support_ids is not None and len(c.support_ids) == RESPONSE
         for t, code in enumerate(c.support):
+            recorded = set(c.support_ids.token(t))
             if code > 0:
                 exact += 1
-                assert code <= TOP_P_SUPPORT_LOGPROBS
+                assert code <= CAP and len(recorded) == code
                 assert abs(code - sizes[t]) <= 1, (c.support, sizes)  # float32 vs float64 at the cut
+                # The recorded ids are the reference's set (up to that one token at the cut).
+                assert len(recorded ^ set(members[t])) <= 1
             else:
                 lower += 1
                 # All N shown were finite (N + 1 with the sampled token from outside them).
-                assert -code in (TOP_P_SUPPORT_LOGPROBS, TOP_P_SUPPORT_LOGPROBS + 1)
-                assert sizes[t] >= TOP_P_SUPPORT_LOGPROBS, (c.support, sizes)
+                assert -code in (CAP, CAP + 1) and len(recorded) == CAP
+                assert sizes[t] >= CAP, (c.support, sizes)
+                assert len(recorded - set(members[t][: CAP + 1])) <= 1  # its highest-scoring ones
         diffs += [abs(a - b) for a, b in zip(c.logprobs, logprobs, strict=True)]
     print(f"support codes: {exact} exact, {lower} lower bounds; |vLLM - transformers| log-prob mean "
           f"{sum(diffs) / len(diffs):.2e} max {max(diffs):.2e}")
@@ -131,14 +140,14 @@ def test_trainer_step_renormalises_over_the_vllm_support(
         groups.append(ScoredGroup(record, group, [1.0, 0.0, 1.0, 0.0]))
     metrics = trainer.step(groups)
     shown = ("loss", "logprob_mismatch", "logprob_mismatch_max", "logprob_mismatch_tokens",
-             "support_cut_mismatch_tokens", "support_recomputed_tokens")
+             "support_cut_mismatch_tokens", "support_incomplete_tokens")
     print({k: metrics[k] for k in shown})
     tokens = sum(c.num_tokens for c in completions)
     lower = sum(s < 0 for c in completions for s in c.support or [])
     assert metrics["skipped_nonfinite"] == 0 and math.isfinite(metrics["loss"])
-    # Every lower-bound token had its cut recomputed on the trainer's logits, and only those.
-    assert metrics["support_recomputed_tokens"] == lower
-    # In float32 the trainer puts the cut where vLLM did (a difference would be counted, not hidden).
+    # Every lower-bound token had its set completed on the trainer's logits, and only those.
+    assert metrics["support_incomplete_tokens"] == lower
+    # In float32 the trainer ranks vLLM's set as vLLM did (a difference is counted, not hidden).
     assert "support_cut_mismatch_tokens" in metrics
     assert metrics["support_cut_mismatch_tokens"] <= 0.02 * tokens, metrics["support_cut_mismatch_tokens"]
     # One support on both sides: the renormalised log-probs agree with vLLM's processed ones.
