@@ -1063,21 +1063,90 @@ def yaml_error_message(path: Path, err: yaml.YAMLError) -> str:
     return f"{where}: invalid YAML: {problem}"
 
 
+#: The most nodes a config document may expand to, aliases counted at every use: a config is a few
+#: hundred; a "billion laughs" document (aliases of aliases) is refused before it is expanded.
+MAX_YAML_NODES = 100_000
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """Nodes of `root` with every alias expanded, counted without expanding (memoised per node)."""
+    memo: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:
+        if id(node) in memo:
+            return memo[id(node)]
+        if isinstance(node, yaml.SequenceNode):
+            total = 1 + sum(size(child) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total = 1 + sum(size(k) + size(v) for k, v in node.value)
+        else:
+            total = 1
+        memo[id(node)] = total
+        return total
+
+    return size(root)
+
+
+def _check_yaml_tree(path: Path, root: yaml.Node) -> None:
+    """Refuse duplicate keys (PyYAML keeps the last silently), naming both lines, and documents
+    whose aliases expand beyond `MAX_YAML_NODES`."""
+    nodes = _expanded_size(root)
+    if nodes > MAX_YAML_NODES:
+        raise ConfigError(f"{path}: the document expands to {nodes} values through its aliases (more than "
+                          f"{MAX_YAML_NODES}); a config holds a few hundred: refused")
+    seen_nodes: set[int] = set()
+
+    def walk(node: yaml.Node, prefix: tuple[str, ...]) -> None:
+        if id(node) in seen_nodes:  # an alias: checked where it was defined
+            return
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            lines: dict[str, int] = {}
+            for key_node, value_node in node.value:
+                key = str(key_node.value)
+                if key == "<<":  # a merge key may repeat; its entries are the aliased mapping's
+                    continue
+                line = key_node.start_mark.line + 1
+                if key in lines:
+                    name = ".".join((*prefix, key))
+                    raise ConfigError(f"{path}:{line}: {name}: duplicate key (first at line {lines[key]}); "
+                                      "keep one of them")
+                lines[key] = line
+                walk(value_node, (*prefix, key))
+        elif isinstance(node, yaml.SequenceNode):
+            for child in node.value:
+                walk(child, prefix)
+
+    walk(root, ())
+
+
 def load_yaml(path: str | Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
-    """Read a YAML mapping; return it and the line of every key."""
+    """Read a YAML mapping; return it and the line of every key. Duplicate keys and documents
+    whose aliases expand too far are refused (`_check_yaml_tree`)."""
     p = Path(path)
-    if not p.is_file():
+    if p.is_dir():
+        raise ConfigError(f"{p}: is a directory, not a config file")
+    if not p.exists():
         raise ConfigError(f"{p}: config file not found")
+    if not p.is_file():  # a FIFO or a device: reading it could wait forever
+        raise ConfigError(f"{p}: not a regular file")
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
         bad = err.object[err.start : err.start + 1]
         raise ConfigError(f"{p}: not UTF-8 text (byte {err.start}: {bad!r})") from None
+    except OSError as err:  # permissions, a device that fails: the user's file, named
+        raise ConfigError(f"{p}: cannot read the config file ({err.strerror or err})") from None
     try:
+        root = yaml.compose(text)
+        if root is not None:
+            _check_yaml_tree(p, root)
         data = yaml.safe_load(text)
         marks = _yaml_marks(text)
     except yaml.YAMLError as err:
         raise ConfigError(yaml_error_message(p, err)) from None
+    except RecursionError:
+        raise ConfigError(f"{p}: invalid YAML: nested too deeply") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

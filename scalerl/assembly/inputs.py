@@ -173,9 +173,19 @@ def check_prompt_lengths(records: list[PromptRecord], data: DataConfig, tokenize
                         "data.template, or skip such prompts with data.on_bad_row=skip)") from None
 
 
-def prompt_tasks(cfg: RunConfig) -> dict[str, list[str]]:
+def _check_heldout_leaves_some(heldout_size: int, n_records: int, where: str) -> None:
+    """The held-out split must leave prompts to train on (`data.split.split_heldout`), said before
+    any work rather than after the warm start."""
+    if heldout_size >= n_records:
+        raise InputError(f"data.heldout_size: {heldout_size} held-out prompts leave none of the {n_records} "
+                         f"usable prompt(s) of {where} for training; set data.heldout_size below {n_records} "
+                         "(0: no held-out evaluation)")
+
+
+def prompt_tasks(cfg: RunConfig, counts: dict[str, int] | None = None) -> dict[str, list[str]]:
     """task -> the config keys whose prompts hold it (`data.train_path` or the synthetic task, and
-    `eval.extra_sets.NAME`); the files are loaded, every row checked, as a run loads them."""
+    `eval.extra_sets.NAME`); the files are loaded, every row checked, as a run loads them. `counts`
+    receives the number of usable training prompts (keyed by where they come from)."""
     d = cfg.data
     free = gold_free(cfg)
     tasks_in: dict[str, list[str]] = {}
@@ -184,6 +194,8 @@ def prompt_tasks(cfg: RunConfig) -> dict[str, list[str]]:
                                     default_task=d.default_task, format=d.format, on_error=d.on_bad_row,
                                     gold_free_tasks=free, subset=d.subset, split=d.split,
                                     keys=("data.subset", "data.split"))
+        if counts is not None:
+            counts[f"data.train_path {d.train_path}"] = len(records)
         for task in sorted({r.task for r in records}):
             tasks_in.setdefault(task, []).append("data.train_path")
     elif d.source is not None:
@@ -193,6 +205,8 @@ def prompt_tasks(cfg: RunConfig) -> dict[str, list[str]]:
             records = load_records(cfg)
         except DataError as err:  # names data.source or data.reasoning_gym.* already
             raise InputError(str(err)) from None
+        if counts is not None:
+            counts[f"data.source={d.source}"] = len(records)
         for task in sorted({r.task for r in records}):
             tasks_in.setdefault(task, []).append(f"data.source={d.source}")
     else:
@@ -242,8 +256,11 @@ def check_run_inputs(cfg: RunConfig) -> None:
         check_cache_dir()
     check_model_source(cfg.model.name_or_path, "model.name_or_path")
     check_model_source(cfg.model.tokenizer, "model.tokenizer", need_config=False)
-    tasks_in = prompt_tasks(cfg)
+    counts: dict[str, int] = {}
+    tasks_in = prompt_tasks(cfg, counts)
     check_verifiers(cfg, tasks_in)
+    for where, n in counts.items():
+        _check_heldout_leaves_some(cfg.data.heldout_size, n, where)
     teacher = cfg.algorithm.distill.teacher
     if teacher is not None and teacher != "warm_start":
         check_model_source(teacher, "algorithm.distill.teacher")

@@ -120,6 +120,10 @@ def run_curate(args: argparse.Namespace) -> int:
 
     from scalerl.data.loaders import load_prompts, write_jsonl_atomic
 
+    lo, hi = args.pass_rate
+    if lo > hi:  # an empty range would keep nothing, silently
+        raise InputError(f"--pass-rate {lo:g} {hi:g}: LO is above HI; give the range as LO HI (e.g. "
+                         f"--pass-rate {hi:g} {lo:g})")
     outs = {"--out": args.out, "--easy": args.easy, "--hard": args.hard, "--dropped": args.dropped}
     paths = {flag: _check_out(p, args.overwrite, flag) for flag, p in outs.items() if p is not None}
     if not paths:
@@ -130,7 +134,6 @@ def run_curate(args: argparse.Namespace) -> int:
     loaded = load_prompts(args.prompts, on_error="skip" if args.skip else "error")
     if loaded.rejects:
         print(f"curate: skipped {loaded.rejects.summary()}", file=sys.stderr)
-    lo, hi = args.pass_rate
     result = curation.curate(loaded.records, min_pass_rate=lo, max_pass_rate=hi, split_at=args.split_at,
                              max_answer_share=args.max_answer_share, drop_guessable=not args.keep_guessable)
     dropped = []
@@ -140,8 +143,11 @@ def run_curate(args: argparse.Namespace) -> int:
         dropped.append(replace(record, metadata=meta))
     sets = {"--out": result.kept, "--easy": result.easy, "--hard": result.hard, "--dropped": dropped}
     # Everything is decided before anything is written; each file is written whole, by a rename.
+    from scalerl.ownership import writing_output
+
     for flag, path in paths.items():
-        write_jsonl_atomic(sets[flag], path)
+        with writing_output(path, flag):
+            write_jsonl_atomic(sets[flag], path)
     n = len(loaded.records)
     print(f"curate: {n} prompts from {args.prompts}: kept {len(result.kept)}, dropped {len(result.dropped)}")
     for reason, count in sorted(result.counts().items()):

@@ -39,11 +39,12 @@ def _load_tokenizer(name: str) -> Any:
 
 
 def _synth(args: argparse.Namespace) -> int:
-    from scalerl.ownership import check_output_file
+    from scalerl.ownership import check_output_file, writing_output
 
     check_output_file(args.out, "--out", overwrite=args.overwrite)
     difficulty = None if args.difficulty is None else tuple(args.difficulty)
-    path = write_synthetic_jsonl(args.out, args.task, args.n, args.seed, difficulty, args.weights)
+    with writing_output(args.out, "--out"):  # whole or not at all: an old file stays until then
+        path = write_synthetic_jsonl(args.out, args.task, args.n, args.seed, difficulty, args.weights)
     print(f"wrote {args.n} {args.task} prompts (seed {args.seed}) to {path}")
     return 0
 
@@ -154,13 +155,17 @@ def _decontaminate(args: argparse.Namespace) -> int:
         for m in result.matches[:10]:
             print(f"    {m.prompt_source} ({m.prompt_id}) ~ {m.item_source} ({m.set_name} {m.item_id}): "
                   f"{m.shared}/{m.item_ngrams} n-grams, e.g. {m.example[:60]!r}")
+    from scalerl.ownership import writing_output
+
     if report is not None:
-        report.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(report, suffix=".jsonl") as tmp, tmp.open("w", encoding="utf-8") as f:
-            for m in result.matches:
-                f.write(json.dumps(m.to_dict(), ensure_ascii=False) + "\n")
+        with writing_output(report, "--report"):
+            report.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_path(report, suffix=".jsonl") as tmp, tmp.open("w", encoding="utf-8") as f:
+                for m in result.matches:
+                    f.write(json.dumps(m.to_dict(), ensure_ascii=False) + "\n")
         print(f"wrote {len(result.matches)} matches to {report}")
-    write_jsonl_atomic(result.kept, out)
+    with writing_output(out, "--out"):
+        write_jsonl_atomic(result.kept, out)
     print(f"wrote {len(result.kept)} prompts to {out}")
     return 0
 

@@ -134,8 +134,9 @@ def render(rows: Sequence[WatchRow], x_name: str) -> str:
     return "\n".join([table(head, body), *notes])
 
 
-def write_plot(paths: Sequence[str], x: str | None, y: str | None, out: str, fmt: str | None = None) -> None:
-    """Every readable curve with its fitted sigmoid and band, into `out` (atomically)."""
+def write_plot(paths: Sequence[str], x: str | None, y: str | None, out: str, fmt: str | None = None) -> int:
+    """Every readable curve with its fitted sigmoid and band, into `out` (atomically); how many
+    curves it drew (0: none can be fitted yet, and `out` was not written)."""
     from scalerl.scaling.analysis import FitOptions, analyze_curve
     from scalerl.scaling.io import curve_from_rows, read_curves, read_rows, run_label
     from scalerl.scaling.logs import detect_format
@@ -158,6 +159,7 @@ def write_plot(paths: Sequence[str], x: str | None, y: str | None, out: str, fmt
         extend = max(1.5 * float(i.fit.compute.max()) for i in items)
         plot_fits(items, out, x_label=x or "compute", y_label=y or "val_pass_rate",
                   title="scalerl watch: curves and forecasts", extend_to=extend)
+    return len(items)
 
 
 def run_watch(args: argparse.Namespace) -> int:
@@ -168,15 +170,21 @@ def run_watch(args: argparse.Namespace) -> int:
     if args.plot:
         from scalerl.ownership import check_output_file
 
-        check_output_file(args.plot, "--plot", overwrite=True)
+        # An existing file is replaced only when --overwrite hands it over; from the first refresh
+        # on, the file is this command's own and each refresh rewrites it.
+        check_output_file(args.plot, "--plot", overwrite=args.overwrite)
+    from scalerl.ownership import writing_output
+
     x_name = args.x or "compute_device_hours"
     try:
         while True:
             rows = collect(args.paths, args.x, args.y, args.a_width, args.format)
             text = render(rows, x_name)
             if args.plot:
-                write_plot(args.paths, args.x, args.y, args.plot, args.format)
-                text += f"\nplot written to {args.plot}"
+                with writing_output(args.plot, "--plot"):
+                    drawn = write_plot(args.paths, args.x, args.y, args.plot, args.format)
+                text += (f"\nplot written to {args.plot} ({drawn} curve(s))" if drawn else
+                         f"\nplot not written: no curve can be fitted yet ({args.plot} left as it was)")
             if args.once:
                 sys.stdout.write(text + "\n")
                 return 0
@@ -203,7 +211,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--once", action="store_true", help="print the table once and exit")
     p.add_argument("--interval", type=float, default=10.0, metavar="S", help="seconds between refreshes")
     p.add_argument("--plot", metavar="PNG",
-                   help="rewrite this figure of the curves and fits at every refresh")
+                   help="rewrite this figure of the curves and fits at every refresh (a new file, or an "
+                        "existing one with --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --plot file")
     p.add_argument("--x", metavar="COL", help="compute column (default compute_device_hours)")
     p.add_argument("--y", metavar="COL", help="reward column or tag (default val_pass_rate)")
     p.add_argument("--format", choices=("scalerl", "tensorboard", "trl", "mlflow", "verl"), metavar="FMT",

@@ -66,6 +66,9 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, Row]]:
             except json.JSONDecodeError as err:
                 yield lineno, RowError("invalid JSON", f"not valid JSON ({err.msg}, column {err.colno})")
                 continue
+            except RecursionError:  # a row nested deeper than Python's parser goes: a bad row too
+                yield lineno, RowError("invalid JSON", "nested too deeply to parse")
+                continue
             if isinstance(obj, dict):
                 yield lineno, obj
             else:
@@ -83,6 +86,8 @@ def _iter_json(path: Path) -> Iterator[tuple[int, Row]]:
         items = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise DataError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+    except RecursionError:
+        raise DataError(f"{path}: not valid JSON (nested too deeply to parse)") from None
     for index, obj in enumerate(items):
         if isinstance(obj, dict):
             yield index, obj
@@ -355,6 +360,8 @@ def load_prompts(
     sources: list[tuple[Path, str, Iterable[tuple[int, Row]]]] = []
     for one in paths:
         root = Path(one)
+        if root.exists() and not root.is_dir() and not root.is_file():  # a FIFO: reading could block
+            raise DataError(f"{root}: not a regular file or folder")
         if root.exists():
             sources.extend(_sources(root, split, file_format, subset, keys))
         elif file_format == "auto" and is_hub_id(str(one)):
@@ -396,6 +403,8 @@ def load_prompts(
                 records.append(record)
         except UnicodeDecodeError as err:
             raise DataError(f"{file}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        except OSError as err:  # unreadable (permissions, a FIFO's error, EIO): the user's file, named
+            raise DataError(f"{file}: cannot read ({err.strerror or err})") from None
 
     settle(rejects, on_error, shown)
     if not records:
