@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ from scalerl.rewards import RewardRouter
 from scalerl.rewards.groups import GroupScorer
 from scalerl.rollout import Engine
 from scalerl.scaling.io import run_label
-from scalerl.scaling.live import LiveForecast
+from scalerl.scaling.live import LiveForecast, forecast_text
 from scalerl.telemetry import RunTelemetry
 from scalerl.training.trainer import Trainer
 
@@ -214,6 +215,8 @@ def _build_training(
             run_path, config.logging, max_steps=config.max_steps, meter=meter,
             resume_step=start_step if resume is not None else None, run_name=config.name,
             run_config=config.model_dump(mode="json"),
+            # The progress line prints the live forecast as `scalerl watch` does (one function).
+            forecast_text=partial(forecast_text, a_width=config.forecast.a_width),
         )
         closers.append(telemetry.close)
 
