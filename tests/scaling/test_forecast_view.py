@@ -82,3 +82,32 @@ def test_eval_rows_log_the_steady_state_under_the_configured_a_width(tmp_path: P
     assert "pinned" not in shown[:-2]  # the point is hidden until then
     assert forecast_text(fits[-1]).startswith(f"A {fits[-1]['forecast_A']:.3f} [")  # type: ignore[union-attr]
     assert forecast_text(fits[-3]).startswith("A in [")  # type: ignore[union-attr]
+
+
+@pytest.mark.slow  # 11 fits of 1000 bootstrap resamples: about 30 s on one core
+def test_on_the_demos_recorded_curve_the_swinging_point_is_hidden_and_the_state_holds() -> None:
+    """The live forecast replayed on the demo's recorded curve (tests/scaling/data/demo_curve.csv,
+    x = FLOPs), evaluations 11-21 (steps 100-200): the fits' point A swings between 0.73 and 1.0
+    and their own state alternates ok/flagged five times; the state shown changes once (to open,
+    held by the last two fits), and the point is never printed (never pinned)."""
+    from dataclasses import replace
+
+    from scalerl.scaling.io import read_curves
+    from scalerl.scaling.live import forecast_curve
+
+    (curve,) = read_curves(Path(__file__).parent / "data" / "demo_curve.csv", x="flops")
+    cfg = ForecastConfig(x="flops")
+    points, own, texts = [], [], []
+    for k in range(11, curve.x.size + 1):
+        sub = replace(curve, x=curve.x[:k], y=curve.y[:k], truncation=None,
+                      extra={n: v[:k] for n, v in curve.extra.items()})
+        f = forecast_curve(sub, cfg)
+        assert f is not None and f.A is not None
+        points.append(f.A)
+        own.append(fit_state(f.status, f.A_lo, f.A_hi, cfg.a_width))
+        texts.append(forecast_text({"forecast_A": f.A, "forecast_A_lo": f.A_lo, "forecast_A_hi": f.A_hi,
+                                    "forecast_status": f.status, "forecast_shown": steady_state(own)}))
+    assert max(points) - min(points) > 0.2
+    shown = shown_per_fit(own, HOLD)
+    assert changes(own) == 5 and changes(shown) == 1 and shown[-1] == "open" and own[-2:] == ["open"] * 2
+    assert all(t is not None and t.startswith("A in [") for t in texts)
