@@ -233,7 +233,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--format", choices=("scalerl", "tensorboard", "trl", "mlflow", "verl"), metavar="FMT",
                    help="log format (scalerl, tensorboard, trl, mlflow, verl; default: detected)")
     p.add_argument("--a-width", type=float, default=0.02, metavar="W",
-                   help="target half-width on A for 'compute to pin A' of curves fitted here (default 0.02)")
+                   help="target half-width on A of curves fitted here: 'compute to pin A', and the "
+                   "point shown once the interval is narrower than 2W (default 0.02)")
     p.set_defaults(func=run_watch)
 
 
