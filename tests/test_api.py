@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 import scalerl
-from scalerl.assembly.warm_start import warm_start_default
-from scalerl.training.sft import SFTConfig
+from tests.tiny_runs import warm_tiny_model
 
 SMALL = {"max_steps": 2, "data.heldout_size": 2, "generation": {"n": 2, "max_new_tokens": 16,
          "max_batch_size": 8, "length_control": {"kind": "none"}},
@@ -23,12 +22,7 @@ SMALL = {"max_steps": 2, "data.heldout_size": 2, "generation": {"n": 2, "max_new
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from scalerl.config import RunConfig
-
-    tiny = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64,
-            "max_position_embeddings": 256}
-    base = RunConfig.model_validate({"model": {"tiny": tiny}, "data": {"synthetic": {"num_prompts": 60}}})
-    return warm_start_default(base, SFTConfig(steps=2, batch_size=4), cache_dir=tmp_path_factory.mktemp("c"))
+    return warm_tiny_model(tmp_path_factory)
 
 
 ROWS = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i), "level": i % 3} for i in range(10)]
