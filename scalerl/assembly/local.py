@@ -63,7 +63,7 @@ def trainer_probe(config: RunConfig, trainer: Trainer) -> SyncProbe:
                                f"the sync being verified is version {version}")
         return trainer.probe_logprobs(probe)
 
-    return SyncProbe(probe, reference)
+    return SyncProbe(probe, reference, dtype=trainer.policy.dtype)
 
 
 def weight_channel(config: RunConfig, engine: Engine, probe: SyncProbe | None = None) -> EngineWeightChannel:
@@ -76,7 +76,8 @@ def weight_channel(config: RunConfig, engine: Engine, probe: SyncProbe | None = 
     if config.generation.engine == "vllm" and v.colocate:
         return ColocatedWeightChannel(engine, level=v.sleep_level, timeout_s=v.sleep_timeout_s,
                                       name=f"colocated vLLM engine ({model})", probe=probe)
-    return EngineWeightChannel(engine, probe, name=f"{config.generation.engine} engine ({model})")
+    kind = {"embedded": "embedded", "vllm": "vLLM"}.get(config.generation.engine, config.generation.engine)
+    return EngineWeightChannel(engine, probe, name=f"{kind} engine ({model})")
 
 
 def policy_meter(policy: Policy) -> ComputeMeter:

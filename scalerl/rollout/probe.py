@@ -23,10 +23,11 @@ Tolerances (nats, max over the probe's 4 x 15 scored tokens) and why:
   (the embedded engine's slot cache and explicit masks; vLLM's oneDNN / SGL matmuls and its own
   attention): their log-probs differ by summation order only, measured below 2e-5 at the tiny
   default and at the Qwen2.5-0.5B layer shape (benchmarks/bench_sync_check.py prints the gaps).
-* bfloat16 (and float16): 0.1. An engine holding bf16 weights and running bf16 kernels against a
-  trainer running float32 weights under bf16 autocast: each matmul rounds to 8 mantissa bits
-  (relative error 2^-8 = 0.004 per element), logits of scale ~10 move by ~0.04 and a log-prob by
-  about twice that at worst over 60 tokens.
+* bfloat16 (and float16): 0.1. Either side in bf16 (an engine holding bf16 weights, or a trainer
+  running float32 weights under bf16 autocast, `model.dtype: bfloat16`): each matmul rounds to 8
+  mantissa bits (relative error 2^-8 = 0.004 per element), logits of scale ~10 move by ~0.04 and a
+  log-prob by about twice that at worst over 60 tokens. The lower precision of the two sides sets
+  the bound (`probe_engine`).
 
 What the probe cannot see: a weight change whose effect on the probe is below the tolerance. The
 trainer's own probe log-probs are compared with those of the previous sync (`drift`); a sync whose
@@ -126,7 +127,7 @@ def check_probe(expected: ProbeLogprobs, got: ProbeLogprobs, *, dtype: str, engi
         raise WeightSyncError(
             f"weight sync failed: {engine} does not compute the policy of version {version}: on the "
             f"sync probe its log-probs differ from the trainer's by up to {gap:.4g} nats (tolerance "
-            f"{tol:g} for {dtype} weights); the engine's weight load did not take effect -- the run "
+            f"{tol:g} for {dtype} arithmetic); the engine's weight load did not take effect -- the run "
             "stops rather than train on generations of other weights"
         )
     return ProbeCheck(gap, tol, drift, blind=drift is not None and drift <= tol)
@@ -135,10 +136,12 @@ def check_probe(expected: ProbeLogprobs, got: ProbeLogprobs, *, dtype: str, engi
 class SyncProbe:
     """The run's probe and the trainer's side of it: `reference(version)` scores the probe with the
     trainer's model, which must hold `version` (a callable of the backend: in-process model or the
-    trainer's ranks); `check(engine_logprobs, ...)` compares an engine's against it."""
+    trainer's ranks), `dtype` its compute precision; `probe_engine` compares an engine's against it."""
 
-    def __init__(self, probe: Probe, reference: Callable[[int], ProbeLogprobs]) -> None:
+    def __init__(self, probe: Probe, reference: Callable[[int], ProbeLogprobs],
+                 dtype: str = "float32") -> None:
         self.probe = probe
+        self.dtype = dtype  # the trainer's compute precision (`model.dtype`: bf16 autocast or float32)
         self._reference = reference
         self._previous: ProbeLogprobs | None = None
         self._expected: tuple[int, ProbeLogprobs, float | None] | None = None
@@ -202,7 +205,8 @@ def probe_engine(figures: ProbeFigures, probe: SyncProbe | None, engine: Any, ve
     if got is None:
         return None
     expected, drift = probe.expected(version)
-    dtype = dtype if dtype is not None else str(getattr(engine, "weight_dtype", "float32"))
+    held = dtype if dtype is not None else str(getattr(engine, "weight_dtype", "float32"))
+    dtype = max(held, probe.dtype, key=tolerance)  # the lower precision of the two sides sets the bound
     check = check_probe(expected, got, dtype=dtype, engine=name, version=version, drift=drift)
     figures.add(check, time.perf_counter() - start)
     return check
