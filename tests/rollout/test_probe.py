@@ -223,3 +223,17 @@ def test_a_load_that_does_nothing_stops_the_run_on_the_probe_where_tensors_canno
     assert int(found.group(1)) <= (1 if lora else 3) and float(found.group(2)) > 1e-3
     assert "does not hold the weights" not in err  # the readable tensors matched: the probe caught it
     assert len(_steps(broken)) <= int(found.group(1)) + 1
+
+
+def test_the_probe_counts_survive_a_resume_through_the_channel_state() -> None:
+    from scalerl.pipeline.local import EngineWeightChannel
+    from scalerl.rollout.fingerprint import channel_state, restore_channel_state
+
+    first = EngineWeightChannel(_ScoringEngine([[-1.0]]))  # type: ignore[arg-type]
+    first.probe_figures = ProbeFigures(checks=5, blind=2, gap=1e-6, drift=0.3, seconds=0.25)
+    resumed = EngineWeightChannel(_ScoringEngine([[-1.0]]))  # type: ignore[arg-type]
+    resumed.probe_figures = ProbeFigures(checks=1, blind=0, gap=2e-6, drift=0.1, seconds=0.5)
+    restore_channel_state(resumed, json.loads(json.dumps(channel_state(first))))  # as checkpointed
+    row = resumed.metrics()
+    assert row["weight_verify_probe_checks"] == 6 and row["weight_verify_probe_blind"] == 2
+    assert row["weight_verify_probe_s_total"] == 0.75 and row["weight_verify_probe_gap"] == 2e-6
