@@ -237,3 +237,14 @@ def test_the_probe_counts_survive_a_resume_through_the_channel_state() -> None:
     row = resumed.metrics()
     assert row["weight_verify_probe_checks"] == 6 and row["weight_verify_probe_blind"] == 2
     assert row["weight_verify_probe_s_total"] == 0.75 and row["weight_verify_probe_gap"] == 2e-6
+
+
+def test_the_lower_precision_of_trainer_and_engine_sets_the_tolerance() -> None:
+    want, got = [[-1.0, -2.0]], [[-1.05, -2.0]]  # a bf16-sized gap
+    engine = _ScoringEngine(got)  # holds float32 weights
+    bf16_trainer = SyncProbe(((0, 1, 2),), lambda v: want, dtype="bfloat16")
+    assert probe_engine(ProbeFigures(), bf16_trainer, engine, 1).tolerance == 0.1
+    with pytest.raises(WeightSyncError, match=r"tolerance 0\.001 for float32"):
+        probe_engine(ProbeFigures(), SyncProbe(((0, 1, 2),), lambda v: want), engine, 1)
+    engine.weight_dtype = "bfloat16"  # a bf16 engine against a float32 trainer
+    assert probe_engine(ProbeFigures(), SyncProbe(((0, 1, 2),), lambda v: want), engine, 1).tolerance == 0.1
