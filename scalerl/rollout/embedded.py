@@ -60,6 +60,7 @@ from scalerl.models.moe import NO_ROUTE, ROUTING_DTYPE, moe_routers, record_rout
 from scalerl.rollout.base import Finished, SteppingEngine
 from scalerl.rollout.fingerprint import Fingerprint, state_fingerprints
 from scalerl.rollout.interruption import Action, InterruptionState, draw_think_budget, ends_with
+from scalerl.rollout.probe import Probe, ProbeLogprobs, model_probe_logprobs
 from scalerl.rollout.protocol import (
     Completion,
     FinishReason,
@@ -268,6 +269,12 @@ class EmbeddedEngine(SteppingEngine):
         between two decode steps."""
         with self._lock:
             return state_fingerprints(self._weight_targets)
+
+    def probe_logprobs(self, probe: Probe) -> ProbeLogprobs:
+        """The weight-sync probe's log-probs under the weights held now (`scalerl.rollout.probe`),
+        scored between two decode steps with the model's own forward (no slot cache)."""
+        with self._lock:
+            return model_probe_logprobs(self.model, probe, fp32_lm_head=self.fp32_lm_head, device=self.device)
 
     def _validate(self, request: GenerationRequest) -> None:
         ids = request.prompt_ids
