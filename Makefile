@@ -111,3 +111,11 @@ $(ENVS_STAMP): $(STAMP)
 .PHONY: test-envs
 test-envs: $(ENVS_STAMP)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m envs tests/serving
+
+# The mutation gate (tests/mutation_gate/gate.py; docs/algorithms.md, "Proof against the papers"): each
+# curated break of the package in tests/mutation_gate/mutations_*.yaml is applied to a copy and must make
+# its tests fail; any survivor, stale entry or run past MUTATION_BUDGET_S seconds fails the target.
+MUTATION_BUDGET_S ?= 1200
+.PHONY: test-mutations
+test-mutations: setup
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) tests/mutation_gate/gate.py --budget-s $(MUTATION_BUDGET_S)

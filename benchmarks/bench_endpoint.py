@@ -3,7 +3,8 @@
 1. A scripted engine (no model: the reply is fixed), so only the endpoint is timed: `Endpoint.chat`
    called directly (templating, stitching, queueing, the engine owner's `pump`), then the same call
    through HTTP with the `openai` client, then a bare uvicorn `GET /health` on this machine for
-   comparison (what HTTP alone costs here).
+   comparison (what HTTP alone costs here), then what a refusal costs: a foreign Host (421) and a
+   body too large by its Content-Length (413), both answered by the guard before any work.
 2. The embedded engine with a random tiny model (2 layers, width 64): 1 session, then 8 concurrent
    sessions of one chat call each (32 tokens), tokens per second. The endpoint queues concurrent
    calls, so one engine step decodes them together.
@@ -14,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 import time
 from pathlib import Path
@@ -61,6 +63,21 @@ def per_call(calls: int = 100) -> None:
                 http.get(url)
             health = (time.perf_counter() - start) / calls
             print(f"GET /health (uvicorn, httpx):   {health * 1e3:7.2f} ms/call")
+            start = time.perf_counter()
+            for _ in range(calls):
+                assert http.get(url, headers={"Host": "rebind.example"}).status_code == 421
+            host = (time.perf_counter() - start) / calls
+            print(f"refused, foreign Host (421):    {host * 1e3:7.2f} ms/call")
+            # A raw request (an HTTP client would refuse to declare a length it does not send).
+            head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+                    f"\r\nContent-Length: {1 << 30}\r\nConnection: close\r\n\r\n").encode()
+            start = time.perf_counter()
+            for _ in range(calls):
+                with socket.create_connection(("127.0.0.1", server.port)) as sock:
+                    sock.sendall(head)
+                    assert sock.recv(64).startswith(b"HTTP/1.1 413")
+            size = (time.perf_counter() - start) / calls
+            print(f"refused, 1 GiB Content-Length:  {size * 1e3:7.2f} ms/call")
     finally:
         server.close()
         driver.close()

@@ -1,18 +1,28 @@
-"""The weight-sync check's cost (`scalerl.rollout.fingerprint`) against a training step.
+"""The weight-sync checks' cost (`scalerl.rollout.fingerprint`, `scalerl.rollout.probe`) against a
+training step.
 
-Two measurements on this machine:
+Three measurements on this machine:
 
 1. `scalerl train` on the tiny default (TinyModelSpec(): hidden 128, 4 layers, tied head, the
    default generation and batch: 8 prompts x 8 samples, 160 new tokens; the embedded engine,
    sync mode) for `--steps` steps: the verification's time per sync (`weight_verify_s_total /
-   weight_verify_checks`, both sides' fingerprints and the comparison) against the mean step time
-   (`step_time_s`), from the run's own metrics rows.
+   weight_verify_checks`, both sides' fingerprints and the comparison) and the probe's
+   (`weight_verify_probe_s_total / weight_verify_probe_checks`: the trainer and the engine scoring
+   the probe, and the comparison) against the mean step time (`step_wall_s`, the step's wall time,
+   generation included), side by side from the run's own metrics rows, with their ratios.
 2. The fingerprints alone (sender + engine side) for the tiny default and a ~20M-parameter model of
    the same family, median of `--repeats`, against a `full_state_dict`-sized copy (what every sync
    costs anyway: the trainer's CPU copy of the weights).
+3. The probe at a real shape (`--real-shape 0.5b`: Qwen2.5-0.5B's layer shape with `--layers` 2
+   layers and vocabulary 151,936, random init, `benchmarks/bench_real_shape.py`'s model): the
+   trainer's and the embedded engine's probe scoring (median of `--probe-repeats`) in one process
+   beside one `Trainer.step` of 4 samples of a 64-token prompt and a `--length`-token response
+   (median of `--step-repeats`; the trainer side of a step only, no generation: a conservative
+   denominator), with the ratio; and the probe's float32 gap (engine against trainer) and the gap a
+   bf16-autocast trainer shows against float32 (what the bf16 tolerance must cover).
 
-    python benchmarks/bench_sync_check.py              # both parts
-    python benchmarks/bench_sync_check.py --steps 2 --skip-train
+    python benchmarks/bench_sync_check.py              # all three parts
+    python benchmarks/bench_sync_check.py --steps 2 --skip-train --real-shape quick
 """
 
 from __future__ import annotations
@@ -88,10 +98,53 @@ def train_share(steps: int) -> None:
     last = steps_rows[-1]
     checks = last["weight_verify_checks"]
     per_check = last["weight_verify_s_total"] / checks if checks else float("nan")
-    step_s = statistics.mean(r["step_time_s"] for r in steps_rows)
-    print(f"scalerl train, tiny default, {len(steps_rows)} steps: {int(checks)} verified syncs of "
-          f"{int(last['weight_verify_tensors'])} tensors, {per_check * 1e3:.2f} ms each; mean step "
-          f"{step_s:.2f} s; share {100 * per_check / step_s:.3f}% of a step")
+    probes = last["weight_verify_probe_checks"]
+    per_probe = last["weight_verify_probe_s_total"] / probes if probes else float("nan")
+    step_s = statistics.mean(r["step_wall_s"] for r in steps_rows)
+    print(f"scalerl train, tiny default, {len(steps_rows)} steps, mean step {step_s:.2f} s: "
+          f"fingerprints {int(checks)} syncs of {int(last['weight_verify_tensors'])} tensors, "
+          f"{per_check * 1e3:.2f} ms each = {100 * per_check / step_s:.3f}% of a step; "
+          f"probe {int(probes)} syncs, {per_probe * 1e3:.2f} ms each = {100 * per_probe / step_s:.3f}% of a "
+          f"step (last gap {last['weight_verify_probe_gap']:.2g} nats)")
+
+
+def probe_real_shape(shape_name: str, layers: int, length: int, probe_repeats: int,
+                     step_repeats: int) -> None:
+    import sys
+    from dataclasses import replace
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_real_shape import PROMPT_TOKENS, SAMPLES, SHAPES, save_model, step_groups
+
+    from scalerl.config import AlgorithmConfig, ModelConfig, OptimConfig
+    from scalerl.rollout.probe import max_gap, probe_sequences
+    from scalerl.training.policy import load_policy
+    from scalerl.training.trainer import Trainer
+
+    shape = replace(SHAPES[shape_name], layers=layers)
+    with tempfile.TemporaryDirectory() as tmp:
+        params = save_model(shape, Path(tmp))
+        torch.manual_seed(0)
+        policy = load_policy(ModelConfig(name_or_path=tmp), device="cpu")
+    optim = OptimConfig(micro_batch_size=SAMPLES, warmup_steps=0)
+    trainer = Trainer(policy, AlgorithmConfig(), optim, temperature=1.0, max_new_tokens=length)
+    engine = EmbeddedEngine(policy.generation_copy(), max_batch_size=4, fp32_lm_head=True)
+    probe = probe_sequences(shape.vocab, 0)
+    trainer_s = median_s(lambda: trainer.probe_logprobs(probe), probe_repeats)
+    engine_s = median_s(lambda: engine.probe_logprobs(probe), probe_repeats)
+    gap = max_gap(trainer.probe_logprobs(probe), engine.probe_logprobs(probe))
+    policy.dtype = "bfloat16"  # the same weights under bf16 autocast
+    bf16_gap = max_gap(trainer.probe_logprobs(probe), engine.probe_logprobs(probe))
+    policy.dtype = "float32"
+    groups = step_groups(shape.vocab, length)
+    trainer.step(groups)  # warm-up (optimizer states allocated)
+    step_s = median_s(lambda: trainer.step(groups), step_repeats)
+    probe_s = trainer_s + engine_s
+    print(f"probe at the {shape_name} shape ({layers} layers, vocabulary {shape.vocab:,}, "
+          f"{params / 1e6:.1f}M params): trainer {trainer_s * 1e3:.1f} ms + engine {engine_s * 1e3:.1f} ms "
+          f"= {probe_s * 1e3:.1f} ms against a trainer step of {SAMPLES} x ({PROMPT_TOKENS} + {length}) "
+          f"tokens {step_s:.2f} s: {100 * probe_s / step_s:.2f}% of a step; gap float32 {gap:.2g} nats, "
+          f"bf16 autocast vs float32 {bf16_gap:.2g} nats")
 
 
 def char_share(completion: str, record: object) -> float:
@@ -104,10 +157,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--skip-train", action="store_true")
+    parser.add_argument("--real-shape", choices=["0.5b", "quick", "none"], default="0.5b")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--length", type=int, default=256)
+    parser.add_argument("--probe-repeats", type=int, default=5)
+    parser.add_argument("--step-repeats", type=int, default=2)
     args = parser.parse_args()
     fingerprints_alone(args.repeats)
     if not args.skip_train:
         train_share(args.steps)
+    if args.real_shape != "none":
+        probe_real_shape(args.real_shape, args.layers, args.length, args.probe_repeats, args.step_repeats)
 
 
 if __name__ == "__main__":

@@ -193,8 +193,12 @@ class ReasoningGymConfig(Section):
 
 
 class DataConfig(Section):
-    # None = the built-in synthetic task (no download).
-    train_path: str | None = None
+    # None = the built-in synthetic task (no download). A file, a folder, a `save_to_disk` dataset, a
+    # Hub id or snapshot folder (datasets.load_dataset), or a list of them (docs/data.md).
+    train_path: str | list[str] | None = None
+    # The config (subset) and the split of a dataset or folder holding several (scalerl/data/layout.py).
+    subset: str | None = None
+    split: str | None = None
     # A generated prompt source instead of a file: "reasoning_gym:<dataset>" or "reasoning_gym"
     # (the mix in reasoning_gym.datasets); None: train_path or the synthetic task.
     source: str | None = None
@@ -241,6 +245,13 @@ class DataConfig(Section):
         if not name and rg.config:
             raise CrossKeyError(("reasoning_gym.config",),
                                 "options of a mix go in reasoning_gym.datasets.<name>.config")
+        return self
+
+    @model_validator(mode="after")
+    def _choice_needs_a_path(self) -> DataConfig:
+        chosen = [k for k in ("subset", "split") if getattr(self, k) is not None]
+        if chosen and self.train_path is None:
+            raise CrossKeyError((chosen[0], "train_path"), "chooses within data.train_path, which is unset")
         return self
 
     @model_validator(mode="after")
@@ -526,9 +537,11 @@ class ExtraSetConfig(Section):
     `format`: a file type (auto: by suffix) or a benchmark's published layout (gsm8k, math, aime,
     amc, humaneval, mbpp; scalerl/data/benchmarks.py). A bare string entry is `{path: ...}`."""
 
-    path: str = Field(min_length=1)
+    path: str | list[str] = Field(min_length=1)
     format: Literal["auto", "jsonl", "json", "parquet", "csv", "tsv", "hf",
                     "gsm8k", "math", "aime", "amc", "humaneval", "mbpp"] = "auto"
+    subset: str | None = None  # the config and split of a dataset holding several (as data.subset/split)
+    split: str | None = None
 
 
 class EvalConfig(Section):
@@ -678,6 +691,21 @@ class RewardModelConfig(Section):
         return self
 
 
+class RewardFunctionConfig(Section):
+    """One `rewards.functions` entry: a reward function, its weight, the tasks it scores
+    (scalerl/rewards/functions.py; docs/rewards.md). `fn`: "package.module:name", "path/file.py:name",
+    or a verifier's name ("math", "code", a registered one). `style`: how it is called, "trl"
+    (`f(prompts, completions, **columns) -> list[float | None]`), "verl" (`compute_score(data_source,
+    solution_str, ground_truth, extra_info)`), "verifier" (`f(completion, record)`), or "auto" (by
+    its parameter names, the rule in `functions.detect_style`). `tasks`: None scores every task."""
+
+    fn: str = Field(min_length=1)
+    weight: float = Field(1.0, allow_inf_nan=False)
+    name: str | None = Field(None, min_length=1)
+    style: Literal["auto", "trl", "verl", "verifier"] = "auto"
+    tasks: list[str] | None = None
+
+
 class RewardConfig(Section):
     """Verifiers (`scalerl.rewards.RewardRouter`): reward scale, time bounds, parallelism, the code
     sandbox, custom verifiers (`verifiers`: task -> dotted path)."""
@@ -703,6 +731,24 @@ class RewardConfig(Section):
     # task name -> a learned scorer (classifier or LLM judge) for that task's records, which then
     # need no gold answer (scalerl/rewards/reward_model.py).
     reward_models: dict[str, RewardModelConfig] = Field(default_factory=dict)
+    # Reward functions combined by weight (TRL / verl signatures, verifiers by name); a task they
+    # score takes their weighted sum as its reward instead of its verifier's (docs/rewards.md).
+    functions: list[RewardFunctionConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _functions(self) -> RewardConfig:
+        names = [f.name for f in self.functions if f.name is not None]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise CrossKeyError(("functions",), f"reward function name(s) {dupes} used twice; each "
+                                "needs its own name (its metrics are reward_fn/<name>)")
+        for i, f in enumerate(self.functions):
+            tasks = set(self.reward_models) if f.tasks is None else set(f.tasks) & set(self.reward_models)
+            if tasks:
+                raise CrossKeyError(("functions", "reward_models"),
+                                    f"functions[{i}] ({f.fn}) scores task(s) {sorted(tasks)}, which have "
+                                    "a reward model; keep one (name the function's tasks)")
+        return self
 
     @model_validator(mode="after")
     def _scale_order(self) -> RewardConfig:
@@ -1017,21 +1063,90 @@ def yaml_error_message(path: Path, err: yaml.YAMLError) -> str:
     return f"{where}: invalid YAML: {problem}"
 
 
+#: The most nodes a config document may expand to, aliases counted at every use: a config is a few
+#: hundred; a "billion laughs" document (aliases of aliases) is refused before it is expanded.
+MAX_YAML_NODES = 100_000
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """Nodes of `root` with every alias expanded, counted without expanding (memoised per node)."""
+    memo: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:
+        if id(node) in memo:
+            return memo[id(node)]
+        if isinstance(node, yaml.SequenceNode):
+            total = 1 + sum(size(child) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total = 1 + sum(size(k) + size(v) for k, v in node.value)
+        else:
+            total = 1
+        memo[id(node)] = total
+        return total
+
+    return size(root)
+
+
+def _check_yaml_tree(path: Path, root: yaml.Node) -> None:
+    """Refuse duplicate keys (PyYAML keeps the last silently), naming both lines, and documents
+    whose aliases expand beyond `MAX_YAML_NODES`."""
+    nodes = _expanded_size(root)
+    if nodes > MAX_YAML_NODES:
+        raise ConfigError(f"{path}: the document expands to {nodes} values through its aliases (more than "
+                          f"{MAX_YAML_NODES}); a config holds a few hundred: refused")
+    seen_nodes: set[int] = set()
+
+    def walk(node: yaml.Node, prefix: tuple[str, ...]) -> None:
+        if id(node) in seen_nodes:  # an alias: checked where it was defined
+            return
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            lines: dict[str, int] = {}
+            for key_node, value_node in node.value:
+                key = str(key_node.value)
+                if key == "<<":  # a merge key may repeat; its entries are the aliased mapping's
+                    continue
+                line = key_node.start_mark.line + 1
+                if key in lines:
+                    name = ".".join((*prefix, key))
+                    raise ConfigError(f"{path}:{line}: {name}: duplicate key (first at line {lines[key]}); "
+                                      "keep one of them")
+                lines[key] = line
+                walk(value_node, (*prefix, key))
+        elif isinstance(node, yaml.SequenceNode):
+            for child in node.value:
+                walk(child, prefix)
+
+    walk(root, ())
+
+
 def load_yaml(path: str | Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
-    """Read a YAML mapping; return it and the line of every key."""
+    """Read a YAML mapping; return it and the line of every key. Duplicate keys and documents
+    whose aliases expand too far are refused (`_check_yaml_tree`)."""
     p = Path(path)
-    if not p.is_file():
+    if p.is_dir():
+        raise ConfigError(f"{p}: is a directory, not a config file")
+    if not p.exists():
         raise ConfigError(f"{p}: config file not found")
+    if not p.is_file():  # a FIFO or a device: reading it could wait forever
+        raise ConfigError(f"{p}: not a regular file")
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
         bad = err.object[err.start : err.start + 1]
         raise ConfigError(f"{p}: not UTF-8 text (byte {err.start}: {bad!r})") from None
+    except OSError as err:  # permissions, a device that fails: the user's file, named
+        raise ConfigError(f"{p}: cannot read the config file ({err.strerror or err})") from None
     try:
+        root = yaml.compose(text)
+        if root is not None:
+            _check_yaml_tree(p, root)
         data = yaml.safe_load(text)
         marks = _yaml_marks(text)
     except yaml.YAMLError as err:
         raise ConfigError(yaml_error_message(p, err)) from None
+    except RecursionError:
+        raise ConfigError(f"{p}: invalid YAML: nested too deeply") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

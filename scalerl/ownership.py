@@ -20,10 +20,12 @@ A command deletes only inside a folder it claimed. Commands that write single fi
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,8 +153,13 @@ def mark_output_dir(path: str | os.PathLike[str], kind: str) -> Path:
 
 
 def check_output_file(path: str | os.PathLike[str], flag: str, *, overwrite: bool = False) -> Path:
-    """`path` may be written: it does not exist, or `--overwrite` says to replace it; never a folder."""
-    p = Path(path).expanduser()
+    """`path` may be written: it does not exist, or `--overwrite` says to replace it; never a folder,
+    never in a folder that cannot be written in."""
+    with writing_output(path, flag):  # a path that cannot even be looked at (EACCES on a parent)
+        return _check_output_file(Path(path).expanduser(), path, flag, overwrite)
+
+
+def _check_output_file(p: Path, path: str | os.PathLike[str], flag: str, overwrite: bool) -> Path:
     if p.is_dir():
         raise OwnershipError(f"{flag} {path}: is a directory; choose another {flag}")
     if p.exists() and not overwrite:
@@ -162,9 +169,33 @@ def check_output_file(path: str | os.PathLike[str], flag: str, *, overwrite: boo
         if parent.exists():
             if not parent.is_dir():
                 raise OwnershipError(f"{flag} {path}: is under {parent}, which is a file")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise OwnershipError(f"{flag} {path}: cannot write in {parent} (permission denied); choose "
+                                     f"another {flag}")
             break
     return p
 
 
+#: Errors of creating a file that come from where the user asked it written, not from us.
+_USER_PATH_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR,
+                               errno.EISDIR, errno.ENAMETOOLONG})
+
+
+@contextmanager
+def writing_output(path: str | os.PathLike[str], flag: str) -> Iterator[None]:
+    """Around a command's write of `path`: a folder that cannot be written in (permissions, a
+    read-only or pseudo file system, a parent that cannot be made) is an `OwnershipError` naming the
+    flag and the path (exit 2); other failures (a full disk) stay what they are."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in _USER_PATH_ERRNOS:
+            raise
+        where = err.filename if isinstance(err.filename, str) else path
+        raise OwnershipError(f"{flag} {path}: cannot write ({where}: {err.strerror}); choose another "
+                             f"{flag}") from None
+
+
 __all__ = ["EARLIER_OUTPUTS", "OWNER_FILE", "EarlierOutput", "OwnershipError", "check_output_dir_owned",
-           "check_output_file", "claim_output_dir", "earlier_output", "mark_output_dir", "owner_of"]
+           "check_output_file", "claim_output_dir", "earlier_output", "mark_output_dir", "owner_of",
+           "writing_output"]

@@ -51,3 +51,13 @@ def test_the_history_pattern_catches_what_it_is_for() -> None:
         assert HISTORY.search(text), text
     for text in ("the run stops", "a stop request", "stop_when_known", "stops at the first evaluation"):
         assert not HISTORY.search(text), text
+
+
+def test_every_key_has_a_meaning_and_no_meaning_is_stale() -> None:
+    from tests.test_docs_keymaps import key_exists
+
+    blank = [line.split("|")[1].strip() for line in config_reference.render().splitlines()
+             if line.startswith("| `") and line.rstrip().endswith("|  |")]
+    assert not blank, f"keys without a meaning (add a description, a comment or a MEANINGS entry): {blank}"
+    stale = [k for k in config_reference.MEANINGS if not key_exists(k)]
+    assert not stale, f"MEANINGS names keys that are not in RunConfig: {stale}"

@@ -98,3 +98,29 @@ def test_no_example_relies_on_a_max_time_flag_that_does_not_exist(doc: str) -> N
     text = (ROOT / doc).read_text()
     for argv in _commands(text):
         build_parser(argv).parse_args(argv)  # SystemExit on an unknown flag
+
+
+def test_the_python_example_uses_the_api_as_it_is() -> None:
+    """The README's Python block compiles, calls `scalerl.train` with keywords its signature takes
+    (the dotted overrides are config keys), and its reward function works in TRL's signature.
+    `tests/test_api.py` trains through the API itself."""
+    import ast
+    import inspect
+
+    import scalerl
+    from tests.test_docs_keymaps import key_exists
+
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", README, re.S) if "scalerl.train(" in b]
+    tree = ast.parse(block)
+    (call,) = [n for n in ast.walk(tree)
+               if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "train"]
+    params = inspect.signature(scalerl.train).parameters
+    for kw in call.keywords:
+        if kw.arg is None:  # **{"data.split": ...}: config keys
+            assert all(key_exists(k.value) for k in kw.value.keys), ast.unparse(kw.value)
+        else:
+            assert kw.arg in params, kw.arg
+    namespace: dict = {}
+    exec(compile(ast.Module([n for n in tree.body if isinstance(n, ast.FunctionDef)], []), "README", "exec"),
+         namespace)
+    assert namespace["correct"](["q", "q"], ["the answer is 5", "7"], answer=["5", "5"]) == [1.0, 0.0]

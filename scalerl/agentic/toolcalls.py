@@ -68,20 +68,7 @@ def _parse_block(body: str) -> ToolCall | CallError:
         obj = json.loads(body)
     except json.JSONDecodeError as err:
         return CallError("malformed", f"not JSON ({err.msg} at char {err.pos})")
-    if not isinstance(obj, dict):
-        return CallError("malformed", f"expected a JSON object, got {type(obj).__name__}")
-    name = obj.get("name")
-    if not isinstance(name, str) or not name:
-        return CallError("malformed", "no 'name' string")
-    args = obj.get("arguments", {})
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as err:
-            return CallError("malformed", f"'arguments' string is not JSON ({err.msg})")
-    if not isinstance(args, dict):
-        return CallError("malformed", f"'arguments' must be an object, got {type(args).__name__}")
-    return ToolCall(name, args)
+    return _call_from_object(obj, ("arguments",))
 
 
 def parse_tool_calls(text: str) -> list[ToolCall | CallError]:
@@ -122,19 +109,22 @@ def turn_stop_text(parser: str) -> str | None:
 
 def _call_from_object(obj: Any,
                       args_keys: tuple[str, ...] = ("arguments", "parameters")) -> ToolCall | CallError:
+    """A call from its decoded JSON object: a `name` string and an arguments object (or a JSON
+    string holding one, the OpenAI wire format) under the first of `args_keys` present."""
     if not isinstance(obj, dict):
         return CallError("malformed", f"expected a JSON object, got {type(obj).__name__}")
     name = obj.get("name")
     if not isinstance(name, str) or not name:
         return CallError("malformed", "no 'name' string")
-    args: Any = next((obj[k] for k in args_keys if k in obj), {})
+    key = next((k for k in args_keys if k in obj), args_keys[0])
+    args: Any = obj.get(key, {})
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
         except json.JSONDecodeError as err:
-            return CallError("malformed", f"arguments string is not JSON ({err.msg})")
+            return CallError("malformed", f"'{key}' string is not JSON ({err.msg})")
     if not isinstance(args, dict):
-        return CallError("malformed", f"arguments must be an object, got {type(args).__name__}")
+        return CallError("malformed", f"'{key}' must be an object, got {type(args).__name__}")
     return ToolCall(name, args)
 
 

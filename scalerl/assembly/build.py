@@ -9,8 +9,10 @@ outstanding prompts) and the compute meter, and keeps the original held-out spli
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ from scalerl.data import (
     split_by_ids,
     split_heldout,
 )
+from scalerl.data.decontaminate import overlap_ids
 from scalerl.evaluation.evaluator import Evaluator
 from scalerl.pipeline.driver import Components, Driver, success_threshold
 from scalerl.pipeline.preemption import StopRequest
@@ -45,11 +48,12 @@ from scalerl.rewards import RewardRouter
 from scalerl.rewards.groups import GroupScorer
 from scalerl.rollout import Engine
 from scalerl.scaling.io import run_label
-from scalerl.scaling.live import LiveForecast
+from scalerl.scaling.live import LiveForecast, forecast_text
 from scalerl.telemetry import RunTelemetry
 from scalerl.training.trainer import Trainer
 
 HELDOUT_IDS_FILE = "heldout_ids.json"
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -84,6 +88,18 @@ def load_snapshot(checkpoint: str | Path) -> dict[str, Any] | None:
     from scalerl.training.checkpoint import load_torch_file
 
     return dict(load_torch_file(path))
+
+
+def report_overlap(train: Sequence[PromptRecord],
+                   sets: Mapping[str, Sequence[PromptRecord]]) -> dict[str, int]:
+    """Evaluation prompts that are also training prompts, by content (`overlap_ids`: word for
+    word, whatever their ids): a warning per set that has any, with the count. Returns set -> count."""
+    counts = {name: len(overlap_ids(train, items)) for name, items in sets.items() if items}
+    for name, count in counts.items():
+        if count:
+            _log.warning("data overlap: %d of %d prompts of %s are also training prompts (same text); "
+                         "its scores measure memory as well as skill", count, len(sets[name]), name)
+    return counts
 
 
 def build_training(
@@ -160,10 +176,14 @@ def _build_training(
     closers: list[Any] = [router.close]
     extra_sets = {
         name: load_prompts(extra.path, default_task=d.default_task, format=extra.format,
-                           on_error=on_error, gold_free_tasks=gold_free(config)).records
+                           on_error=on_error, gold_free_tasks=gold_free(config), subset=extra.subset,
+                           split=extra.split, keys=(f"eval.extra_sets.{name}.subset",
+                                                    f"eval.extra_sets.{name}.split")).records
         for name, extra in config.eval.extra_set_sources.items()
     }
     router.check_tasks({r.task for r in records} | {r.task for s in extra_sets.values() for r in s})
+    report_overlap(split.train, {"held-out split": split.heldout, **{f"eval.extra_sets.{name}": s
+                                                                    for name, s in extra_sets.items()}})
     params = sampling_params(config, tokenizer)
     check_params = getattr(engine, "check_params", None)
     if callable(check_params):
@@ -178,7 +198,9 @@ def _build_training(
 
     evaluator = None
     if split.heldout:
-        eval_scorer = GroupScorer(scorer, decode, max_workers=config.rewards.max_workers,
+        # Held-out samples stay out of the reward functions' per-step means (docs/rewards.md).
+        held_out_scorer = router.untallied() if scorer is router else scorer
+        eval_scorer = GroupScorer(held_out_scorer, decode, max_workers=config.rewards.max_workers,
                                   success_threshold=success_threshold(config.rewards))
         closers.append(eval_scorer.close)
         evaluator = Evaluator(
@@ -193,6 +215,8 @@ def _build_training(
             run_path, config.logging, max_steps=config.max_steps, meter=meter,
             resume_step=start_step if resume is not None else None, run_name=config.name,
             run_config=config.model_dump(mode="json"),
+            # The progress line prints the live forecast as `scalerl watch` does (one function).
+            forecast_text=partial(forecast_text, a_width=config.forecast.a_width),
         )
         closers.append(telemetry.close)
 
@@ -203,6 +227,10 @@ def _build_training(
         from scalerl.assembly.local import EngineFigures
 
         metrics = EngineFigures(metrics, router.reward_model_figures)
+    if router.functions is not None and metrics is not None:
+        from scalerl.assembly.local import EngineFigures
+
+        metrics = EngineFigures(metrics, router.reward_function_figures)
     live = None
     if config.forecast.enabled and telemetry is not None and evaluator is not None:
         # The live forecast (scaling.live): reads the rows as logged, never changes training.

@@ -136,29 +136,40 @@ def rate_difficulty(
     work = partial_path(out)
     if restart:
         work.unlink(missing_ok=True)
+    created = not work.exists()
     partial = PartialFile.open(work, settings)
     resumed = len(partial.done)
     if resumed:
         torn = " (a line cut by the interruption: dropped, redone)" if partial.torn_lines else ""
         say(f"difficulty: resuming {work}: {resumed} of {len(records)} prompts done{torn}")
+    try:
+        started = time.perf_counter()
+        if len(partial.done) < len(records):
+            tasks = {r.task for r in records}
+            with open_engine(cfg, source.model, tokenizer, device, tasks) as (generate, scorer, params):
+                def run_chunk(part: Sequence[Any]) -> list[Any]:
+                    # Looked up at each call: a test may stand in for it.
+                    from scalerl.evaluation.difficulty import score_chunk
 
-    started = time.perf_counter()
-    if len(partial.done) < len(records):
-        tasks = {r.task for r in records}
-        with open_engine(cfg, source.model, tokenizer, device, tasks) as (generate, scorer, params):
-            def run_chunk(part: Sequence[Any]) -> list[Any]:
-                # Looked up at each call: a test may stand in for it.
-                from scalerl.evaluation.difficulty import score_chunk
+                    return score_chunk(part, lambda r: enc.token_ids[r.id], generate, scorer, params,
+                                       settings)
 
-                return score_chunk(part, lambda r: enc.token_ids[r.id], generate, scorer, params, settings)
-
-            results = estimate_pass_rates(records, partial, run_chunk, chunk_size=chunk, on_chunk=on_chunk)
-    else:
-        results = estimate_pass_rates(records, partial, lambda part: [], on_chunk=on_chunk)
-    write_jsonl_atomic(annotate(records, results, settings, source.model), out)
-    partial.remove()
-    return DifficultyOutcome(results=results, resumed=resumed, engine=cfg.generation.engine,
-                             seconds=time.perf_counter() - started)
+                results = estimate_pass_rates(records, partial, run_chunk, chunk_size=chunk,
+                                              on_chunk=on_chunk)
+        else:
+            results = estimate_pass_rates(records, partial, lambda part: [], on_chunk=on_chunk)
+        write_jsonl_atomic(annotate(records, results, settings, source.model), out)
+        partial.remove()
+        return DifficultyOutcome(results=results, resumed=resumed, engine=cfg.generation.engine,
+                                 seconds=time.perf_counter() - started)
+    except BaseException:
+        # The work file is kept only for what it lets a rerun skip: one this session made and that
+        # holds no rated prompt (bad input found late, an engine that failed to start) goes.
+        if created and not partial.done:
+            partial.remove()
+        elif partial.done:
+            say(f"difficulty: {len(partial.done)} rated prompt(s) kept in {work}; the same command continues")
+        raise
 
 
 @dataclass(frozen=True)

@@ -121,9 +121,11 @@ def source_policy(source: EvalSource, device: str | None = None) -> Any:
 
 
 def eval_records(source: EvalSource, data: str | None, max_prompts: int | None,
-                 fmt: str = "auto") -> tuple[list[Any], str]:
+                 fmt: str = "auto", subset: str | None = None, split: str | None = None
+                 ) -> tuple[list[Any], str]:
     """The prompts to evaluate on and a description of them; `fmt` is how `data` is read (a file
-    type or a benchmark layout, `scalerl.data.loaders.FORMATS`)."""
+    type or a benchmark layout, `scalerl.data.loaders.FORMATS`), `subset` and `split` which config
+    and split of a dataset holding several (`--subset`, `--split`)."""
     from scalerl.assembly.build import load_records
     from scalerl.data import load_heldout_ids, load_prompts, split_by_ids, split_heldout
 
@@ -134,7 +136,8 @@ def eval_records(source: EvalSource, data: str | None, max_prompts: int | None,
         from scalerl.assembly.sections import gold_free
 
         records = load_prompts(data, default_task=cfg.data.default_task, format=fmt,
-                               on_error=cfg.data.on_bad_row, gold_free_tasks=gold_free(cfg)).records
+                               on_error=cfg.data.on_bad_row, gold_free_tasks=gold_free(cfg), subset=subset,
+                               split=split, keys=("--subset", "--split")).records
         what = f"{data}" if fmt == "auto" else f"{data} ({fmt})"
     elif source.run_dir is not None:
         ids_file = source.run_dir / HELDOUT_IDS

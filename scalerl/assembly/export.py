@@ -31,12 +31,17 @@ def check_export_dir(out: str | Path) -> Path:
     return p
 
 
-def export_checkpoint(spec: str, out: str | Path,
-                      warn: Callable[[str], None] | None = None) -> tuple[Path, bool]:
+def export_checkpoint(spec: str, out: str | Path, warn: Callable[[str], None] | None = None, *,
+                      trust_unverified: bool = False) -> tuple[Path, bool]:
     """Write the model of `spec` (a run directory, a checkpoint or a model) to `out`; returns the
-    directory and whether a LoRA adapter was merged."""
+    directory and whether a LoRA adapter was merged. A checkpoint is verified against its manifest
+    first; one without a manifest is refused unless `trust_unverified`."""
+    from scalerl.training.checkpoint import STATE_FILE, require_verified
+
     target = check_export_dir(out)
     source = resolve_source(spec, warn=warn)
+    if (Path(source.model) / STATE_FILE).is_file():  # a checkpoint, not a saved model
+        require_verified(source.model, trust_unverified=trust_unverified, warn=warn)
     policy = source_policy(source, device="cpu")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".tmp-export-{target.name}-{os.getpid()}"

@@ -33,15 +33,19 @@ if TYPE_CHECKING:
     from scalerl.rewards.sandbox import Sandbox
 
 
-def _load_prompt_file(path: str, key: str, **load_kwargs: Any) -> list[Any]:
-    check_path(path, key)
+def _load_prompt_file(path: str | list[str], key: str, **load_kwargs: Any) -> list[Any]:
+    from scalerl.data.loaders import is_hub_id
+
+    for one in [path] if isinstance(path, str) else path:
+        if not is_hub_id(one):  # a Hub id is read by `datasets.load_dataset`, which names what it lacks
+            check_path(one, key)
     try:
         return list(load_prompts(path, **load_kwargs).records)
     except (ValueError, OSError) as err:
         raise InputError(f"{key}: {err}") from None
 
 
-def check_prompt_file(path: str, key: str, **load_kwargs: Any) -> int:
+def check_prompt_file(path: str | list[str], key: str, **load_kwargs: Any) -> int:
     """The file or folder loads as prompts (every row checked); returns the number of records."""
     return len(_load_prompt_file(path, key, **load_kwargs))
 
@@ -148,8 +152,10 @@ def load_prompt_data(path: str, data: DataConfig, split: str | None = None,
     `field_map`, `default_task`, `format` and `on_bad_row` (`scalerl data check` and
     `check_run_inputs` both call this, so they accept the same files). `gold_free_tasks`: the
     run's tasks whose rows need no gold (`gold_free`)."""
-    return load_prompts(path, field_map=data.field_map, default_task=data.default_task, split=split,
-                        format=data.format, on_error=data.on_bad_row, gold_free_tasks=gold_free_tasks)
+    return load_prompts(path, field_map=data.field_map, default_task=data.default_task,
+                        split=split if split is not None else data.split, subset=data.subset,
+                        format=data.format, on_error=data.on_bad_row, gold_free_tasks=gold_free_tasks,
+                        keys=("data.subset (--subset)", "data.split (--split)"))
 
 
 def check_prompt_lengths(records: list[PromptRecord], data: DataConfig, tokenizer: Any) -> EncodedPrompts:
@@ -167,16 +173,29 @@ def check_prompt_lengths(records: list[PromptRecord], data: DataConfig, tokenize
                         "data.template, or skip such prompts with data.on_bad_row=skip)") from None
 
 
-def prompt_tasks(cfg: RunConfig) -> dict[str, list[str]]:
+def _check_heldout_leaves_some(heldout_size: int, n_records: int, where: str) -> None:
+    """The held-out split must leave prompts to train on (`data.split.split_heldout`), said before
+    any work rather than after the warm start."""
+    if heldout_size >= n_records:
+        raise InputError(f"data.heldout_size: {heldout_size} held-out prompts leave none of the {n_records} "
+                         f"usable prompt(s) of {where} for training; set data.heldout_size below {n_records} "
+                         "(0: no held-out evaluation)")
+
+
+def prompt_tasks(cfg: RunConfig, counts: dict[str, int] | None = None) -> dict[str, list[str]]:
     """task -> the config keys whose prompts hold it (`data.train_path` or the synthetic task, and
-    `eval.extra_sets.NAME`); the files are loaded, every row checked, as a run loads them."""
+    `eval.extra_sets.NAME`); the files are loaded, every row checked, as a run loads them. `counts`
+    receives the number of usable training prompts (keyed by where they come from)."""
     d = cfg.data
     free = gold_free(cfg)
     tasks_in: dict[str, list[str]] = {}
     if d.train_path is not None:
         records = _load_prompt_file(d.train_path, "data.train_path", field_map=d.field_map,
                                     default_task=d.default_task, format=d.format, on_error=d.on_bad_row,
-                                    gold_free_tasks=free)
+                                    gold_free_tasks=free, subset=d.subset, split=d.split,
+                                    keys=("data.subset", "data.split"))
+        if counts is not None:
+            counts[f"data.train_path {d.train_path}"] = len(records)
         for task in sorted({r.task for r in records}):
             tasks_in.setdefault(task, []).append("data.train_path")
     elif d.source is not None:
@@ -186,14 +205,19 @@ def prompt_tasks(cfg: RunConfig) -> dict[str, list[str]]:
             records = load_records(cfg)
         except DataError as err:  # names data.source or data.reasoning_gym.* already
             raise InputError(str(err)) from None
+        if counts is not None:
+            counts[f"data.source={d.source}"] = len(records)
         for task in sorted({r.task for r in records}):
             tasks_in.setdefault(task, []).append(f"data.source={d.source}")
     else:
         for task in SYNTHETIC_RECORD_TASKS[d.synthetic.task]:
             tasks_in.setdefault(task, []).append(f"data.synthetic.task={d.synthetic.task}")
     for name, extra in cfg.eval.extra_set_sources.items():
-        records = _load_prompt_file(extra.path, f"eval.extra_sets.{name}", default_task=d.default_task,
-                                    format=extra.format, on_error=d.on_bad_row, gold_free_tasks=free)
+        key = f"eval.extra_sets.{name}"
+        records = _load_prompt_file(extra.path, key, default_task=d.default_task,
+                                    format=extra.format, on_error=d.on_bad_row, gold_free_tasks=free,
+                                    subset=extra.subset, split=extra.split,
+                                    keys=(f"{key}.subset", f"{key}.split"))
         for task in sorted({r.task for r in records}):
             tasks_in.setdefault(task, []).append(f"eval.extra_sets.{name}")
     return tasks_in
@@ -232,8 +256,11 @@ def check_run_inputs(cfg: RunConfig) -> None:
         check_cache_dir()
     check_model_source(cfg.model.name_or_path, "model.name_or_path")
     check_model_source(cfg.model.tokenizer, "model.tokenizer", need_config=False)
-    tasks_in = prompt_tasks(cfg)
+    counts: dict[str, int] = {}
+    tasks_in = prompt_tasks(cfg, counts)
     check_verifiers(cfg, tasks_in)
+    for where, n in counts.items():
+        _check_heldout_leaves_some(cfg.data.heldout_size, n, where)
     teacher = cfg.algorithm.distill.teacher
     if teacher is not None and teacher != "warm_start":
         check_model_source(teacher, "algorithm.distill.teacher")

@@ -16,6 +16,7 @@ from scalerl.pipeline.local import ColocatedWeightChannel, EngineWeightChannel
 from scalerl.pipeline.snapshot import SNAPSHOT_FILE
 from scalerl.rollout import Engine
 from scalerl.rollout.factory import build_engine, close_engine
+from scalerl.rollout.probe import ProbeLogprobs, SyncProbe, probe_sequences
 from scalerl.telemetry import ComputeMeter, flop_params
 from scalerl.training.policy import Policy, apply_lora, load_policy
 from scalerl.training.trainer import Trainer
@@ -49,16 +50,34 @@ def _build_engine(config: RunConfig, trainer: Trainer, closers: list[Any]) -> En
     return engine
 
 
-def weight_channel(config: RunConfig, engine: Engine) -> EngineWeightChannel:
+def trainer_probe(config: RunConfig, trainer: Trainer) -> SyncProbe:
+    """The run's weight-sync probe (`scalerl.rollout.probe`: drawn from the run's seed over the
+    model's vocabulary) with the trainer's side of it: the probe scored by the in-process policy,
+    which must be at the version being verified (every publish sends the trainer's current weights)."""
+    vocab = int(trainer.policy.model.get_input_embeddings().weight.shape[0])
+    probe = probe_sequences(vocab, config.seed)
+
+    def reference(version: int) -> ProbeLogprobs:
+        if trainer.version != version:
+            raise RuntimeError(f"weight-sync probe: the trainer is at version {trainer.version}, "
+                               f"the sync being verified is version {version}")
+        return trainer.probe_logprobs(probe)
+
+    return SyncProbe(probe, reference, dtype=trainer.policy.dtype)
+
+
+def weight_channel(config: RunConfig, engine: Engine, probe: SyncProbe | None = None) -> EngineWeightChannel:
     """The channel into the engine of this process: a colocated vLLM engine's
     (`generation.vllm.colocate`: it sleeps between rounds and is woken, handed the trainer's device
-    tensors and verified by `ColocatedWeightChannel`), else the plain one."""
+    tensors and verified by `ColocatedWeightChannel`), else the plain one. Both check every sync's
+    fingerprints and, given `probe`, the engine's probe log-probs against the trainer's."""
     v = config.generation.vllm
+    model = config.model.name_or_path or "model.tiny"
     if config.generation.engine == "vllm" and v.colocate:
-        model = config.model.name_or_path or "model.tiny"
         return ColocatedWeightChannel(engine, level=v.sleep_level, timeout_s=v.sleep_timeout_s,
-                                      name=f"colocated vLLM engine ({model})")
-    return EngineWeightChannel(engine)
+                                      name=f"colocated vLLM engine ({model})", probe=probe)
+    kind = {"embedded": "embedded", "vllm": "vLLM"}.get(config.generation.engine, config.generation.engine)
+    return EngineWeightChannel(engine, probe, name=f"{kind} engine ({model})")
 
 
 def policy_meter(policy: Policy) -> ComputeMeter:
@@ -90,9 +109,10 @@ def local_backend(
     tokenizer = bind_chat_template_kwargs(policy.tokenizer, config.data.chat_template_kwargs)
     closers: list[Any] = []
     engine = _build_engine(config, trainer, closers)
-    # Every sync is verified (scalerl.rollout.fingerprint); the vLLM engine gets the trainer's weights
-    # before its first prompt, the first check of its loader.
-    channel = weight_channel(config, engine)
+    # Every sync is verified (scalerl.rollout.fingerprint: the tensors the engine can read back;
+    # scalerl.rollout.probe: what it computes); the vLLM engine gets the trainer's weights before its
+    # first prompt, the first check of its loader.
+    channel = weight_channel(config, engine, trainer_probe(config, trainer))
     if config.generation.engine != "embedded":
         channel.publish(trainer.weights_for_engine(), trainer.version)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from scalerl.distributed.engine_actor import EngineFactory
 from scalerl.distributed.pool import EnginePool
 from scalerl.distributed.trainer import RayTrainer
 from scalerl.inputs import InputError
+from scalerl.rollout.probe import SyncProbe, probe_sequences
 from scalerl.rollout.vllm_versions import check_engine_devices, platform_device
 from scalerl.training.policy import load_tokenizer
 
@@ -108,8 +110,11 @@ def ray_backend(config: RunConfig, run_path: Path, resume: str | Path | None) ->
         pool = EnginePool.launch(factories, d, tensor_parallel_size=tp)
         closers.append(pool.close)
         trainer.fingerprint_dtype = pool.weight_dtype  # every sync verified (rollout.fingerprint)
+        probe = probe_sequences(trainer.vocab_size, config.seed)
         channel = RayWeightChannel(pool, mode=d.weight_sync, backend=d.collective_backend,
-                                   timeout_s=d.timeout_s)
+                                   timeout_s=d.timeout_s,
+                                   probe=SyncProbe(probe, partial(trainer.probe_logprobs, probe),
+                                                   dtype=trainer.dtype))
         channel.publish(trainer.weights_for_engine(), trainer.version)
     except BaseException:
         for closer in reversed(closers):

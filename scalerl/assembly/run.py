@@ -127,12 +127,16 @@ def _drop_if_empty(run_dir: Path, fresh: bool) -> None:
 
 
 def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, device: str | None = None,
-              say: Say = log_say, owner: str | None = None) -> int:
+              say: Say = log_say, owner: str | None = None, session: dict[str, Any] | None = None) -> int:
     """Train `cfg` in `run_dir` (resuming from the checkpoint `resume`); the exit status.
 
     `owner`: the kind of command that claims `run_dir` (`scalerl.ownership.claim_output_dir`: it must
-    be new, empty or that command's own); None where the caller owns it already (a study's run)."""
+    be new, empty or that command's own); None where the caller owns it already (a study's run).
+    `session`: more for the session's start record (`config_changes` with `from_step` on a resume
+    that changed keys, `parent` for a run started from another run's checkpoint); with either,
+    `config.yaml` is rewritten to `cfg`, the config the run goes on with."""
     from scalerl.assembly.build import train
+    from scalerl.assembly.run_folder import ensure_run_id
     from scalerl.model_identity import START_MODEL_FILE, model_identity
     from scalerl.pipeline.faults import FaultLimitError
     from scalerl.pipeline.preemption import StopRequest, exit_status, stop_on_signals
@@ -144,15 +148,19 @@ def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, devi
     if owner is not None:
         claim_output_dir(run_dir, owner, "--output-dir")
     run_dir.mkdir(parents=True, exist_ok=True)
-    if resume is None:
+    session = dict(session or {})
+    new_run = resume is None or "parent" in session
+    if new_run or session.get("config_changes"):
         write_atomic(run_dir / CONFIG_FILE, config_to_yaml(cfg))
+    if new_run:
         identity = model_identity(cfg.model.name_or_path, cfg.model.tiny.model_dump())
         write_atomic(run_dir / START_MODEL_FILE, json.dumps(identity, indent=2) + "\n")
+    session["run_id"] = ensure_run_id(run_dir, session.get("parent"))
     say(f"train: {cfg.name} (recipe {cfg.recipe}, {cfg.pipeline.off_policy} k={cfg.pipeline.k}, "
         f"{cfg.algorithm.loss_type}/{cfg.algorithm.aggregation}/{cfg.algorithm.adv_norm}) -> {run_dir}"
         + (f", resuming from {resume}" if resume else ""))
     started = time.monotonic()
-    record_session(run_dir, {"event": "start", "resumed_from": str(resume) if resume else None})
+    record_session(run_dir, {"event": "start", "resumed_from": str(resume) if resume else None, **session})
     stop = StopRequest()
     try:
         with stop_on_signals(stop, say=say), run_threads(cfg.model, device) as threads:

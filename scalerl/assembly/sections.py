@@ -154,7 +154,8 @@ def load_records(config: RunConfig) -> list[PromptRecord]:
         return make_reasoning_gym(mix, rg.size, rg.seed, keys)
     if d.train_path is not None:
         return load_prompts(d.train_path, field_map=d.field_map, default_task=d.default_task,
-                            format=d.format, on_error=on_error, gold_free_tasks=gold_free(config)).records
+                            format=d.format, on_error=on_error, gold_free_tasks=gold_free(config),
+                            subset=d.subset, split=d.split, keys=("data.subset", "data.split")).records
     env = config.agentic.environment
     if env is not None and env.startswith("verifiers:"):  # the environment's own dataset
         from scalerl.serving.verifiers_env import load_verifiers_env, taskset_records

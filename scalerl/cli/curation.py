@@ -169,6 +169,10 @@ def run_curate(args: argparse.Namespace) -> int:
     from scalerl.data.loaders import load_prompts, write_jsonl_atomic
     from scalerl.training.sft_data import is_sft_file
 
+    lo, hi = args.pass_rate
+    if lo > hi:  # an empty range would keep nothing, silently
+        raise InputError(f"--pass-rate {lo:g} {hi:g}: LO is above HI; give the range as LO HI (e.g. "
+                         f"--pass-rate {hi:g} {lo:g})")
     outs = {"--out": args.out, "--easy": args.easy, "--hard": args.hard, "--dropped": args.dropped}
     paths = {flag: _check_out(p, args.overwrite, flag) for flag, p in outs.items() if p is not None}
     if not paths:
@@ -185,7 +189,6 @@ def run_curate(args: argparse.Namespace) -> int:
     loaded = load_prompts(args.prompts, on_error="skip" if args.skip else "error")
     if loaded.rejects:
         print(f"curate: skipped {loaded.rejects.summary()}", file=sys.stderr)
-    lo, hi = args.pass_rate
     result = curation.curate(loaded.records, min_pass_rate=lo, max_pass_rate=hi, split_at=args.split_at,
                              max_answer_share=args.max_answer_share, drop_guessable=not args.keep_guessable,
                              drop_proofs=not args.keep_proofs)
@@ -196,8 +199,11 @@ def run_curate(args: argparse.Namespace) -> int:
         dropped.append(replace(record, metadata=meta))
     sets = {"--out": result.kept, "--easy": result.easy, "--hard": result.hard, "--dropped": dropped}
     # Everything is decided before anything is written; each file is written whole, by a rename.
+    from scalerl.ownership import writing_output
+
     for flag, path in paths.items():
-        write_jsonl_atomic(sets[flag], path)
+        with writing_output(path, flag):
+            write_jsonl_atomic(sets[flag], path)
     n = len(loaded.records)
     print(f"curate: {n} prompts from {args.prompts}: kept {len(result.kept)}, dropped {len(result.dropped)}")
     for reason, count in sorted(result.counts().items()):
@@ -260,8 +266,11 @@ def run_curate_pairs(args: argparse.Namespace, paths: dict[str, Path]) -> int:
             counts[reason] += 1
             dropped.append({**row, "curate_dropped": reason})
     sets = {"--out": kept, "--dropped": dropped}
+    from scalerl.ownership import writing_output
+
     for flag, path in paths.items():
-        write_rows_atomic(sets[flag], path)
+        with writing_output(path, flag):  # an unwritable folder: exit 2 naming the flag
+            write_rows_atomic(sets[flag], path)
     print(f"curate: {len(rows)} prompt/response rows from {args.prompts}: kept {len(kept)}, "
           f"dropped {len(dropped)}")
     for reason, count in sorted(counts.items()):

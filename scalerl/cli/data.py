@@ -33,11 +33,12 @@ _load_tokenizer = load_tokenizer
 
 
 def _synth(args: argparse.Namespace) -> int:
-    from scalerl.ownership import check_output_file
+    from scalerl.ownership import check_output_file, writing_output
 
     check_output_file(args.out, "--out", overwrite=args.overwrite)
     difficulty = None if args.difficulty is None else tuple(args.difficulty)
-    path = write_synthetic_jsonl(args.out, args.task, args.n, args.seed, difficulty, args.weights)
+    with writing_output(args.out, "--out"):  # whole or not at all: an old file stays until then
+        path = write_synthetic_jsonl(args.out, args.task, args.n, args.seed, difficulty, args.weights)
     print(f"wrote {args.n} {args.task} prompts (seed {args.seed}) to {path}")
     return 0
 
@@ -52,7 +53,7 @@ def check_settings(args: argparse.Namespace) -> tuple[DataConfig, RunConfig]:
     given: dict[str, Any] = {}
     if args.field_map:
         given["field_map"] = dict(args.field_map)
-    for key in ("default_task", "format", "max_prompt_tokens", "template", "system_prompt"):
+    for key in ("default_task", "format", "max_prompt_tokens", "template", "system_prompt", "subset"):
         if getattr(args, key) is not None:
             given[key] = getattr(args, key)
     if args.think:
@@ -158,20 +159,24 @@ def _decontaminate(args: argparse.Namespace) -> int:
         for m in result.matches[:10]:
             print(f"    {m.prompt_source} ({m.prompt_id}) ~ {m.item_source} ({m.set_name} {m.item_id}): "
                   f"{m.shared}/{m.item_ngrams} n-grams, e.g. {m.example[:60]!r}")
-    if report is not None:
-        report.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(report, suffix=".jsonl") as tmp, tmp.open("w", encoding="utf-8") as f:
-            for m in result.matches:
-                f.write(json.dumps(m.to_dict(), ensure_ascii=False) + "\n")
-        print(f"wrote {len(result.matches)} matches to {report}")
-    if pair_rows is None:
-        write_jsonl_atomic(result.kept, out)
-        print(f"wrote {len(result.kept)} prompts to {out}")
-    else:
-        from scalerl.assembly.curation import write_rows_atomic
+    from scalerl.ownership import writing_output
 
-        write_rows_atomic([pair_rows[id(r)] for r in result.kept], out)
-        print(f"wrote {len(result.kept)} prompt/response rows to {out}")
+    if report is not None:
+        with writing_output(report, "--report"):
+            report.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_path(report, suffix=".jsonl") as tmp, tmp.open("w", encoding="utf-8") as f:
+                for m in result.matches:
+                    f.write(json.dumps(m.to_dict(), ensure_ascii=False) + "\n")
+        print(f"wrote {len(result.matches)} matches to {report}")
+    with writing_output(out, "--out"):
+        if pair_rows is None:
+            write_jsonl_atomic(result.kept, out)
+        else:
+            from scalerl.assembly.curation import write_rows_atomic
+
+            write_rows_atomic([pair_rows[id(r)] for r in result.kept], out)
+    what = "prompts" if pair_rows is None else "prompt/response rows"
+    print(f"wrote {len(result.kept)} {what} to {out}")
     return 0
 
 
@@ -204,7 +209,10 @@ def register(subparsers: Any) -> None:
     check.add_argument("--default-task", default=None,
                        help="task for rows without a task column (config key data.default_task; default "
                             f"the config's, else {DEFAULTS.default_task}, as in training)")
-    check.add_argument("--split", help="split of a DatasetDict folder, or file-name prefix in a folder")
+    check.add_argument("--split", help="the split of a dataset or folder holding several (config key "
+                       "data.split; default the config's)")
+    check.add_argument("--subset", help="the config (subset) of a dataset or folder holding several "
+                       "(config key data.subset; default the config's)")
     check.add_argument("--format", choices=FORMATS, default=None,
                        help=f"config key data.format (default the config's, else {DEFAULTS.format})")
     check.add_argument("--skip", action="store_true", help="skip and count bad rows instead of failing "

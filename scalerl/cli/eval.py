@@ -73,6 +73,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("model", metavar="CHECKPOINT_OR_MODEL",
                    help="run directory, checkpoint directory, saved model directory or hub name")
     p.add_argument("--data", metavar="PATH", help="prompt file or folder (default: see above)")
+    p.add_argument("--subset", help="the config (subset) of a --data dataset or folder holding several")
+    p.add_argument("--split", help="the split of a --data dataset or folder holding several")
     p.add_argument("--format", choices=FORMATS, default="auto",
                    help="how --data is read: a file type (default auto: by suffix) or a benchmark's "
                         f"published layout ({', '.join(BENCHMARK_FORMATS)}; docs/data.md)")
@@ -111,7 +113,8 @@ def run_eval(args: argparse.Namespace) -> int:
     k = args.k if args.k is not None else cfg.eval.k
     temperature = args.temperature if args.temperature is not None else cfg.eval.temperature
     seed = args.seed if args.seed is not None else cfg.seed
-    records, what = eval_records(source, args.data, args.max_prompts, args.format)
+    records, what = eval_records(source, args.data, args.max_prompts, args.format, subset=args.subset,
+                                 split=args.split)
     metrics = evaluate_source(source, records, k=k, temperature=temperature, seed=seed, device=args.device,
                               save_samples=save)
     if args.json:

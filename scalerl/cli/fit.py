@@ -13,7 +13,7 @@ import json
 import sys
 
 from scalerl.inputs import InputError
-from scalerl.ownership import check_output_file
+from scalerl.ownership import check_output_file, writing_output
 from scalerl.scaling.analysis import FitOptions, RunAnalysis, analyze_curve
 from scalerl.scaling.compare import PAPER_SEED_MARGIN_A, compare, recipe_name
 from scalerl.scaling.compute_axis import FlopsAxis
@@ -228,6 +228,11 @@ def _analyze(args: argparse.Namespace, opts: FitOptions, extra: list[str] | None
     axis = flops_axis(args)
     curves = read_many([*args.paths, *(extra or [])], x=None if axis else args.x, y=args.y, axis=axis,
                        fmt=args.format)
+    for curve in curves:  # a curve trained under more than one config: say so where it changed
+        for change in getattr(curve, "config_changes", ()):
+            print(f"scalerl {args.command}: note: {curve.label} changed {change['key']} from "
+                  f"{json.dumps(change['from'])} to {json.dumps(change['to'])} after step {change['step']} "
+                  "(a resumed session; sessions.jsonl)", file=sys.stderr)
     return [analyze_curve(c, opts) for c in curves]
 
 
@@ -289,15 +294,16 @@ def run_fit(args: argparse.Namespace) -> int:
 
         x_label, y_label = _axis_labels(analyses)
         extend = max([*(args.predict_at or ()), *(1.5 * float(a.fit.compute.max()) for a in analyses)])
-        plot_fits(
-            [FitPlotItem(a.curve.label, a.fit, a.boot, a.power_law, a.predictions) for a in analyses],
-            args.plot,
-            x_label=x_label,
-            y_label=y_label,
-            title=_fit_title(analyses),
-            extend_to=1.15 * extend,
-            level=args.level,
-        )
+        with writing_output(args.plot, "--plot"):
+            plot_fits(
+                [FitPlotItem(a.curve.label, a.fit, a.boot, a.power_law, a.predictions) for a in analyses],
+                args.plot,
+                x_label=x_label,
+                y_label=y_label,
+                title=_fit_title(analyses),
+                extend_to=1.15 * extend,
+                level=args.level,
+            )
         if not args.json:
             text += f"\n\nplot written to {args.plot}"
     sys.stdout.write(text + "\n")

@@ -21,8 +21,13 @@ at the first evaluation whose unflagged forecast pins A to an interval narrower 
 
 SIGTERM or Ctrl-C: the run stops at the next safe point, writes a checkpoint and exits with
 128 + the signal number (143, 130); `--resume` continues it. `--resume` verifies the checkpoint's
-manifest and falls back to the previous one, with a warning, if the latest is corrupt; a run killed
-before its first checkpoint starts again from step 0 with its saved config.
+manifest and falls back to the previous one, with a warning, if the latest is corrupt; one without a
+manifest is refused unless `--trust-unverified`; a run killed before its first checkpoint starts
+again from step 0 with its saved config. A checkpoint of another run is refused unless
+`--resume-from-other`, which starts a new run from it in a new or empty `--output-dir` (`run.json`
+names the parent). Config files and overrides given with `--resume` change the saved config: each
+changed key is printed and recorded in `sessions.jsonl`; the model, the data, the held-out split,
+the seed and the loss cannot change (docs/reliability.md, "The run folder").
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from scalerl.assembly.run import (
     stderr_say,
     train_run,
 )
+from scalerl.assembly.run_folder import RUN_FILE, absolute_paths
 from scalerl.inputs import InputError, MissingInputError
 
 # flag -> config key; each flag is sugar for one override.
@@ -95,7 +101,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved config (recipe, files, flags, overrides) as YAML and exit")
     p.add_argument("--resume", nargs="?", const="latest", metavar="CHECKPOINT",
-                   help="continue from a checkpoint (default: the run directory's latest)")
+                   help="continue from a checkpoint (default: the run directory's latest); a checkpoint of "
+                        "another run is refused unless --resume-from-other")
+    p.add_argument("--resume-from-other", action="store_true",
+                   help="with --resume CHECKPOINT of another run: start a new run in --output-dir (a new or "
+                        "empty folder) from it, its parent recorded in run.json; the other run is untouched")
+    p.add_argument("--trust-unverified", action="store_true",
+                   help="load a checkpoint that has no manifest.json (its files cannot be verified)")
     p.set_defaults(func=run_train)
 
 
@@ -109,25 +121,84 @@ def flag_overrides(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def _resume_checkpoint(spec: str, run_dir: Path) -> Path | None:
+def _warn(message: str) -> None:
+    print(f"train: warning: {message}", file=sys.stderr)
+
+
+def _resume_checkpoint(spec: str, run_dir: Path, *, from_other: bool = False,
+                       trust_unverified: bool = False) -> Path | None:
     """The checkpoint `--resume` continues from: `spec`, verified, or the run's newest valid one.
 
-    None: the run has no checkpoint yet (killed before its first one); it starts again.
+    A checkpoint of another run (`run_folder.checkpoint_origin`) is refused unless `from_other`;
+    one without a manifest is refused unless `trust_unverified`. None: the run has no checkpoint
+    yet (killed before its first one); it starts again.
     """
-    from scalerl.training.checkpoint import latest_valid_checkpoint, verify_checkpoint
+    from scalerl.assembly.run_folder import checkpoint_origin
+    from scalerl.training.checkpoint import latest_valid_checkpoint, require_verified
 
     if spec != "latest":
         path = Path(spec)
         if not path.is_dir():
             raise MissingInputError(f"--resume: checkpoint {path} not found")
-        if not verify_checkpoint(path):
-            print(f"train: warning: {path} has no manifest (an older scalerl wrote it); not verified",
-                  file=sys.stderr)
+        origin = checkpoint_origin(path, run_dir)
+        if origin is not None and not from_other:
+            raise InputError(f"--resume: {origin}; resuming it here would mix two runs' curves and "
+                             f"checkpoints. Pass --resume-from-other with a new --output-dir to start a new "
+                             "run from it")
+        if origin is None and from_other:
+            raise InputError(f"--resume-from-other: {path} is a checkpoint of the run in {run_dir} itself; "
+                             "drop --resume-from-other to continue it")
+        require_verified(path, trust_unverified=trust_unverified, warn=_warn)
         return path
+    if from_other:
+        raise InputError("--resume-from-other: name the other run's checkpoint: --resume CHECKPOINT")
     if not (run_dir / CONFIG_FILE).is_file():
         raise MissingInputError(f"--resume: {run_dir} holds no run to resume (no {CONFIG_FILE}); "
                                 "check --output-dir / output_dir")
-    return latest_valid_checkpoint(run_dir, warn=lambda m: print(f"train: warning: {m}", file=sys.stderr))
+    return latest_valid_checkpoint(run_dir, warn=_warn, trust_unverified=trust_unverified)
+
+
+def _resumed_config(args: argparse.Namespace, overrides: list[str], run_dir: Path, base_dir: Path,
+                    resume: Path | None, new_run: bool) -> tuple[Any, dict[str, Any]]:
+    """The config a resumed run continues with, and what its session record says about it.
+
+    The run's saved config (`base_dir/config.yaml`) is the base; the config files and overrides
+    given now layer on top. Every changed key is listed on stderr and recorded; a key a run cannot
+    change mid-way (`run_folder.FROZEN_KEYS`) is refused, naming each. A new run started from
+    another run's checkpoint (`new_run`) may change anything but the model its weights are.
+    """
+    from scalerl.assembly.run_folder import absolute_paths, config_changes, describe_change, frozen_changes
+    from scalerl.config import build_config, yaml_layer
+    from scalerl.training.checkpoint import checkpoint_step
+
+    saved_file = base_dir / CONFIG_FILE
+    if args.recipe and saved_file.is_file():
+        saved_recipe = build_config([yaml_layer(saved_file)]).recipe
+        if args.recipe != saved_recipe:
+            raise InputError(f"--recipe {args.recipe}: a resumed run keeps its recipe ({saved_recipe}, "
+                             f"{saved_file}); change single keys with -c or KEY=VALUE")
+    cfg = resolve_run_config(args.recipe, args.config, overrides, resume_dir=base_dir)
+    cfg.output_dir = str(run_dir)
+    if new_run and args.name is None and not any(o.startswith("name=") for o in overrides):
+        cfg.name = run_dir.name or cfg.name
+    cfg = absolute_paths(cfg)
+    session: dict[str, Any] = {}
+    if not saved_file.is_file():
+        return cfg, session
+    saved = absolute_paths(build_config([yaml_layer(saved_file)]))  # relative: as the run read them
+    changes = [c for c in config_changes(saved, cfg) if not (new_run and c["key"] == "name")]
+    frozen = [c for c in frozen_changes(changes) if not new_run or c["key"].startswith("model.")]
+    if frozen:
+        what = "; ".join(describe_change(c) for c in frozen)
+        raise InputError(f"--resume: {what}: cannot change in a resumed run ({saved_file} holds the run's "
+                         "config); start a new run (a new --output-dir) to change "
+                         + ("it" if len(frozen) == 1 else "them"))
+    step = checkpoint_step(resume) if resume is not None else 0
+    for change in changes:
+        print(f"train: config change from step {step}: {describe_change(change)}", file=sys.stderr)
+    if changes:
+        session.update(config_changes=changes, from_step=step)
+    return cfg, session
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -148,9 +219,17 @@ def run_train(args: argparse.Namespace) -> int:
     check_device(args.device)
     run_dir = Path(probe.output_dir)
     resume = None
+    session: dict[str, Any] = {}
+    from_other = bool(getattr(args, "resume_from_other", False))
+    if from_other and args.resume is None:
+        raise InputError("--resume-from-other: needs --resume CHECKPOINT (the other run's checkpoint)")
     if args.resume is not None:
-        resume = _resume_checkpoint(args.resume, run_dir)
-        cfg = resolve_run_config(args.recipe, args.config, overrides, resume_dir=run_dir)
+        resume = _resume_checkpoint(args.resume, run_dir, from_other=from_other,
+                                    trust_unverified=bool(getattr(args, "trust_unverified", False)))
+        if from_other:
+            session = _new_lineage(run_dir, resume)
+            return _start_from_other(args, overrides, run_dir, resume, session)
+        cfg, session = _resumed_config(args, overrides, run_dir, run_dir, resume, new_run=False)
         check_run_inputs(cfg)
         if resume is None:
             print(f"train: {run_dir} has no checkpoint yet (stopped before its first one): starting it "
@@ -174,11 +253,46 @@ def run_train(args: argparse.Namespace) -> int:
         for line in tiny_default_advice(probe):
             print(f"train: warning: {line}", file=sys.stderr)
         check_output_dir_owned(run_dir, TRAIN_KIND, "--output-dir")
-        cfg = prepare_model(probe, say=stderr_say)
-        for stale in (SESSIONS_FILE, ERROR_LOG):  # a new run's history starts here (the folder is ours)
+        cfg = absolute_paths(prepare_model(probe, say=stderr_say))
+        for stale in (SESSIONS_FILE, ERROR_LOG, RUN_FILE):  # a new run's history starts here (ours)
             (run_dir / stale).unlink(missing_ok=True)
     return train_run(cfg, run_dir, resume=resume, device=args.device, say=stderr_say,
-                     owner=TRAIN_KIND if resume is None and args.resume is None else None)
+                     owner=TRAIN_KIND if resume is None and args.resume is None else None, session=session)
+
+
+def _new_lineage(run_dir: Path, resume: Path) -> dict[str, Any]:
+    """Where a run started from another run's checkpoint comes from (`run.json`'s parent); its
+    output folder must hold no run (new, empty, or an own folder without one)."""
+    from scalerl.assembly.run_folder import checkpoint_run, run_id
+    from scalerl.ownership import check_output_dir_owned
+    from scalerl.training.checkpoint import checkpoint_step
+
+    for held in (METRICS_FILE, CONFIG_FILE):
+        if (run_dir / held).exists():
+            raise InputError(f"--resume-from-other: {run_dir} already holds a run ({held}); a run started "
+                             "from another run's checkpoint goes into a new or empty --output-dir")
+    check_output_dir_owned(run_dir, TRAIN_KIND, "--output-dir")
+    owner = checkpoint_run(resume)
+    return {"parent": {"run_id": run_id(owner) if owner is not None else None,
+                       "run_dir": str(owner.resolve()) if owner is not None else None,
+                       "checkpoint": str(resume.resolve()), "step": checkpoint_step(resume)}}
+
+
+def _start_from_other(args: argparse.Namespace, overrides: list[str], run_dir: Path, resume: Path,
+                      lineage: dict[str, Any]) -> int:
+    from scalerl.assembly.inputs import check_run_inputs
+    from scalerl.assembly.run_folder import checkpoint_run
+
+    owner = checkpoint_run(resume)
+    base = owner if owner is not None and (owner / CONFIG_FILE).is_file() else run_dir
+    cfg, session = _resumed_config(args, overrides, run_dir, base, resume, new_run=True)
+    check_run_inputs(cfg)
+    finished = finished_step(resume, cfg)
+    if finished is not None:
+        raise InputError(f"--resume-from-other: {resume} is at step {finished}, max_steps is "
+                         f"{cfg.max_steps}; raise --max-steps to train further")
+    return train_run(cfg, run_dir, resume=resume, device=args.device, say=stderr_say, owner=TRAIN_KIND,
+                     session={**lineage, **session})
 
 
 __all__ = ["FLAG_KEYS", "flag_overrides", "register", "run_train"]

@@ -6,14 +6,17 @@
     scalerl watch verl_log.jsonl wandb_export.csv --x gpu_hours # other frameworks' logs
     scalerl watch runs/tb/ --y eval/reward --x step             # TensorBoard, TRL, MLflow, verl logs
 
-One row per run: its last step, its compute, its last held-out pass rate, the forecast asymptote
-A with its 95% interval, B, and the compute beyond the run's data that would pin A to +-a_width
-(`forecast_compute_to_pin`). A scalerl run folder is read as it is being written (by this
-machine's run or a Ray task's: a last line still being written is left for the next refresh), and
-its forecast is the one the run logged on its newest eval row (`scalerl.scaling.live`; the row says
-which evaluation it fitted). Anything else (a run without a logged forecast, a JSONL or CSV log of
+One row per run: its last step, its compute, its last held-out pass rate, the forecast (the 95%
+interval of the asymptote A; the point A only once it is pinned, printed by the function the
+run's progress line uses: `scaling.live.forecast_text`), B, and the compute beyond the run's data
+that would pin A to +-a_width (`forecast_compute_to_pin`). A scalerl run folder is read as it is
+being written (by this machine's run or a Ray task's: a last line still being written is left for
+the next refresh), and its forecast is the one the run logged on its newest eval row
+(`scalerl.scaling.live`; the row says which evaluation it fitted, and its `forecast_shown` the
+steady state shown). Anything else (a run without a logged forecast, a JSONL or CSV log of
 another framework, a W&B export, TensorBoard event files, a TRL trainer_state.json, an MLflow run
-folder, a verl console log: the readers `scalerl fit` has) is fitted here the same way.
+folder, a verl console log: the readers `scalerl fit` has) is fitted here the same way, once per
+refresh; with no history of fits, it shows that fit's own state (no hysteresis).
 `--plot` redraws the curves and their fitted sigmoids into one PNG at every refresh.
 """
 
@@ -44,6 +47,14 @@ class WatchRow:
     to_pin: float | None
     status: str
     note: str = ""  # which evaluation the forecast fitted, or why there is none
+    shown: str | None = None  # the logged steady state (forecast_shown); None: this fit's own
+
+    def forecast_fields(self) -> dict[str, Any]:
+        """The row's forecast as eval-row keys (what `scaling.live.forecast_text` reads)."""
+        if self.status == "-":
+            return {}
+        return {"forecast_A": self.A, "forecast_A_lo": self.A_lo, "forecast_A_hi": self.A_hi,
+                "forecast_status": self.status, "forecast_shown": self.shown}
 
 
 def _num(value: object) -> float | None:
@@ -72,7 +83,8 @@ def _run_dir_row(path: Path, x: str, y: str, a_width: float) -> WatchRow:
                         _num(logged.get("forecast_B")), _num(logged.get("forecast_compute_to_pin")),
                         str(logged.get("forecast_status", "")),
                         f"logged at step {logged.get('step')} "
-                        f"(fit through step {logged.get('forecast_step')})")
+                        f"(fit through step {logged.get('forecast_step')})",
+                        shown if isinstance(shown := logged.get("forecast_shown"), str) else None)
     if not evals:
         return WatchRow(label, last_step, compute, None, None, None, None, None, None, "-",
                         "no evaluation yet")
@@ -123,19 +135,22 @@ def collect(paths: Sequence[str], x: str | None, y: str | None, a_width: float,
     return out
 
 
-def render(rows: Sequence[WatchRow], x_name: str) -> str:
-    from scalerl.scaling.report import interval, num, table
+def render(rows: Sequence[WatchRow], x_name: str, a_width: float = 0.02) -> str:
+    """The table: the forecast column is `scaling.live.forecast_text`, the function the run's
+    progress line prints with (the interval; the point only once pinned to +-a_width)."""
+    from scalerl.scaling.live import forecast_text
+    from scalerl.scaling.report import num, table
 
     body = [[r.run, r.step, num(r.compute), num(r.pass_rate, 3),
-             f"{num(r.A, 3)} {interval(r.A_lo, r.A_hi, 3)}".strip() if r.A is not None else "-",
-             num(r.B, 3), num(r.to_pin), r.status] for r in rows]
-    head = ["run", "step", x_name, "pass rate", "A [95%]", "B", "compute to pin A", "forecast"]
+             forecast_text(r.forecast_fields(), a_width) or "-", num(r.B, 3), num(r.to_pin)] for r in rows]
+    head = ["run", "step", x_name, "pass rate", "forecast (95% interval of A)", "B", "compute to pin A"]
     notes = [f"  {r.run}: {r.note}" for r in rows if r.note]
     return "\n".join([table(head, body), *notes])
 
 
-def write_plot(paths: Sequence[str], x: str | None, y: str | None, out: str, fmt: str | None = None) -> None:
-    """Every readable curve with its fitted sigmoid and band, into `out` (atomically)."""
+def write_plot(paths: Sequence[str], x: str | None, y: str | None, out: str, fmt: str | None = None) -> int:
+    """Every readable curve with its fitted sigmoid and band, into `out` (atomically); how many
+    curves it drew (0: none can be fitted yet, and `out` was not written)."""
     from scalerl.scaling.analysis import FitOptions, analyze_curve
     from scalerl.scaling.io import curve_from_rows, read_curves, read_rows, run_label
     from scalerl.scaling.logs import detect_format
@@ -158,6 +173,7 @@ def write_plot(paths: Sequence[str], x: str | None, y: str | None, out: str, fmt
         extend = max(1.5 * float(i.fit.compute.max()) for i in items)
         plot_fits(items, out, x_label=x or "compute", y_label=y or "val_pass_rate",
                   title="scalerl watch: curves and forecasts", extend_to=extend)
+    return len(items)
 
 
 def run_watch(args: argparse.Namespace) -> int:
@@ -168,15 +184,21 @@ def run_watch(args: argparse.Namespace) -> int:
     if args.plot:
         from scalerl.ownership import check_output_file
 
-        check_output_file(args.plot, "--plot", overwrite=True)
+        # An existing file is replaced only when --overwrite hands it over; from the first refresh
+        # on, the file is this command's own and each refresh rewrites it.
+        check_output_file(args.plot, "--plot", overwrite=args.overwrite)
+    from scalerl.ownership import writing_output
+
     x_name = args.x or "compute_device_hours"
     try:
         while True:
             rows = collect(args.paths, args.x, args.y, args.a_width, args.format)
-            text = render(rows, x_name)
+            text = render(rows, x_name, args.a_width)
             if args.plot:
-                write_plot(args.paths, args.x, args.y, args.plot, args.format)
-                text += f"\nplot written to {args.plot}"
+                with writing_output(args.plot, "--plot"):
+                    drawn = write_plot(args.paths, args.x, args.y, args.plot, args.format)
+                text += (f"\nplot written to {args.plot} ({drawn} curve(s))" if drawn else
+                         f"\nplot not written: no curve can be fitted yet ({args.plot} left as it was)")
             if args.once:
                 sys.stdout.write(text + "\n")
                 return 0
@@ -203,13 +225,16 @@ def register(subparsers: Any) -> None:
     p.add_argument("--once", action="store_true", help="print the table once and exit")
     p.add_argument("--interval", type=float, default=10.0, metavar="S", help="seconds between refreshes")
     p.add_argument("--plot", metavar="PNG",
-                   help="rewrite this figure of the curves and fits at every refresh")
+                   help="rewrite this figure of the curves and fits at every refresh (a new file, or an "
+                        "existing one with --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --plot file")
     p.add_argument("--x", metavar="COL", help="compute column (default compute_device_hours)")
     p.add_argument("--y", metavar="COL", help="reward column or tag (default val_pass_rate)")
     p.add_argument("--format", choices=("scalerl", "tensorboard", "trl", "mlflow", "verl"), metavar="FMT",
                    help="log format (scalerl, tensorboard, trl, mlflow, verl; default: detected)")
     p.add_argument("--a-width", type=float, default=0.02, metavar="W",
-                   help="target half-width on A for 'compute to pin A' of curves fitted here (default 0.02)")
+                   help="target half-width on A of curves fitted here: 'compute to pin A', and the "
+                   "point shown once the interval is narrower than 2W (default 0.02)")
     p.set_defaults(func=run_watch)
 
 

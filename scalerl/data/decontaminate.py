@@ -49,6 +49,18 @@ def record_text(record: PromptRecord) -> str:
     return "\n".join(t["content"] for t in record.messages or () if t["role"] != "assistant")
 
 
+def normal_text(record: PromptRecord) -> str:
+    """A record's compared text as its words (`words`): case, punctuation and spacing ignored."""
+    return " ".join(words(record_text(record)))
+
+
+def overlap_ids(train: Iterable[PromptRecord], items: Iterable[PromptRecord]) -> list[str]:
+    """Ids of the evaluation `items` whose prompt is, word for word (`normal_text`), a training
+    prompt's: the same problem on both sides, whatever its id. A run reports their count per set."""
+    seen = {normal_text(r) for r in train}
+    return [item.id for item in items if normal_text(item) in seen]
+
+
 @dataclass(frozen=True)
 class Match:
     """One contaminated (prompt, evaluation item) pair."""
@@ -163,4 +175,4 @@ def decontaminate(
 
 
 __all__ = ["DEFAULT_N", "DecontaminationResult", "Match", "NgramIndex", "decontaminate", "ngrams",
-           "record_text", "words"]
+           "normal_text", "overlap_ids", "record_text", "words"]

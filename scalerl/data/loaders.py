@@ -11,14 +11,16 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import sys
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from scalerl.data.benchmarks import BENCHMARK_FORMATS, row_to_benchmark_record
 from scalerl.data.fields import check_field_map, row_to_record
+from scalerl.data.layout import choose, group_files
 from scalerl.data.records import PromptRecord
 from scalerl.data.rejects import (
     DataError,
@@ -64,6 +66,9 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, Row]]:
             except json.JSONDecodeError as err:
                 yield lineno, RowError("invalid JSON", f"not valid JSON ({err.msg}, column {err.colno})")
                 continue
+            except RecursionError:  # a row nested deeper than Python's parser goes: a bad row too
+                yield lineno, RowError("invalid JSON", "nested too deeply to parse")
+                continue
             if isinstance(obj, dict):
                 yield lineno, obj
             else:
@@ -81,6 +86,8 @@ def _iter_json(path: Path) -> Iterator[tuple[int, Row]]:
         items = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise DataError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+    except RecursionError:
+        raise DataError(f"{path}: not valid JSON (nested too deeply to parse)") from None
     for index, obj in enumerate(items):
         if isinstance(obj, dict):
             yield index, obj
@@ -132,28 +139,98 @@ def _iter_parquet(path: Path) -> Iterator[tuple[int, Row]]:
             index += 1
 
 
-def _iter_hf_dataset(path: Path, split: str | None) -> Iterator[tuple[int, Row]]:
+def _import_datasets(what: str) -> Any:
     try:
         import datasets
     except ImportError:
         raise DataError(
-            f"{path}: a Hugging Face `datasets` folder; reading it needs the optional dependency "
-            "`datasets` (pip install 'scalerl[datasets]')"
+            f"{what}; reading it needs the optional dependency `datasets` "
+            "(pip install 'scalerl[datasets]')"
         ) from None
+    return datasets
+
+
+def _one_split(loaded: Any, where: str, split: str | None, keys: tuple[str, str]) -> Any:
+    """One split of a `DatasetDict` (the only one, or `split`); a DataError naming the splits and
+    the key to choose with otherwise. A `Dataset` is returned as it is."""
+    if not hasattr(loaded, "keys"):
+        return loaded
+    names = sorted(loaded.keys())
+    if split is None:
+        if len(names) != 1:
+            raise DataError(f"{where}: holds {len(names)} splits {names}; choose one with {keys[1]}")
+        split = names[0]
+    if split not in loaded:
+        raise DataError(f"{where}: {keys[1]}={split!r} is not a split of this dataset; its splits are "
+                        f"{names}")
+    return loaded[split]
+
+
+def _iter_hf_dataset(path: Path, split: str | None, keys: tuple[str, str] = ("subset", "split")
+                     ) -> Iterator[tuple[int, Row]]:
+    datasets = _import_datasets(f"{path}: a Hugging Face `datasets` folder")
     try:
         loaded = datasets.load_from_disk(str(path))
     except (ValueError, OSError, KeyError, TypeError) as err:
         # datasets' own message names neither the folder nor which of its files is bad.
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise DataError(f"{path}: unreadable Hugging Face `save_to_disk` folder ({reason})") from None
-    if isinstance(loaded, datasets.DatasetDict):
-        names = sorted(loaded.keys())
-        if split is None and len(names) == 1:
-            split = names[0]
-        if split not in loaded:
-            raise DataError(f"{path}: split {split!r} not in this DatasetDict; its splits are {names}")
-        loaded = loaded[split]
-    yield from enumerate(loaded)
+    yield from enumerate(_one_split(loaded, str(path), split, keys))
+
+
+def _iter_load_dataset(name: str, subset: str | None, split: str | None,
+                       keys: tuple[str, str]) -> Iterator[tuple[int, Row]]:
+    """Rows of `datasets.load_dataset(name, subset, split=split)`: a Hub id, or a local snapshot
+    folder whose README.md declares its configs. Several configs or splits and none chosen: a
+    DataError naming them and the key to choose with (`keys`: subset's and split's)."""
+    datasets = _import_datasets(f"{name}: a dataset read by `datasets.load_dataset`")
+    try:
+        configs = list(datasets.get_dataset_config_names(name))
+    except Exception as err:  # network, missing repo, unreadable README: datasets raises many types
+        raise DataError(f"{name}: not a local file or folder, and `datasets` cannot read it as a dataset "
+                        f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+    if subset is None and len(configs) > 1:
+        raise DataError(f"{name}: holds {len(configs)} configs (subsets) {sorted(configs)}; choose one "
+                        f"with {keys[0]}")
+    if subset is not None and configs and subset not in configs:
+        raise DataError(f"{name}: {keys[0]}={subset!r} is not a config of this dataset; its configs are "
+                        f"{sorted(configs)}")
+    try:
+        loaded = datasets.load_dataset(name, subset)
+    except Exception as err:
+        raise DataError(f"{name}: `datasets.load_dataset` failed ({type(err).__name__}: "
+                        f"{str(err).splitlines()[0] if str(err) else ''})") from None
+    yield from enumerate(_one_split(loaded, name, split, keys))
+
+
+def declares_configs(path: Path) -> bool:
+    """A dataset folder whose README.md front matter declares `configs:` (a Hub snapshot):
+    `datasets.load_dataset` reads it by those declarations."""
+    readme = path / "README.md"
+    if not readme.is_file():
+        return False
+    lines = readme.read_text(encoding="utf-8", errors="replace").splitlines()
+    if not lines or lines[0].strip() != "---":
+        return False
+    for line in lines[1:]:
+        if line.strip() == "---":
+            return False
+        if line.startswith("configs:"):
+            return True
+    return False
+
+
+# A Hugging Face Hub id ("openai/gsm8k") given where no local path of that name exists; a name
+# ending in a data file's suffix is a missing file, not an id.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+
+
+def is_hub_id(text: str) -> bool:
+    """`owner/name`, not ending in a data file suffix (`data/train.jsonl` is a missing file), whose
+    `owner` is no local folder (`data/gsm8k` with a `data/` here is a mistyped local path, not a
+    reason to ask the Hub)."""
+    return (bool(_HUB_ID.match(text)) and not text.lower().endswith(FILE_SUFFIXES)
+            and not Path(text.split("/", 1)[0]).is_dir())
 
 
 def _file_format(path: Path, fmt: str) -> str:
@@ -189,16 +266,10 @@ def is_hf_dataset_dir(path: Path) -> bool:
     )
 
 
-def _split_matches(rel: Path, split: str) -> bool:
-    # Hub layouts: "train/part-0.parquet", "data/train-00000-of-00001.parquet", "train.jsonl".
-    if split in rel.parts[:-1]:
-        return True
-    name = rel.name
-    return any(name.startswith(split + sep) for sep in ("-", "_", "."))
-
-
-def data_files(root: Path, split: str | None = None, fmt: str = "auto") -> list[Path]:
-    """Data files under a folder (of one format, or any supported), sorted, optionally of one split."""
+def data_files(root: Path, split: str | None = None, fmt: str = "auto", subset: str | None = None,
+               keys: tuple[str, str] = ("subset", "split")) -> list[Path]:
+    """Data files under a folder (of one format, or any supported), sorted, of one config and one
+    split (`scalerl.data.layout`: a folder holding several is refused unless they are chosen)."""
     suffixes = FILE_SUFFIXES if fmt == "auto" else FORMAT_SUFFIXES[fmt]
     found = sorted(
         p for p in root.rglob("*")
@@ -206,33 +277,42 @@ def data_files(root: Path, split: str | None = None, fmt: str = "auto") -> list[
             part.startswith(".") for part in p.relative_to(root).parts
         )
     )
-    if split is not None:
-        found = [p for p in found if _split_matches(p.relative_to(root), split)]
     if not found:
-        which = f" for split {split!r}" if split else ""
-        raise DataError(f"{root}: no {'/'.join(suffixes)} files{which} in this folder")
-    return found
+        raise DataError(f"{root}: no {'/'.join(suffixes)} files in this folder")
+    try:
+        return choose(root, group_files(root, found), subset, split, keys)
+    except ValueError as err:
+        raise DataError(str(err)) from None
 
 
 def _sources(
-    path: Path, split: str | None, fmt: str
+    path: Path, split: str | None, fmt: str, subset: str | None = None,
+    keys: tuple[str, str] = ("subset", "split"),
 ) -> Iterator[tuple[Path, str, Iterable[tuple[int, Row]]]]:
     """(file shown in `source`, id prefix for rows without an id, rows) for each file to read."""
     if path.is_dir():
         if fmt == "hf" or (fmt == "auto" and is_hf_dataset_dir(path)):
             if not is_hf_dataset_dir(path):
                 raise DataError(f"{path}: format 'hf' needs a folder written by `save_to_disk`")
-            yield path, path.name, _iter_hf_dataset(path, split)
+            if subset is not None:
+                raise DataError(f"{path}: {keys[0]}={subset!r}: a `save_to_disk` folder has no configs "
+                                f"(unset {keys[0]})")
+            yield path, path.name, _iter_hf_dataset(path, split, keys)
             return
-        for file in data_files(path, split, fmt):
+        if fmt == "auto" and declares_configs(path):
+            yield path, path.name, _iter_load_dataset(str(path), subset, split, keys)
+            return
+        for file in data_files(path, split, fmt, subset, keys):
             rel = file.relative_to(path)
             yield file, str(rel.with_suffix("")), _iter_file(file, fmt)
         return
+    if subset is not None or split is not None:
+        raise DataError(f"{path}: a single file has no configs or splits (unset {keys[0]} / {keys[1]})")
     yield path, path.stem, _iter_file(path, fmt)
 
 
 def load_prompts(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
     field_map: Mapping[str, str] | None = None,
     default_task: str | None = None,
@@ -240,13 +320,22 @@ def load_prompts(
     format: str = "auto",
     on_error: OnError = "error",
     gold_free_tasks: Collection[str] = (),
+    subset: str | None = None,
+    keys: tuple[str, str] = ("subset", "split"),
 ) -> LoadResult:
-    """Load prompt records from a file or folder.
+    """Load prompt records from a file, a folder, a list of them, or a dataset id.
+
+    `path`: a data file; a folder of data files (one config and one split of it,
+    `scalerl.data.layout`); a `save_to_disk` folder (a `Dataset`, or one split of a `DatasetDict`);
+    a folder whose README.md declares its configs (a Hub snapshot) or a Hub id, both read by
+    `datasets.load_dataset`; or a list of any of these, read in order. `subset` (the config name)
+    and `split` choose within a folder or dataset that holds several; one that holds several and
+    none chosen is a `DataError` naming them and the key to choose with (`keys`: how the caller
+    names subset and split, e.g. `("data.subset", "data.split")`).
 
     `field_map` maps record fields to column names (`{"prompt": "question", "answer": "solution"}`);
     unmapped record fields are read from the column of the same name, and other columns go into
-    `metadata`. `default_task` is used when a row has no task column. `split` picks one split of a
-    `DatasetDict` folder or the matching files of a folder of data files. `format` ("auto": by
+    `metadata`. `default_task` is used when a row has no task column. `format` ("auto": by
     suffix, or one of `FORMATS`) forces the reader of a file, or the file type read in a folder;
     a benchmark name (`scalerl.data.benchmarks.BENCHMARK_FORMATS`: gsm8k, math, aime, amc,
     humaneval, mbpp) reads files by suffix and their rows in that benchmark's published layout.
@@ -263,16 +352,29 @@ def load_prompts(
     if benchmark is not None and fmap:
         raise DataError(f"field_map: format {benchmark!r} reads the benchmark's own columns; "
                         "drop the field map (or use format auto with one)")
-    root = Path(path)
-    if not root.exists():
-        raise MissingDataError(f"prompt data not found: {root}")
+    paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    if not paths:
+        raise DataError("no prompt data path given (an empty list)")
     file_format = "auto" if benchmark is not None else format
+
+    sources: list[tuple[Path, str, Iterable[tuple[int, Row]]]] = []
+    for one in paths:
+        root = Path(one)
+        if root.exists() and not root.is_dir() and not root.is_file():  # a FIFO: reading could block
+            raise DataError(f"{root}: not a regular file or folder")
+        if root.exists():
+            sources.extend(_sources(root, split, file_format, subset, keys))
+        elif file_format == "auto" and is_hub_id(str(one)):
+            sources.append((root, root.name, _iter_load_dataset(str(one), subset, split, keys)))
+        else:
+            raise MissingDataError(f"prompt data not found: {root}")
+    shown = str(paths[0]) if len(paths) == 1 else f"{paths[0]} (+{len(paths) - 1} more)"
 
     records: list[PromptRecord] = []
     first_seen: dict[str, str] = {}
     rejects = RejectLog()
     rows_read = 0
-    for file, id_prefix, rows in _sources(root, split, file_format):
+    for file, id_prefix, rows in sources:
         try:
             for n, row in rows:
                 rows_read += 1
@@ -301,10 +403,12 @@ def load_prompts(
                 records.append(record)
         except UnicodeDecodeError as err:
             raise DataError(f"{file}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        except OSError as err:  # unreadable (permissions, a FIFO's error, EIO): the user's file, named
+            raise DataError(f"{file}: cannot read ({err.strerror or err})") from None
 
-    settle(rejects, on_error, str(root))
+    settle(rejects, on_error, shown)
     if not records:
-        raise DataError(f"{root}: no usable prompt rows ({rows_read} read)\n{rejects.summary()}")
+        raise DataError(f"{shown}: no usable prompt rows ({rows_read} read)\n{rejects.summary()}")
     return LoadResult(records=records, rows_read=rows_read, rejects=rejects)
 
 

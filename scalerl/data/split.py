@@ -49,7 +49,7 @@ def split_heldout(records: Sequence[PromptRecord], n_heldout: int, seed: int) ->
     if n_heldout < 0:
         raise ValueError(f"n_heldout: must be >= 0, got {n_heldout}")
     if n_heldout >= len(records):
-        raise ValueError(
+        raise DataError(  # bad input (data.heldout_size against the prompts given): exit 2
             f"n_heldout: {n_heldout} held-out prompts leave none of the {len(records)} for training"
         )
     _check_unique(records)

@@ -18,6 +18,9 @@ A plain mapping of tensors (a local trainer) goes through the object store from 
 After every sync each live engine's fingerprints of what it holds are compared with the sender's
 (`scalerl.rollout.fingerprint`: rank 0 fingerprints what it gathered, in the engines' weight dtype);
 a mismatch raises `WeightSyncError` naming the engine, the tensor and the version: the run stops.
+Then every live engine scores the run's probe and its log-probs are compared with the trainer
+ranks' at the same version (`scalerl.rollout.probe`: what the engine computes, where tensors cannot
+be read back); a gap beyond the tolerance stops the run the same way.
 Every wait is bounded by `distributed.timeout_s`; `publish_seconds` / `last_seconds` time each sync.
 """
 
@@ -42,6 +45,7 @@ from scalerl.rollout.fingerprint import (
     state_fingerprints,
     verify,
 )
+from scalerl.rollout.probe import ProbeFigures, SyncProbe, check_probe, tolerance
 
 
 @dataclass
@@ -94,7 +98,8 @@ class RayWeightChannel:
     """`WeightChannel` onto an `EnginePool` (module docstring)."""
 
     def __init__(
-        self, pool: EnginePool, *, mode: str, backend: str = "gloo", timeout_s: float = 300.0
+        self, pool: EnginePool, *, mode: str, backend: str = "gloo", timeout_s: float = 300.0,
+        probe: SyncProbe | None = None,
     ) -> None:
         if mode not in ("object_store", "collective"):
             raise ValueError(f"distributed.weight_sync: unknown {mode!r} (object_store or collective)")
@@ -107,6 +112,8 @@ class RayWeightChannel:
         self.last_seconds = 0.0
         self.syncs = 0
         self.verification = SyncFigures()
+        self.probe = probe
+        self.probe_figures = ProbeFigures()
         self._group_members: tuple[int, ...] | None = None
         self._group_rank0: Any = None
         # A restarted engine's sync (the pool loads and checks it, on the thread that steps it)
@@ -128,6 +135,7 @@ class RayWeightChannel:
             self.pool.update_weights(state, version)
         self.pool.last_expected = expected  # what a restarted engine is checked against
         self._verify(expected, version)
+        self._probe(version)
         self.last_seconds = time.perf_counter() - start
         self.publish_seconds += self.last_seconds
         self.syncs += 1
@@ -159,6 +167,35 @@ class RayWeightChannel:
                 continue
             check = verify(expected, held, engine=m.name, version=version)
         self._count_check(check, time.perf_counter() - start)
+
+    def _probe(self, version: int) -> None:
+        """Every live engine scores the probe; each one's log-probs against the trainer's at
+        `version` (`scalerl.rollout.probe`: WeightSyncError naming the engine, the version and the
+        gap). An engine that died meanwhile is dropped; one that cannot score is not checked."""
+        if self.probe is None:
+            return
+        start = time.perf_counter()
+        members = self.pool.live()
+        sequences = [list(s) for s in self.probe.probe]
+        outcomes = wait_each({m.name: m.actor.probe_logprobs.remote(sequences) for m in members},
+                             self.timeout_s)
+        expected, drift = self.probe.expected(version)
+        dtype = max(self.pool.weight_dtype or "float32", self.probe.dtype, key=tolerance)
+        checks = []
+        for m in members:
+            kind, got = outcomes[m.name]
+            if kind == "died":
+                self.pool.mark_dead(m, "died during the weight-sync probe")
+                continue
+            if kind != "ok":
+                raise PeerError(m.name, kind,
+                                f"weight-sync probe at version {version}: {m.name} {kind}: {got}")
+            if got is not None:
+                checks.append(check_probe(expected, got, dtype=dtype, engine=m.name, version=version,
+                                          drift=drift))
+        if checks:  # one check per sync, as `weight_verify_checks`: its largest gap over the engines
+            with self._verification_lock:
+                self.probe_figures.add(max(checks, key=lambda c: c.gap), time.perf_counter() - start)
 
     # ------------------------------------------------------------------------------ collective
     def _form_group(self, rank0: Any, members: Sequence[EngineMember]) -> None:
@@ -224,4 +261,5 @@ class RayWeightChannel:
                                                        "in a row during the broadcast")
 
     def metrics(self) -> dict[str, float]:
-        return channel_metrics(self.last_seconds, self.publish_seconds, self.syncs, self.verification)
+        return channel_metrics(self.last_seconds, self.publish_seconds, self.syncs, self.verification,
+                               self.probe_figures)

@@ -151,6 +151,12 @@ class EngineWorker:
         held_of = getattr(self.engine, "weight_fingerprints", None)
         return held_of() if callable(held_of) else None
 
+    def probe_logprobs(self, probe: Sequence[Sequence[int]]) -> list[list[float]] | None:
+        """The weight-sync probe scored by the engine (`scalerl.rollout.probe`), between two of its
+        steps; None for an engine that cannot score."""
+        score = getattr(self.engine, "probe_logprobs", None)
+        return score(tuple(tuple(s) for s in probe)) if callable(score) else None
+
     def submit(self, requests: Sequence[GenerationRequest]) -> None:
         with self._cond:
             self._raise_if_failed()

@@ -85,6 +85,7 @@ class RankInfo:
     n_params: int
     n_trainable: int  # the adapter's N for LoRA (a training token costs 4N + 2 N_adapter), else n_params
     resumed: CheckpointState | None  # what the rank restored, when resuming
+    vocab_size: int = 0  # the model's embedding rows (the weight-sync probe's vocabulary)
 
 
 class TrainerRankWorker:
@@ -117,7 +118,13 @@ class TrainerRankWorker:
         self.meter = ComputeMeter(n, **lora_meter_kwargs(n, trainable))
         self.trainer.trainer.meter = self.meter
         saved = self.trainer.load(resume) if resume is not None else None
-        return RankInfo(self.rank, os.getpid(), int(self.trainer.version), n, trainable, saved)
+        vocab = int(self.trainer.policy.model.get_input_embeddings().weight.shape[0])
+        return RankInfo(self.rank, os.getpid(), int(self.trainer.version), n, trainable, saved, vocab)
+
+    def probe_logprobs(self, probe: Sequence[Sequence[int]]) -> tuple[int, list[list[float]]]:
+        """The weight-sync probe scored by this rank's trainer (every rank together: the forward
+        gathers the FSDP shards), with the version it holds (`scalerl.rollout.probe`)."""
+        return int(self.trainer.version), self.trainer.trainer.probe_logprobs(probe)
 
     def step(self, groups: Sequence[ScoredGroup]) -> dict[str, Any]:
         before = self.meter.state_dict()
@@ -216,6 +223,8 @@ class RayTrainer:
         self._version = infos[0].version
         self.resumed: CheckpointState | None = infos[0].resumed
         self.n_params = infos[0].n_params
+        self.vocab_size = infos[0].vocab_size
+        self.dtype = model.dtype  # the ranks' compute precision (the probe's tolerance)
         devices = meter_devices if meter_devices is not None else d.trainer_world_size + d.num_engines
         self.meter = ComputeMeter(self.n_params, num_devices=devices,
                                   role_devices={"generator": d.num_engines, "trainer": d.trainer_world_size},
@@ -287,6 +296,16 @@ class RayTrainer:
         buckets, refs, prints = results[0]
         return RemoteWeights(self._version, buckets, refs, self.actors[0], self.timeout_s,
                              fingerprints=prints)
+
+    def probe_logprobs(self, probe: Sequence[Sequence[int]], version: int) -> list[list[float]]:
+        """The weight-sync probe scored by the trainer's ranks (all of them: a collective), which
+        must hold `version` (rank 0's result)."""
+        results = self._all(lambda r, a: a.probe_logprobs.remote(list(map(list, probe))), "weight-sync probe")
+        held, logprobs = results[0]
+        if held != version:
+            raise RuntimeError(f"weight-sync probe: the trainer ranks are at version {held}, the sync being "
+                               f"verified is version {version}")
+        return logprobs
 
     def _full_state(self) -> dict[str, torch.Tensor]:
         return self._all(lambda r, a: a.full_state.remote(), "weight gather")[0]

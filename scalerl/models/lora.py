@@ -10,8 +10,9 @@ weights `W' = W + (alpha / r) B A` (`merged_state_dict`), keyed by the base mode
 names, computed from the training model without changing it (peft's `merge_adapter` would merge
 into the training weights in place, and an optimizer step between merge and unmerge would be
 lost). The sync verification (`scalerl.rollout.fingerprint`) then compares the engine's tensors
-with these merged ones, so an adapter that never reached the engine (verl#7495) is a
-`WeightSyncError`, not "staleness".
+with these merged ones where the engine can read them back, and the probe (`scalerl.rollout.probe`)
+its log-probs with the trainer's everywhere, so an adapter that never reached the engine (verl#7495)
+is a `WeightSyncError`, not "staleness".
 """
 
 from __future__ import annotations

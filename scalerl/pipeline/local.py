@@ -17,6 +17,7 @@ import torch
 
 from scalerl.pipeline.interfaces import ReadyGroup
 from scalerl.rollout.fingerprint import SyncFigures, channel_metrics, timed_verify
+from scalerl.rollout.probe import ProbeFigures, SyncProbe, probe_engine
 from scalerl.rollout.protocol import Engine
 from scalerl.rollout.vllm_versions import WAKE_KV_CACHE, WAKE_WEIGHTS
 
@@ -58,27 +59,34 @@ class LocalGroupQueue:
 
 class EngineWeightChannel:
     """Publishes weights straight into an engine in this process, then verifies that the engine
-    holds them (`scalerl.rollout.fingerprint`: a mismatch raises `WeightSyncError`, the run stops)."""
+    holds them (`scalerl.rollout.fingerprint`) and computes with them (`probe`, the trainer's side
+    of `scalerl.rollout.probe`: the engine's probe log-probs against the trainer's at the version
+    sent); a mismatch of either raises `WeightSyncError`, the run stops."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, probe: SyncProbe | None = None, name: str = "engine") -> None:
         self.engine = engine
+        self.probe = probe
+        self.name = name
         self.published_version: int | None = None
         self.publish_seconds = 0.0
         self.last_seconds = 0.0
         self.syncs = 0
         self.verification = SyncFigures()
+        self.probe_figures = ProbeFigures()
 
     def publish(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         start = time.perf_counter()
         self.engine.update_weights(state, version)
-        timed_verify(self.verification, self.engine, state, version)
+        timed_verify(self.verification, self.engine, state, version, self.name)
+        probe_engine(self.probe_figures, self.probe, self.engine, version, self.name)
         self.last_seconds = time.perf_counter() - start
         self.publish_seconds += self.last_seconds
         self.syncs += 1
         self.published_version = version
 
     def metrics(self) -> dict[str, float]:
-        return channel_metrics(self.last_seconds, self.publish_seconds, self.syncs, self.verification)
+        return channel_metrics(self.last_seconds, self.publish_seconds, self.syncs, self.verification,
+                               self.probe_figures)
 
 
 # ----------------------------------------------------------------------------- colocated layout
@@ -145,12 +153,12 @@ class ColocatedWeightChannel(EngineWeightChannel):
     """
 
     def __init__(self, engine: SleepingEngine, *, level: int = 1, timeout_s: float = 300.0,
-                 name: str = "vLLM engine") -> None:
+                 name: str = "vLLM engine", probe: SyncProbe | None = None) -> None:
         if level not in (1, 2):
             raise ValueError(f"level: vLLM sleeps at level 1 or 2, got {level}")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s: must be > 0, got {timeout_s}")
-        super().__init__(engine)  # type: ignore[arg-type]  # an Engine with sleep and wake
+        super().__init__(engine, probe)  # type: ignore[arg-type]  # an Engine with sleep and wake
         self.engine: Any = engine
         self.level = int(level)
         self.timeout_s = float(timeout_s)
@@ -184,6 +192,8 @@ class ColocatedWeightChannel(EngineWeightChannel):
 
     def publish(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         start = time.perf_counter()
+        if self.probe is not None:
+            self.probe.expected(version)  # the trainer's probe while the engine sleeps (its memory)
         woke = self.asleep
         if woke and self._wake([WAKE_WEIGHTS]):
             raise RuntimeError(f"{self.name}: fully awake after waking only its weights (its KV cache "
@@ -197,6 +207,9 @@ class ColocatedWeightChannel(EngineWeightChannel):
             if not self._wake([WAKE_KV_CACHE]):
                 raise RuntimeError(f"{self.name}: still asleep after waking its weights and KV cache")
             self.asleep = False
+        # The probe needs the KV cache: scored once the engine is fully awake.
+        self._call(f"probe weights of version {version}",
+                   lambda: probe_engine(self.probe_figures, self.probe, self.engine, version, self.name))
         self.last_seconds = time.perf_counter() - start
         self.publish_seconds += self.last_seconds
         self.syncs += 1

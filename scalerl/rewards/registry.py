@@ -140,12 +140,33 @@ def register_verifier(name: str, fn: Verifier | None = None, *, overwrite: bool 
     return VERIFIERS.register(name, fn, overwrite=overwrite)
 
 
+class GoldFreeTasks(frozenset):  # type: ignore[type-arg]
+    """A set of tasks that may also hold every task but `excluded` (`every`): reward functions
+    that score every task (`rewards.functions` without `tasks`) make every task gold-free."""
+
+    every: bool = False
+    excluded: frozenset[str] = frozenset()
+
+    def __contains__(self, task: object) -> bool:
+        return frozenset.__contains__(self, task) or (self.every and task not in self.excluded)
+
+
 def gold_free_tasks(config: Any) -> frozenset[str]:
     """Tasks whose rows need no gold `answer` or `tests` under a `rewards` section (`RewardConfig`):
-    those with a reward model, and those whose verifier (configured in `verifiers`, or registered)
-    is marked `@gold_free`. A configured path that does not import raises ValueError naming its key
-    (`rewards.verifiers.<task>: ...`)."""
+    those with a reward model, those whose verifier (configured in `verifiers`, or registered)
+    is marked `@gold_free`, and those that only TRL-style `rewards.functions` score
+    (`functions.trl_only_tasks`). A configured path that does not import raises ValueError naming
+    its key (`rewards.verifiers.<task>: ...`, `rewards.functions.<i>.fn: ...`)."""
     tasks = set(config.reward_models)
+    every, excluded = False, frozenset[str]()
+    if config.functions:
+        from scalerl.rewards.functions import load_functions, trl_only_tasks
+
+        def builtin(name: str) -> Any:
+            return VERIFIERS.get(name) or (name if name in BUILTIN_TASKS else None)
+
+        named, every, excluded = trl_only_tasks(load_functions(config.functions, builtin))
+        tasks |= named
     for task, path in config.verifiers.items():
         try:
             fn = load_callable(path)
@@ -156,4 +177,6 @@ def gold_free_tasks(config: Any) -> frozenset[str]:
     for task, fn in VERIFIERS.items():
         if task not in config.verifiers and not needs_gold(fn):
             tasks.add(task)
-    return frozenset(tasks)
+    out = GoldFreeTasks(tasks)
+    out.every, out.excluded = every, excluded
+    return out

@@ -33,6 +33,7 @@ from typing import Any
 from scalerl.config import ConfigError, RewardConfig, build_config
 from scalerl.data.records import PromptRecord
 from scalerl.rewards.code_verifier import CodeVerifier
+from scalerl.rewards.functions import RewardFunctions, load_functions
 from scalerl.rewards.math_verifier import MathVerifier
 from scalerl.rewards.registry import (
     STATUSES,
@@ -90,6 +91,14 @@ class RewardRouter:
                 self._verifiers[task] = load_callable(path)
             except ValueError as exc:  # the user's path: bad input (exit 2), not a failure of ours
                 raise ConfigError(f"rewards.verifiers.{task}: {exc}") from None
+        # rewards.functions: the tasks they score take their weighted sum (scalerl/rewards/functions.py).
+        self.functions: RewardFunctions | None = None
+        if config.functions:
+            try:
+                loaded = load_functions(config.functions, self.verifier_for)
+            except ValueError as exc:  # the user's function: bad input (exit 2), naming its key
+                raise ConfigError(str(exc)) from None
+            self.functions = RewardFunctions(loaded, config.verifier_timeout_s)
         self._lock = threading.Lock()
         self._counts: dict[str, dict[str, int]] = {}
         self._abandoned = 0
@@ -106,8 +115,12 @@ class RewardRouter:
             rm.compute_hook = hook
 
     def batches(self, task: str) -> bool:
-        """Whether `task` is scored a group at a time (`score_group`): a reward model's task."""
-        return task in self.reward_models
+        """Whether `task` is scored a group at a time (`score_group`): a reward model's task, or one
+        that reward functions score (a TRL function takes the whole group)."""
+        return task in self.reward_models or self._by_functions(task)
+
+    def _by_functions(self, task: str) -> bool:
+        return self.functions is not None and self.functions.scores_task(task)
 
     def verifier_for(self, task: str) -> Verifier | None:
         """The verifier of `task`: its own (configured, registered, built-in), else a family's:
@@ -120,7 +133,8 @@ class RewardRouter:
         return fn
 
     def knows(self, task: str) -> bool:
-        return task in self.reward_models or self.verifier_for(task) is not None
+        return (task in self.reward_models or self.verifier_for(task) is not None
+                or self._by_functions(task))
 
     def register(self, task: str, fn: Verifier) -> None:
         """Use `fn` for `task` in this router only (overrides built-ins and the global registry)."""
@@ -159,7 +173,7 @@ class RewardRouter:
     # -- scoring ---------------------------------------------------------------------------
     def score(self, record: PromptRecord, completion_text: str) -> RewardOutcome:
         """The reward for one completion; never raises for anything a verifier does."""
-        if record.task in self.reward_models:
+        if record.task in self.reward_models or self._by_functions(record.task):
             return self.score_group(record, [completion_text])[0]
         fn = self.verifier_for(record.task)
         if fn is None:
@@ -202,18 +216,18 @@ class RewardRouter:
             return VerifierResult(0.0, "error", f"verifier raised {type(value).__name__}: {value}"[:500])
         return _coerce(value)
 
-    def score_group(self, record: PromptRecord, completion_texts: Sequence[str]) -> list[RewardOutcome]:
+    def score_group(self, record: PromptRecord, completion_texts: Sequence[str],
+                    tally: bool = True) -> list[RewardOutcome]:
         """The rewards of one group of completions to `record`, in order: by its task's reward
-        model, in batches; a task without one is scored sample by sample (`score`)."""
+        model, in batches, or by its reward functions (`tally=False`: not in their per-step means,
+        for held-out evaluation); a task with neither is scored sample by sample (`score`)."""
         rm = self.reward_models.get(record.task)
-        if rm is None:
+        if rm is None and self._by_functions(record.task):
+            outcomes = self._function_outcomes(record, completion_texts, tally)
+        elif rm is None:
             return [self.score(record, text) for text in completion_texts]
-        try:
-            scores = rm.score_group(record, completion_texts)
-        except Exception as exc:  # a model crash is a counted failure of every sample, not the run's
-            detail = f"{rm.key} raised {type(exc).__name__}: {exc}"[:500]
-            scores = [ModelScore(0.0, math.nan, "error", detail)] * len(completion_texts)
-        outcomes = self._model_outcomes(rm, scores)
+        else:
+            outcomes = self._model_group(rm, record, completion_texts)
         with self._lock:
             counts = self._counts.setdefault(record.task, dict.fromkeys((*STATUSES, "correct", "total"), 0))
             for outcome in outcomes:
@@ -221,6 +235,26 @@ class RewardRouter:
                 counts["correct"] += outcome.correct
                 counts["total"] += 1
         return outcomes
+
+    def _function_outcomes(self, record: PromptRecord, texts: Sequence[str],
+                           tally: bool = True) -> list[RewardOutcome]:
+        """The reward functions' weighted sums; correct above the midpoint of incorrect and correct
+        reward; a failed sample is status "error" at `failure_reward` (counted as a verifier failure)."""
+        assert self.functions is not None
+        cfg = self.config
+        threshold = 0.5 * (cfg.correct_reward + cfg.incorrect_reward)
+        return [RewardOutcome(cfg.failure_reward, False, "error", s.detail, record.task) if s.failed
+                else RewardOutcome(s.reward, s.reward > threshold, "ok", "", record.task)
+                for s in self.functions.score_group(record, texts, tally)]
+
+    def _model_group(self, rm: RewardModel, record: PromptRecord,
+                     completion_texts: Sequence[str]) -> list[RewardOutcome]:
+        try:
+            scores = rm.score_group(record, completion_texts)
+        except Exception as exc:  # a model crash is a counted failure of every sample, not the run's
+            detail = f"{rm.key} raised {type(exc).__name__}: {exc}"[:500]
+            scores = [ModelScore(0.0, math.nan, "error", detail)] * len(completion_texts)
+        return self._model_outcomes(rm, scores)
 
     def _model_outcomes(self, rm: RewardModel, scores: Sequence[ModelScore]) -> list[RewardOutcome]:
         cfg, rcfg = self.config, rm.config
@@ -250,6 +284,16 @@ class RewardRouter:
                 if key != "calls":
                     out[f"reward_model_{key}_total/{task}"] = float(value)
         return out
+
+    def untallied(self) -> UntalliedScoring:
+        """This router for held-out evaluation: the same rewards, kept out of the reward
+        functions' per-step means (`reward_fn/<name>` is what training saw)."""
+        return UntalliedScoring(self)
+
+    def reward_function_figures(self) -> dict[str, float]:
+        """Each reward function's mean score since the previous step row and its running failure
+        and None counts (`RewardFunctions.figures`: `reward_fn/<name>`, ...); {} without any."""
+        return self.functions.figures() if self.functions is not None else {}
 
     def outcome(self, value: Any, task: str) -> RewardOutcome:
         """The reward for a verdict computed elsewhere (an environment's own score): a number in
@@ -315,6 +359,25 @@ class RewardRouter:
         self.math.close()
         for rm in self.reward_models.values():
             rm.close()
+
+
+class UntalliedScoring:
+    """A `RewardRouter` whose groups scored by reward functions stay out of their per-step means
+    (`RewardRouter.untallied`); everything else is the router's."""
+
+    def __init__(self, router: RewardRouter) -> None:
+        self.router = router
+
+    def batches(self, task: str) -> bool:
+        return self.router.batches(task)
+
+    def score(self, record: PromptRecord, completion_text: str) -> RewardOutcome:
+        if self.router._by_functions(record.task):
+            return self.router.score_group(record, [completion_text], tally=False)[0]
+        return self.router.score(record, completion_text)
+
+    def score_group(self, record: PromptRecord, completion_texts: Sequence[str]) -> list[RewardOutcome]:
+        return self.router.score_group(record, completion_texts, tally=False)
 
 
 def _coerce(value: Any) -> VerifierResult:

@@ -86,6 +86,21 @@ class Protections:
     tree_limits: str = ""  # what the cgroup bounds, e.g. "memory 1024 MB, 18 tasks"
     cgroup_rejected: tuple[str, ...] = ()  # why a controller (or cgroups at all) is not used
 
+    def missing(self) -> list[str]:
+        """The protections absent here, worded for the user ("NO network isolation", ...)."""
+        missing: list[str] = []
+        if self.cgroup is None or "memory" not in self.cgroup.limited:
+            missing.append("NO tree-wide memory bound (up to nproc x memory_mb)")
+        if self.cgroup is None or "pids" not in self.cgroup.limited:
+            missing.append("NO tree-wide task bound (per-uid RLIMIT_NPROC only)")
+        if not self.network_isolated:
+            missing.append("NO network isolation")
+        if not self.readonly_filesystem:
+            missing.append("NO filesystem isolation (host file permissions only)")
+        if not self.pid_namespace:
+            missing.append("NO PID isolation (can see and signal host processes of its uid)")
+        return missing
+
     def describe(self) -> str:
         active = ["rlimits (cpu, memory, processes, file size, open files)", "clean environment",
                   "wall-clock kill of all processes", "output cap", "no-new-privileges"]
@@ -106,17 +121,7 @@ class Protections:
         if self.cgroup is not None:
             active.append(f"per-run cgroup bounding the whole tree ({self.tree_limits}; "
                           f"{self.cgroup.describe()})")
-        missing = []
-        if self.cgroup is None or "memory" not in self.cgroup.limited:
-            missing.append("NO tree-wide memory bound (up to nproc x memory_mb)")
-        if self.cgroup is None or "pids" not in self.cgroup.limited:
-            missing.append("NO tree-wide task bound (per-uid RLIMIT_NPROC only)")
-        if not self.network_isolated:
-            missing.append("NO network isolation")
-        if not self.readonly_filesystem:
-            missing.append("NO filesystem isolation (host file permissions only)")
-        if not self.pid_namespace:
-            missing.append("NO PID isolation (can see and signal host processes of its uid)")
+        missing = self.missing()
         text = f"sandbox mode {self.mode!r}: " + "; ".join(active)
         if missing:
             text += ". MISSING: " + "; ".join(missing)
@@ -273,8 +278,10 @@ class Sandbox:
         with self._detect_lock:
             if self._protections is None:
                 self._protections = self._detect()
-                level = logging.INFO if self._protections.mode == "namespaces" else logging.WARNING
-                logger.log(level, "%s", self._protections.describe())
+                # A missing protection is a warning (Python's last-resort handler prints it on
+                # stderr when the application configured no logging), not an INFO line nobody sees.
+                degraded = self._protections.mode != "namespaces" or bool(self._protections.missing())
+                logger.log(logging.WARNING if degraded else logging.INFO, "%s", self._protections.describe())
             return self._protections
 
     def require_isolation(self, need: str = "this run") -> Protections:

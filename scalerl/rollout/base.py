@@ -115,6 +115,15 @@ class SteppingEngine(ABC):
                 self._turn.notify_all()
 
     # ----------------------------------------------------------------------------- helpers
+    def _deliver_locked(self, finished: Sequence[Finished]) -> None:
+        """Completions finished by a step run outside `step` / `generate` (an engine scoring the
+        weight-sync probe steps its requests too): held for whoever waits for them."""
+        for serial, index, completion in finished:
+            if serial in self._claimed:
+                self._claimed_results[(serial, index)] = completion
+            else:
+                self._undelivered.append(completion)
+
     def _submit_with_serials(self, requests: Sequence[GenerationRequest]) -> list[int]:
         serials = list(range(self._serial, self._serial + len(requests)))
         self._submit_locked(requests, serials)

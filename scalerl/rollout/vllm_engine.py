@@ -81,6 +81,7 @@ import torch
 from scalerl.rollout.base import Finished, SteppingEngine
 from scalerl.rollout.fingerprint import Fingerprint, tensor_fingerprint
 from scalerl.rollout.interruption import draw_think_budget, ends_with
+from scalerl.rollout.probe import Probe, ProbeLogprobs
 from scalerl.rollout.protocol import Completion, FinishReason, GenerationRequest, SamplingParams
 from scalerl.rollout.sampling import SUPPORT_FORCED
 from scalerl.rollout.support import SupportIds
@@ -363,6 +364,17 @@ def held_fingerprints(worker: Any, shapes: dict[str, tuple[int, ...]], tied: boo
 # ----------------------------------------------------------------------------- engine
 
 
+def probe_output_logprobs(outputs: Sequence[Any], sequence: Sequence[int]) -> list[float]:
+    """`log p(x_t | x_<t)`, t >= 1, of a probe request's prompt from its (delta) outputs' prompt
+    log-probs: position 0 has none (None), each later one a {token id: Logprob} holding the prompt
+    token's (chunked prefill spreads them over several outputs)."""
+    entries = [e for o in outputs for e in (o.prompt_logprobs or []) if e is not None]
+    if len(entries) != len(sequence) - 1:
+        raise RuntimeError(f"weight-sync probe: vLLM returned {len(entries)} prompt log-probs for a "
+                           f"{len(sequence)}-token probe sequence")
+    return [float(entry[int(token)].logprob) for entry, token in zip(entries, sequence[1:], strict=True)]
+
+
 @dataclass
 class VLLMStats:
     """Counters since construction: vLLM requests added (a sample's forced-interruption
@@ -535,6 +547,8 @@ class VLLMEngine(SteppingEngine):
         self._closed = False
         self.sleep_mode = False
         self._asleep = False  # between `sleep` and the `wake_up` that leaves it fully awake
+        self._probe_outputs: dict[str, list[Any]] = {}  # weight-sync probe request id -> its outputs
+        self._probes = 0
 
     def _check_attention(self, model: str) -> None:
         layers = self._engine.collective_rpc(attention_head_sizes)[0]
@@ -694,7 +708,7 @@ class VLLMEngine(SteppingEngine):
             return []
         version = self._version
         finished: list[Finished] = []
-        for output in self._engine.step():
+        for output in self._engine_step():
             sample = self._samples.get(output.request_id)
             if sample is None:
                 continue
@@ -729,6 +743,54 @@ class VLLMEngine(SteppingEngine):
                 shapes["lm_head.weight"] = shapes[embed[0]]
         with self._lock:
             return self._engine.collective_rpc(held_fingerprints, args=(shapes, self.layout.tied_head))[0]
+
+    def probe_logprobs(self, probe: Probe) -> ProbeLogprobs:
+        """The weight-sync probe's log-probs under the weights held now (`scalerl.rollout.probe`):
+        vLLM's prompt log-probs (`prompt_logprobs=0`: the log-prob of each prompt token, from the raw
+        logits whatever `logprobs_mode`), one greedy token each, salted apart from every other
+        request's cached blocks. Requests in flight keep stepping meanwhile (their completions are
+        delivered by the next `step`)."""
+        with self._lock:
+            if self._asleep:
+                raise RuntimeError("VLLMEngine.probe_logprobs: the engine sleeps (wake it first)")
+            return self._probe_locked(probe)
+
+    def _engine_step(self) -> list[Any]:
+        """vLLM's step; the outputs of weight-sync probe requests are set aside for `_probe_locked`."""
+        outputs = self._engine.step()
+        if not self._probe_outputs:
+            return outputs
+        kept = []
+        for output in outputs:
+            mine = self._probe_outputs.get(output.request_id)
+            if mine is None:
+                kept.append(output)
+            else:
+                mine.append(output)
+        return kept
+
+    def _probe_locked(self, probe: Probe) -> ProbeLogprobs:
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = VLLMSamplingParams(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=0, detokenize=False,
+                                    output_kind=RequestOutputKind.DELTA)
+        self._probes += 1
+        rids = [f"probe-{self._probes}-{i}" for i in range(len(probe))]
+        try:
+            for rid, seq in zip(rids, probe, strict=True):
+                self._probe_outputs[rid] = []
+                self._engine.add_request(rid, {"prompt_token_ids": list(seq), "cache_salt": rid}, params)
+            while not all(any(o.finished for o in self._probe_outputs[rid]) for rid in rids):
+                self._deliver_locked(self._step_locked())
+            return [probe_output_logprobs(self._probe_outputs[rid], seq)
+                    for rid, seq in zip(rids, probe, strict=True)]
+        finally:
+            unfinished = [r for r in rids if not any(o.finished for o in self._probe_outputs.get(r, []))]
+            if unfinished:
+                self._engine.abort_request(unfinished)
+            for rid in rids:
+                self._probe_outputs.pop(rid, None)
 
     def _load_weights_locked(self, state: Mapping[str, torch.Tensor]) -> None:
         state = per_expert_tensors(state)  # an MoE trainer's fused experts, as the checkpoint has them

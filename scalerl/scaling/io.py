@@ -52,6 +52,9 @@ Y_FALLBACKS: tuple[str, ...] = (DEFAULT_Y, "pass_rate", "val_reward", "reward")
 EXTRA_COLUMNS: tuple[str, ...] = ("step", "epoch", "compute_device_hours", "flops", "samples", "tokens",
                                   "model_size")
 WANDB_SEP = " - "
+#: The largest |x| or |y| read: the fit's grids and predictions reach past the largest compute by
+#: factors of 10..1000 (`sigmoid.C_MID_REACH`, `grids.adaptive_grids`), and must stay finite floats.
+MAX_MAGNITUDE = 1e300
 TRUNCATION_COLUMN = "truncation_rate"
 
 
@@ -85,6 +88,9 @@ class Curve:
     # "line": ``lines`` are line numbers; "step": they are the logged steps of a step-keyed log
     # (TensorBoard, MLflow, W&B), located as ``file:tag:step N``.
     unit: str = "line"
+    # Keys a resumed scalerl run changed (``sessions.jsonl``): ``{"step", "key", "from", "to"}``,
+    # the step after which the new value trained; () when its config never changed.
+    config_changes: tuple[dict[str, object], ...] = ()
 
     def where(self, i: int) -> str:
         """``file:line`` (or ``file:tag:step N``) of point ``i``."""
@@ -122,6 +128,10 @@ def _number(value: object, where: str, column: str) -> float:
         raise CurveError(f"{where}: {column} = {value!r} is not a number")
     if not math.isfinite(out):
         raise CurveError(f"{where}: {column} = {value!r} is not finite")
+    if abs(out) > MAX_MAGNITUDE:
+        raise CurveError(f"{where}: {column} = {value!r} is beyond {MAX_MAGNITUDE:g}: the fit searches past "
+                         "the largest value (C_mid up to 1000x the largest compute), which would overflow a "
+                         "float; rescale the column")
     return out
 
 
@@ -200,6 +210,8 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
                 raise CurveError(
                     f"{path}:{lineno}: malformed JSON ({err.msg} at column {err.colno})"
                 ) from None
+            except RecursionError:
+                raise CurveError(f"{path}:{lineno}: malformed JSON (nested too deeply to parse)") from None
             if not isinstance(obj, dict):
                 raise CurveError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
             yield lineno, obj
@@ -319,7 +331,7 @@ def read_rows(path: str | Path) -> list[dict[str, object]]:
                 continue
             try:
                 row = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(row, dict):
                 out.append(row)
@@ -339,7 +351,26 @@ def read_run_dir(path: str | Path, x: str | None = None, y: str | None = None,
     if not log.is_file():
         raise MissingCurveError(f"{d}: not a scalerl run directory (no metrics.jsonl)")
     name, recipe = _run_identity(d)
-    return replace(read_jsonl(log, x, y, label=name, axis=axis), recipe=recipe, start_model=_start_model(d))
+    return replace(read_jsonl(log, x, y, label=name, axis=axis), recipe=recipe, start_model=_start_model(d),
+                   config_changes=config_changes(d))
+
+
+SESSIONS_FILE = "sessions.jsonl"  # written by `scalerl train` (scalerl/assembly/run.py)
+
+
+def config_changes(run_dir: str | Path) -> tuple[dict[str, object], ...]:
+    """The config changes a run's resumed sessions recorded (``sessions.jsonl`` start records with
+    ``config_changes`` and ``from_step``), oldest first, one ``{"step", "key", "from", "to"}`` each."""
+    out: list[dict[str, object]] = []
+    for row in read_rows(Path(run_dir) / SESSIONS_FILE):
+        changes = row.get("config_changes")
+        if row.get("event") != "start" or not isinstance(changes, list):
+            continue
+        for change in changes:
+            if isinstance(change, dict) and isinstance(change.get("key"), str):
+                out.append({"step": row.get("from_step"), "key": change["key"], "from": change.get("from"),
+                            "to": change.get("to")})
+    return tuple(out)
 
 
 START_MODEL_FILE = "start_model.json"  # written by `scalerl train` (scalerl/model_identity.py)
@@ -455,16 +486,28 @@ def read_curves(path: str | Path, x: str | None = None, y: str | None = None,
     p = Path(path)
     if not p.exists():
         raise MissingCurveError(f"{p}: no such file or directory")
-    kind = fmt or logs.detect_format(p)
-    if kind != "scalerl":
-        return logs.read_log(p, kind, x, y, axis)
-    if p.is_dir():
-        return [read_run_dir(p, x, y, axis)]
-    suffix = p.suffix.lower()
-    if suffix in (".jsonl", ".ndjson", ".json"):
-        return [read_jsonl(p, x, y, axis=axis)]
-    if suffix in (".csv", ".tsv", ".txt"):
-        return read_csv(p, x, y, axis)
+    try:
+        if not p.is_dir() and not p.is_file():  # a FIFO or a device: reading it could wait forever
+            raise CurveError(f"{p}: not a regular file")
+        kind = fmt or logs.detect_format(p)
+        if kind != "scalerl":
+            return logs.read_log(p, kind, x, y, axis)
+        if p.is_dir():
+            return [read_run_dir(p, x, y, axis)]
+        suffix = p.suffix.lower()
+        if suffix in (".jsonl", ".ndjson", ".json"):
+            return [read_jsonl(p, x, y, axis=axis)]
+        if suffix in (".csv", ".tsv", ".txt"):
+            return read_csv(p, x, y, axis)
+    except CurveError:  # MissingCurveError is a FileNotFoundError too: already the message
+        raise
+    except UnicodeDecodeError as err:  # a binary file under a text name
+        # (err.start counts from the decoder's chunk, not the file: no offset is given)
+        raise CurveError(f"{p}: not UTF-8 text ({err.reason}): a binary file? expected a run directory, "
+                         ".csv or .jsonl") from None
+    except OSError as err:  # permissions, EIO: the user's file, named
+        name = err.filename if isinstance(err.filename, str) else p
+        raise CurveError(f"{name}: cannot read ({err.strerror or err})") from None
     raise CurveError(f"{p}: unknown format {suffix!r} (expected a run directory, .csv or .jsonl, or "
                      f"one of the logs --format names: {', '.join(logs.FORMATS)})")
 

@@ -15,6 +15,14 @@ curve through evaluation ``i - 1`` (``forecast_evals`` points, the last at ``for
                                                +-a_width (compute_needed; 0: pinned, null: > 100x)
     forecast_fit_s, forecast_fit_cpu_s         the fit's wall and CPU time (its thread)
     forecast_wait_s                            how long the training loop waited for it
+    forecast_shown                             the steady state a person is shown (``steady_state``
+                                               over every fit so far): pinned, open, flagged, failed
+
+What a person reads (the progress line and ``scalerl watch``, both through ``forecast_text``) is
+the interval first; the point A only once the shown state is ``pinned`` (an unflagged fit whose
+interval is narrower than ``2 * forecast.a_width``, ``fit_state``). The shown state changes only
+when a new state has held for ``HOLD`` consecutive fits (``steady_state``), so one noisy fit does
+not flip it, and a real change shows ``HOLD - 1`` fits after it first appears.
 
 Joining at the next evaluation makes every logged number a function of the logged rows only
 (not of thread timing), and the training loop never waits unless a fit outlasts ``eval.every``
@@ -42,6 +50,89 @@ from scalerl.scaling.validation import CurveError
 
 FORECAST_FILE = "forecast.json"
 STATUS_OK = "ok"
+PINNED, OPEN, FLAGGED, FAILED = "pinned", "open", "flagged", "failed"
+HOLD = 2  # consecutive fits a new state must hold before it is shown
+
+
+def fit_state(status: str, A_lo: float | None, A_hi: float | None, a_width: float) -> str:
+    """One fit's own state: ``failed`` (no fit, or no interval), ``flagged`` (``flagged:...``),
+    ``pinned`` (unflagged, ``A_hi - A_lo < 2 a_width``: A known to +-a_width, the width the
+    ``compute_to_pin`` advice and ``ablate --prune``'s ``settled`` use) or ``open`` (unflagged,
+    wider)."""
+    if status.startswith("failed") or A_lo is None or A_hi is None:
+        return FAILED
+    if status != STATUS_OK:
+        return FLAGGED
+    return PINNED if A_hi - A_lo < 2.0 * a_width else OPEN
+
+
+def steady_state(states: Sequence[str], hold: int = HOLD) -> str | None:
+    """The state shown after a sequence of fits' states (None before the first fit).
+
+    Rule (hysteresis): the shown state starts as the first fit's; it changes to a state ``s``
+    only when the last ``hold`` fits all have state ``s``. So a state that alternates from one
+    fit to the next (``open, flagged, open, flagged``) keeps the state it started with, and a
+    lasting change is shown ``hold - 1`` fits after its first fit. ``hold = 1``: every fit's
+    own state (no hysteresis)."""
+    if hold < 1:
+        raise ValueError(f"hold must be >= 1, got {hold}")
+    shown: str | None = None
+    for i, s in enumerate(states):
+        held = i + 1 >= hold and all(t == s for t in states[i + 1 - hold: i + 1])
+        if shown is None or held:
+            shown = s
+    return shown
+
+
+def _fnum(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def row_state(row: Mapping[str, Any], a_width: float) -> str | None:
+    """``fit_state`` of the forecast an eval row carries (None: the row carries none)."""
+    status = row.get("forecast_status")
+    if not isinstance(status, str):
+        return None
+    return fit_state(status, _fnum(row.get("forecast_A_lo")), _fnum(row.get("forecast_A_hi")), a_width)
+
+
+def shown_after(rows: Sequence[Mapping[str, Any]], new_state: str, a_width: float,
+                hold: int = HOLD) -> str:
+    """The shown state once a fit of state ``new_state`` follows the eval rows ``rows``
+    (their forecasts' states in order, then the new one: ``steady_state``)."""
+    states = [s for r in rows if r.get("kind", "eval") == "eval" and (s := row_state(r, a_width)) is not None]
+    shown = steady_state([*states, new_state], hold)
+    assert shown is not None  # at least the new state
+    return shown
+
+
+def forecast_text(fields: Mapping[str, Any], a_width: float = 0.02) -> str | None:
+    """What a person reads of one forecast (the progress line and ``scalerl watch`` both print
+    this): the interval first, the point only when the shown state is ``pinned``.
+
+    ``fields``: an eval row's ``forecast_*`` keys; ``forecast_shown`` is the shown state (a row
+    without it, from another reader, shows its own ``fit_state`` under ``a_width``). None: no
+    forecast in ``fields``."""
+    status = fields.get("forecast_status")
+    if not isinstance(status, str):
+        return None
+    a, lo, hi = (_fnum(fields.get(k)) for k in ("forecast_A", "forecast_A_lo", "forecast_A_hi"))
+    shown = fields.get("forecast_shown")
+    if shown not in (PINNED, OPEN, FLAGGED, FAILED):
+        shown = fit_state(status, lo, hi, a_width)
+    if lo is None or hi is None:
+        return f"A unknown ({status})"
+    interval = f"[{lo:.3f}, {hi:.3f}]"
+    if shown == PINNED and a is not None:
+        return f"A {a:.3f} {interval} pinned"
+    if shown == FLAGGED:
+        why = status if status.startswith("flagged:") else "flagged"
+        return f"A in {interval}, {why}"
+    if shown == FAILED:
+        return f"A in {interval}, failed"
+    return f"A in {interval}, not pinned"
 
 
 @dataclass(frozen=True)
@@ -225,7 +316,9 @@ class LiveForecast:
         forecast = self.join()
         if forecast is None or not had:
             return {}
-        return {**forecast.fields(), "forecast_wait_s": self.wait_s}
+        state = fit_state(forecast.status, forecast.A_lo, forecast.A_hi, self.cfg.a_width)
+        shown = shown_after(self.rows, state, self.cfg.a_width)
+        return {**forecast.fields(), "forecast_wait_s": self.wait_s, "forecast_shown": shown}
 
     def after_row(self, row: Mapping[str, Any]) -> None:
         """Record a logged step row (its truncation rate is part of what ``scalerl fit`` reads)."""
@@ -248,5 +341,6 @@ class LiveForecast:
         return forecast
 
 
-__all__ = ["FORECAST_FILE", "Forecast", "LiveForecast", "flag_reasons", "forecast_curve", "forecast_rows",
-           "remaining_to_pin"]
+__all__ = ["FAILED", "FLAGGED", "FORECAST_FILE", "HOLD", "OPEN", "PINNED", "Forecast", "LiveForecast",
+           "fit_state", "flag_reasons", "forecast_curve", "forecast_rows", "forecast_text",
+           "remaining_to_pin", "row_state", "shown_after", "steady_state"]

@@ -50,6 +50,7 @@ from scalerl.rollout.base import Finished, SteppingEngine
 from scalerl.rollout.protocol import Completion, Engine, GenerationRequest
 from scalerl.serving.endpoint import Endpoint, SessionPolicy
 from scalerl.serving.http import ServerHandle, start_server
+from scalerl.serving.limits import ServeLimits
 from scalerl.serving.trace import Session
 
 AgentFn = Callable[[Any, PromptRecord], Awaitable[Any]]
@@ -143,7 +144,12 @@ class AgentEngine(SteppingEngine):
         self._aclose = aclose  # run on the agents' loop at close (a verifiers env's servers)
         self.eos_id = int(tokenizer.eos_token_id)
         self._policies: dict[str, SessionPolicy] = {}
-        self.endpoint = Endpoint(inner, tokenizer, model_name=model_name, policy_for=self._policies.get)
+        # The clients are the run's own episodes on localhost: the request caps are the policy's
+        # (its SamplingParams and token budget), concurrency is the number of episodes in flight.
+        limits = ServeLimits(max_tokens=1 << 30, max_logprobs=20, max_concurrent=1 << 16,
+                             max_connections=1 << 17, read_timeout_s=300.0)
+        self.endpoint = Endpoint(inner, tokenizer, model_name=model_name, policy_for=self._policies.get,
+                                 limits=limits)
         self.server: ServerHandle = start_server(self.endpoint)
         self._loop = _Loop()
         self._openai = openai

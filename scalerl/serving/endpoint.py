@@ -9,19 +9,22 @@ updates land between two steps as they do for every other rollout.
 
 Chat prompts are rendered with the tokenizer's chat template (`tools` passed through), and
 stitched from recorded ids when the history continues an earlier call of the same session
-(`scalerl.serving.trace`). The session is the request's API key (`Authorization: Bearer KEY`):
-an agent environment hands every episode a client with its own key.
+(`scalerl.serving.trace`). The session is a key `http` derives from the request (the
+`X-Scalerl-Session` header, or the bearer token when no API key is set): an agent environment
+hands every episode a client with its own key.
 
 Sampling: `policy` settings (a training run's `SamplingParams`) win over the request's
 temperature / top_p (the trainer's importance ratio needs the behaviour policy it configured);
 `max_tokens`, `stop`, `n` and `seed` come from the request. Without a policy the request's
-settings are used (OpenAI defaults: temperature 1, top_p 1). Not supported, answered with a 400
-naming the field: `n > 1` for a policy with a token budget, `logit_bias`, `tools` with
-`tool_choice` forcing a named tool, a content part that is not text, several prompts in one
-completions request.
+settings are used (OpenAI defaults: temperature 1, top_p 1). Every field is checked first against
+`limits` (`scalerl.serving.validate`: a 400 naming the field), and the prompt + max_tokens against
+`max_context` (a 400 naming both numbers). `n > 1` for a policy with a token budget is a 400 too.
+A request whose awaiting coroutine is cancelled (its client went away) is dropped from the queue or
+aborted in the engine (`cancel`). Sessions are kept least recently used first, at most
+`max_sessions`; a session with `max_calls_per_session` calls starts afresh.
 
 Responses follow the OpenAI schema (`stream: true` is served by `http` as events of the finished
-response); `choices[i].logprobs` when `logprobs` is asked for;
+response: buffered); `choices[i].logprobs` when `logprobs` is asked for;
 `prompt_token_ids` / `choices[i].token_ids` when `return_token_ids` is true (vLLM's extension);
 `system_fingerprint` is `scalerl-policy-<version>` (the version that sampled the last token).
 """
@@ -43,18 +46,12 @@ from typing import Any
 from scalerl.agentic.chat import encoded_ids
 from scalerl.agentic.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, CallError, parse_tool_calls
 from scalerl.rollout.protocol import Completion, Engine, GenerationRequest, SamplingParams
+from scalerl.serving.errors import RequestError
+from scalerl.serving.limits import ServeLimits
 from scalerl.serving.trace import Call, Session, Trace, normalize_arguments
+from scalerl.serving.validate import check_request
 
 _SENTINEL = "\u2063SCALERL-SENTINEL\u2063"
-_UNSUPPORTED = ("logit_bias", "functions", "function_call")
-
-
-class RequestError(ValueError):
-    """A request the endpoint cannot serve (HTTP 400); the message names the field."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass
@@ -148,6 +145,8 @@ class Endpoint:
         self, engine: Engine, tokenizer: Any, *, model_name: str = "scalerl",
         max_tokens_default: int = 256, policy_for: Callable[[str], SessionPolicy | None] | None = None,
         on_call: Callable[[str, Call], None] | None = None, max_sessions: int | None = None,
+        limits: ServeLimits | None = None, max_context: int | None = None,
+        max_calls_per_session: int | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -160,6 +159,14 @@ class Endpoint:
         # A long-lived server keeps the most recent sessions only (`sessions_evicted` counts the
         # rest; a call continuing an evicted one starts a new window).
         self.max_sessions = max_sessions
+        self.max_calls_per_session = max_calls_per_session
+        # Every request is checked against these caps (`scalerl.serving.validate`) and its prompt +
+        # max_tokens against the model's context: a prompt past it would make the engine's prefill
+        # grow without bound (the mask is quadratic in the prompt).
+        self.limits = limits or ServeLimits()
+        self.max_context = max_context
+        self._aborts: list[str] = []  # cancelled requests the engine still holds (pump aborts them)
+        self._discard: dict[str, int] = {}  # cancelled request -> samples still to drop
         self._broken: BaseException | None = None
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -173,11 +180,21 @@ class Endpoint:
         """Submit the queued requests, step the engine once, resolve what finished; with nothing
         to do, wait up to `wait_s` for a request. Returns the number of requests resolved."""
         with self._wake:
-            if not self._queue and not self._inflight and wait_s > 0:
+            if not self._queue and not self._inflight and not self._aborts and wait_s > 0:
                 self._wake.wait(wait_s)
             queued, self._queue = self._queue, []
+            aborts, self._aborts = self._aborts, []
             for p in queued:
                 self._inflight[p.request.request_id] = p
+        if aborts:
+            abort = getattr(self.engine, "abort", None)
+            # An engine without `abort` finishes them: their samples are dropped on arrival.
+            if abort is not None:
+                dropped = set(abort(aborts))
+                self.counters["generations_aborted"] += len(dropped)
+                with self._lock:
+                    for request_id in dropped:
+                        self._discard.pop(request_id, None)
         if queued:
             try:
                 self.engine.submit([p.request for p in queued])
@@ -194,7 +211,13 @@ class Endpoint:
             with self._lock:
                 p = self._inflight.get(c.request_id)
                 if p is None:
-                    self.counters["foreign_completions"] += 1  # not ours: nobody waits for it
+                    if c.request_id in self._discard:  # its client went away
+                        self.counters["cancelled_completions"] += 1
+                        self._discard[c.request_id] -= 1
+                        if self._discard[c.request_id] <= 0:
+                            del self._discard[c.request_id]
+                    else:
+                        self.counters["foreign_completions"] += 1  # not ours: nobody waits for it
                     continue
                 p.received.append(c)
                 if len(p.received) < p.request.params.n:
@@ -217,11 +240,33 @@ class Endpoint:
             self._queue, self._inflight = [], {}
         for p in pending:
             if not p.future.done():
-                p.future.set_exception(err)
+                p.future.set_exception(RequestError(f"the endpoint's engine failed: {err!r}", status=503))
 
     def pending(self) -> int:
         with self._lock:
             return len(self._queue) + len(self._inflight)
+
+    @property
+    def broken(self) -> BaseException | None:
+        """The error that ended the engine, or None while it serves."""
+        return self._broken
+
+    def cancel(self, request_id: str) -> None:
+        """Forget a request whose client went away: dropped from the queue, or aborted in the
+        engine at the next `pump()` (its samples dropped on arrival where the engine cannot)."""
+        with self._wake:
+            for i, p in enumerate(self._queue):
+                if p.request.request_id == request_id:
+                    del self._queue[i]
+                    break
+            else:
+                p = self._inflight.pop(request_id, None)
+                if p is None:
+                    return
+                self._aborts.append(request_id)
+                self._discard[request_id] = p.request.params.n - len(p.received)
+                self._wake.notify_all()
+            self.counters["requests_cancelled"] += 1
 
     # ------------------------------------------------------------------------------ rendering
     def render_chat(self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None,
@@ -260,9 +305,6 @@ class Endpoint:
     # ------------------------------------------------------------------------------ requests
     def _params(self, body: Mapping[str, Any], policy: SessionPolicy | None, session: Session,
                 window_used: int) -> SamplingParams:
-        for key in _UNSUPPORTED:
-            if body.get(key) is not None:
-                raise RequestError(f"{key}: not supported by this endpoint")
         n = body.get("n") or 1
         if not isinstance(n, int) or n < 1:
             raise RequestError("n: expected a positive integer")
@@ -293,7 +335,7 @@ class Endpoint:
                 n=n, temperature=float(body.get("temperature", 1.0) if body.get("temperature") is not None
                                        else 1.0),
                 top_p=float(body.get("top_p") if body.get("top_p") is not None else 1.0),
-                top_k=int(body.get("top_k") or 0),
+                top_k=max(0, int(body.get("top_k") or 0)),
                 max_new_tokens=int(max_tokens or self.max_tokens_default),
                 seed=None if body.get("seed") is None else int(body["seed"]),
                 stop_sequences=stop_sequences,
@@ -302,21 +344,27 @@ class Endpoint:
             raise RequestError(f"sampling settings: {err}") from None
 
     def _queue_request(self, prompt: list[int], params: SamplingParams,
-                       session: str) -> Future[list[Completion]]:
+                       session: str) -> _Pending:
         request_id = f"api-{next(self._serial)}"
         future: Future[list[Completion]] = Future()
         request = GenerationRequest(request_id, list(prompt), params, {"session": session},
                                     cache_key=f"api-{session}")
         with self._wake:
             if self._broken is not None:
-                raise RuntimeError(f"the endpoint's engine is gone: {self._broken!r}")
-            self._queue.append(_Pending(request, future))
+                raise RequestError(f"the endpoint's engine failed: {self._broken!r}", status=503)
+            pending = _Pending(request, future)
+            self._queue.append(pending)
             self._wake.notify_all()
-        return future
+        return pending
 
     def _session(self, key: str) -> Session:
         with self._lock:
-            s = self.sessions.get(key)
+            s = self.sessions.pop(key, None)
+            if s is not None:
+                self.sessions[key] = s  # most recently used last: eviction takes the first
+                if self.max_calls_per_session is not None and len(s.calls) >= self.max_calls_per_session:
+                    s = None  # a session past its call cap starts afresh (its stitching search is linear)
+                    self.counters["sessions_restarted"] += 1
             if s is None:
                 s = self.sessions[key] = Session(key)
                 while self.max_sessions is not None and len(self.sessions) > self.max_sessions:
@@ -325,6 +373,7 @@ class Endpoint:
             return s
 
     async def chat(self, body: Mapping[str, Any], key: str) -> dict[str, Any]:
+        check_request(body, "chat", self.limits)
         messages = normalize_messages(body.get("messages"))
         tools = body.get("tools") or None
         if tools is not None:
@@ -375,6 +424,7 @@ class Endpoint:
         return self._response("chat.completion", choices, trace, completions, body)
 
     async def completion(self, body: Mapping[str, Any], key: str) -> dict[str, Any]:
+        check_request(body, "completion", self.limits)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]
@@ -421,14 +471,32 @@ class Endpoint:
                         trace: Trace) -> list[Completion]:
         policy = self.policy_for(key)
         params = self._params(body, policy, session, len(trace.token_ids))
-        future = self._queue_request(trace.context, params, key)
+        params = self._fit_context(params, len(trace.context), body)
+        pending = self._queue_request(trace.context, params, key)
         self.counters["requests"] += 1
         start = time.perf_counter()
-        completions = await asyncio.wrap_future(future)
+        try:
+            completions = await asyncio.wrap_future(pending.future)
+        except asyncio.CancelledError:  # the client disconnected: stop generating for it
+            self.cancel(pending.request.request_id)
+            raise
         elapsed = time.perf_counter() - start
         self.counters["gen_time_us"] += int(elapsed * 1e6)
         session.gen_time_s += elapsed
         return completions
+
+    def _fit_context(self, params: SamplingParams, prompt_len: int,
+                     body: Mapping[str, Any]) -> SamplingParams:
+        """Prompt + max_tokens within the model's context: a request that names max_tokens past it
+        is refused naming both numbers; the default max_tokens is cut to what the context leaves."""
+        if self.max_context is None or prompt_len + params.max_new_tokens <= self.max_context:
+            return params
+        named = body.get("max_tokens") is not None or body.get("max_completion_tokens") is not None
+        if named or prompt_len >= self.max_context:
+            self.counters["context_refused"] += 1
+            raise RequestError(f"the prompt ({prompt_len} tokens) + max_tokens ({params.max_new_tokens}) "
+                               f"exceed the model's context ({self.max_context} tokens)")
+        return replace(params, max_new_tokens=self.max_context - prompt_len)
 
     # ------------------------------------------------------------------------------ responses
     @staticmethod

@@ -1,17 +1,25 @@
 """The HTTP side: a Starlette app over an `Endpoint`, served by uvicorn in a background thread.
 
-Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET /health`.
-Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`): 400 for a request
-the endpoint cannot serve (the message names the field), 500 with the exception for a failure of
-ours. The session is the `X-Scalerl-Session` header, else the bearer token (`Authorization: Bearer
-KEY`), else "default". `stream: true` is answered with server-sent events of the finished response.
+Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET /health`,
+behind `scalerl.serving.guard.Guard` (Host, Origin, API key, content type, body size and read
+time, concurrency). Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`):
+400 for a request the endpoint cannot serve (the message names the field), 503 once the engine
+has failed (`/health` then answers 503 too), 500 with the exception for a failure of ours. The
+session is the `X-Scalerl-Session` header, else the bearer token when no API key is set (the
+token then names the client's session), else "default". A client that disconnects before its
+answer has its generation cancelled (`Endpoint.cancel`).
 
-`start_server(endpoint, host, port)` binds first (port 0: an ephemeral port, read back from the
-socket) and returns once uvicorn accepts connections; `ServerHandle.close()` stops it.
+Streaming is buffered: `stream: true` is answered with server-sent events of the finished response
+(the engine finishes a sequence before the endpoint sees any of its tokens).
+
+`start_server(endpoint, host, port, limits)` binds first (port 0: an ephemeral port, read back from
+the socket) and returns once uvicorn accepts connections; `ServerHandle.close()` stops it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -20,21 +28,30 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from scalerl.serving.endpoint import Endpoint, RequestError
+from scalerl.serving.endpoint import Endpoint
+from scalerl.serving.errors import RequestError
+from scalerl.serving.guard import Guard, timed_protocol
+from scalerl.serving.limits import ServeLimits
 
 SESSION_HEADER = "X-Scalerl-Session"
 
 
-def _session_key(request: Any) -> str:
+def _session_key(request: Any, api_key: str | None) -> str:
     # A client that cannot choose its API key per episode (a verifiers harness reads it from an
     # environment variable) names its session in a header instead.
     named = request.headers.get(SESSION_HEADER.lower(), "").strip()
     if named:
         return str(named)
     auth = request.headers.get("authorization", "")
-    if auth.lower().startswith("bearer ") and auth[7:].strip():
+    if api_key is None and auth.lower().startswith("bearer ") and auth[7:].strip():
         return auth[7:].strip()
-    return "default"
+    return "default"  # with an API key set the bearer token is a credential, never a session name
+
+
+async def _disconnected(receive: Any) -> None:
+    """Returns when the client has gone (the body was read already: only `http.disconnect` comes)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def _error(status: int, message: str, kind: str) -> Any:
@@ -73,10 +90,10 @@ def sse_events(response: dict[str, Any], include_usage: bool) -> list[str]:
     return [f"data: {json.dumps(x)}\n\n" for x in chunks] + ["data: [DONE]\n\n"]
 
 
-def build_app(endpoint: Endpoint) -> Any:
-    """The ASGI app serving `endpoint`."""
+def build_app(endpoint: Endpoint, limits: ServeLimits | None = None, bind: str = "127.0.0.1") -> Any:
+    """The ASGI app serving `endpoint` behind a `Guard` with `limits` (default `ServeLimits()`)."""
     from starlette.applications import Starlette
-    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
     def handler(kind: str) -> Any:
@@ -87,13 +104,24 @@ def build_app(endpoint: Endpoint) -> Any:
                 return _error(400, "the request body is not JSON", "invalid_request_error")
             if not isinstance(body, dict):
                 return _error(400, "the request body must be a JSON object", "invalid_request_error")
-            # Streaming: the response is generated whole, then sent as server-sent events (the
-            # engine steps every sequence together; nothing is gained by sending tokens earlier).
-            stream = bool(body.pop("stream", False))
-            include_usage = bool((body.pop("stream_options", None) or {}).get("include_usage"))
             try:
                 run = endpoint.chat if kind == "chat" else endpoint.completion
-                response = await run(body, _session_key(request))
+                work = asyncio.ensure_future(run(body, _session_key(request, guard.limits.api_key)))
+                gone = asyncio.ensure_future(_disconnected(request.receive))
+                try:
+                    await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    gone.cancel()
+                if not work.done():  # the client went away: nobody reads the answer
+                    work.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await work
+                    endpoint.counters["requests_disconnected"] += 1
+                    return Response(status_code=499)
+                response = work.result()
+                # Streaming is buffered: the finished response, then sent as server-sent events.
+                stream = body.get("stream") is True
+                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
                 if stream:
                     endpoint.counters["streamed"] += 1
                     return StreamingResponse(iter(sse_events(response, include_usage)),
@@ -114,14 +142,18 @@ def build_app(endpoint: Endpoint) -> Any:
             {"id": endpoint.model_name, "object": "model", "created": 0, "owned_by": "scalerl"}]})
 
     async def health(request: Any) -> Any:
+        if endpoint.broken is not None:
+            return JSONResponse({"status": "engine failed", "error": repr(endpoint.broken)}, status_code=503)
         return JSONResponse({"status": "ok", "policy_version": endpoint.engine.version})
 
-    return Starlette(routes=[
+    app = Starlette(routes=[
         Route("/v1/chat/completions", handler("chat"), methods=["POST"]),
         Route("/v1/completions", handler("completion"), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
     ])
+    guard = Guard(app, limits or ServeLimits(), bind)
+    return guard
 
 
 @dataclass
@@ -137,13 +169,17 @@ class ServerHandle:
 
 
 def start_server(endpoint: Endpoint, host: str = "127.0.0.1", port: int = 0,
-                 timeout_s: float = 30.0) -> ServerHandle:
+                 timeout_s: float = 30.0, limits: ServeLimits | None = None) -> ServerHandle:
     """Serve `endpoint` on `host:port` from a daemon thread; returns once it accepts connections."""
-    return serve_app(build_app(endpoint), host, port, timeout_s)
+    limits = limits or endpoint.limits
+    return serve_app(build_app(endpoint, limits, host), host, port, timeout_s, limits)
 
 
-def serve_app(app: Any, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 30.0) -> ServerHandle:
-    """Serve any ASGI `app` on `host:port` (0: ephemeral) from a daemon thread."""
+def serve_app(app: Any, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 30.0,
+              limits: ServeLimits | None = None) -> ServerHandle:
+    """Serve any ASGI `app` on `host:port` (0: ephemeral) from a daemon thread: idle connections
+    closed after `limits.keep_alive_s`, headers due within `limits.read_timeout_s`, at most
+    `limits.max_connections` connections (uvicorn answers 503 past it)."""
     try:
         import uvicorn
     except ImportError as err:
@@ -164,7 +200,11 @@ def serve_app(app: Any, host: str = "127.0.0.1", port: int = 0, timeout_s: float
 
         raise InputError(f"--port/--host: cannot listen on {host}:{port} ({err.strerror or err})") from None
     bound = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    limits = limits or ServeLimits()
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                            http=timed_protocol(limits.read_timeout_s),
+                            timeout_keep_alive=max(1, round(limits.keep_alive_s)),
+                            limit_concurrency=limits.max_connections, h11_max_incomplete_event_size=64 * 1024)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="scalerl-endpoint",
                               daemon=True)

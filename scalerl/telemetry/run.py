@@ -8,7 +8,7 @@ alarm and move the progress bar.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,21 +22,21 @@ from scalerl.telemetry.sinks import Sink, TensorBoardSink, WandbSink
 EVAL_REQUIRED_KEYS: tuple[str, ...] = ("val_pass_rate",)
 
 
-def eval_line(step: int, row: Mapping[str, Any]) -> str:
-    """One printed line per evaluation, so a long run shows its curve as it goes."""
+ForecastText = Callable[[Mapping[str, Any]], "str | None"]
+
+
+def eval_line(step: int, row: Mapping[str, Any], forecast_text: ForecastText | None = None) -> str:
+    """One printed line per evaluation, so a long run shows its curve as it goes. `forecast_text`
+    (the composition root passes `scalerl.scaling.live.forecast_text`, the function `scalerl
+    watch` prints with) turns the row's live forecast into what a person reads."""
     line = f"eval at step {step}: val_pass_rate {float(row['val_pass_rate']):.3f}"
     n, k, t = row.get("val_num_prompts"), row.get("val_k"), row.get("val_time_s")
     if isinstance(n, (int, float)) and isinstance(k, (int, float)):
         took = f", {float(t):.0f} s" if isinstance(t, (int, float)) else ""
         line += f" ({int(n)} prompts x {int(k)} samples{took})"
-    a, lo, hi = row.get("forecast_A"), row.get("forecast_A_lo"), row.get("forecast_A_hi")
-    if isinstance(a, (int, float)):  # the live forecast (scaling.live), when the run has one
-        line += f"; forecast A {float(a):.3f}"
-        if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
-            line += f" [{float(lo):.3f}, {float(hi):.3f}]"
-        status = row.get("forecast_status")
-        if isinstance(status, str) and status != "ok":
-            line += f" ({status})"
+    text = forecast_text(row) if forecast_text is not None else None
+    if text:  # the live forecast (scaling.live), when the run has one
+        line += f"; forecast {text}"
     return line
 
 
@@ -52,8 +52,10 @@ class RunTelemetry:
         run_name: str = "run",
         run_config: Mapping[str, Any] | None = None,
         alarm: TruncationAlarm | None = None,
+        forecast_text: ForecastText | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
+        self.forecast_text = forecast_text
         self.meter = meter
         self.alarm = alarm or TruncationAlarm()
         # Sinks first: a missing optional package should fail before the log file is touched.
@@ -107,7 +109,7 @@ class RunTelemetry:
         row = self.log.log_eval(step, self._stamp(metrics))
         for sink in self.sinks:
             sink.log("eval", step, row)
-        self.progress.write(eval_line(step, row))
+        self.progress.write(eval_line(step, row, self.forecast_text))
         self.progress.update(step, row)
         return row
 

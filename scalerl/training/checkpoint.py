@@ -21,9 +21,12 @@ Loading verifies the manifest (`verify_checkpoint`): a missing, truncated or alt
 `CorruptCheckpointError` naming the file, never a load of garbage. `latest_valid_checkpoint` is
 what `--resume` uses: the newest checkpoint that verifies, with a warning for each newer one that
 does not (those are moved aside to `corrupt-step_*`, so a later save of the same step cannot mix
-with them). A checkpoint written before manifests existed loads with a warning that it was not
-verified. A save that fails (a full disk: ENOSPC) removes its temporary directory and leaves the
-previous checkpoints as they were.
+with them). A checkpoint without a manifest (deleted, or written before manifests existed) is
+refused by `require_verified` and by `latest_valid_checkpoint(trust_unverified=False)` (what
+`scalerl train --resume` and `scalerl export` use unless `--trust-unverified`); library loads take it
+with a warning. Saving a step again keeps one good copy at every instant (`finish_checkpoint`,
+`recover_interrupted_saves`). A save that fails (a full disk: ENOSPC) removes its temporary
+directory and leaves the previous checkpoints as they were.
 """
 
 from __future__ import annotations
@@ -56,6 +59,10 @@ MANIFEST_FORMAT = "scalerl-checkpoint-manifest"
 MANIFEST_VERSION = 1
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _TMP_PREFIX = ".tmp-"
+#: the previous copy of a step being saved again, kept under this name until the new copy is in
+#: place (not `_TMP_PREFIX`: a crash between the two renames must not leave it to the next cleanup)
+_OLD_PREFIX = ".old-"
+_OLD_DIR = re.compile(r"^\.old-(step_\d+)-")
 QUARANTINE_PREFIX = "corrupt-"
 _HASH_CHUNK = 1 << 20
 
@@ -87,12 +94,37 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     root = checkpoint_dir(run_dir)
     if not root.is_dir():
         return []
-    found = []
+    found: dict[int, Path] = {}
+    orphans: dict[int, Path] = {}
     for child in root.iterdir():
         match = _STEP_DIR.match(child.name)
         if match and (child / STATE_FILE).is_file():
-            found.append((int(match.group(1)), child))
-    return sorted(found)
+            found[int(match.group(1))] = child
+        old = _OLD_DIR.match(child.name)
+        if old and (child / STATE_FILE).is_file():
+            orphans[int(old.group(1).removeprefix("step_"))] = child
+    # A re-save interrupted between its two renames: the previous copy stands for its step.
+    for step, path in orphans.items():
+        found.setdefault(step, path)
+    return sorted(found.items())
+
+
+def recover_interrupted_saves(root: Path) -> None:
+    """Finish what a re-save of a step left when it stopped between its two renames
+    (`finish_checkpoint`): the previous copy `.old-step_N-*` goes back to `step_N` if that is absent,
+    and is removed once a complete `step_N` stands in its place."""
+    if not root.is_dir():
+        return
+    for child in sorted(root.iterdir()):
+        match = _OLD_DIR.match(child.name)
+        if not match:
+            continue
+        final = root / match.group(1)
+        if (final / STATE_FILE).is_file() and (final / MANIFEST_FILE).is_file():
+            shutil.rmtree(child, ignore_errors=True)
+        elif not final.exists() and (child / STATE_FILE).is_file():
+            os.replace(child, final)
+            _fsync_dir(root)
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -211,6 +243,24 @@ def _read_state(state_file: Path) -> dict[str, Any]:
     return meta
 
 
+def unverified_error(path: str | Path, flag: str = "--trust-unverified") -> CorruptCheckpointError:
+    """The refusal of a checkpoint without a manifest: its files cannot be checked."""
+    return CorruptCheckpointError(
+        f"{Path(path) / MANIFEST_FILE}: missing, so the checkpoint's files cannot be verified (the manifest "
+        f"was deleted, or a scalerl from before manifests wrote it); pass {flag} to load it anyway")
+
+
+def require_verified(path: str | Path, *, trust_unverified: bool = False,
+                     warn: Callable[[str], None] | None = None) -> None:
+    """`verify_checkpoint`, and a checkpoint without a manifest is refused (`unverified_error`)
+    unless `trust_unverified`, when `warn` hears that it loads unverified."""
+    if verify_checkpoint(path):
+        return
+    if not trust_unverified:
+        raise unverified_error(path)
+    (warn or logger.warning)(f"{path}: no {MANIFEST_FILE}; loading it unverified (--trust-unverified)")
+
+
 def quarantine_checkpoint(path: str | Path) -> Path:
     """Move a corrupt checkpoint aside (`corrupt-step_NNNNNN`, kept for inspection): it is no
     longer listed, and a later save of the same step starts clean."""
@@ -229,26 +279,33 @@ def latest_valid_checkpoint(
     *,
     warn: Callable[[str], None] | None = None,
     quarantine: bool = True,
+    trust_unverified: bool = True,
 ) -> Path | None:
     """The newest checkpoint of a run that verifies (None if the run has none).
 
     Each newer one that fails verification is reported through `warn` (default: the log) and,
     with `quarantine`, moved aside. If checkpoints exist but none verifies, raises
-    `CorruptCheckpointError` naming each one's bad file.
+    `CorruptCheckpointError` naming each one's bad file. The newest one without a manifest is
+    taken with a warning when `trust_unverified`, else refused (`unverified_error`): a missing
+    manifest is not a damaged file to pass over, and loading it unchecked is the user's call.
     """
     say = warn or logger.warning
     problems: list[str] = []
     for _, path in reversed(list_checkpoints(run_dir)):
         try:
-            if not verify_checkpoint(path):
-                say(f"{path}: no {MANIFEST_FILE} (written by an older scalerl); loading it unverified")
-            return path
+            verified = verify_checkpoint(path)
         except CorruptCheckpointError as err:
             problems.append(str(err))
             where = ""
             if quarantine:
                 where = f"; moved aside to {quarantine_checkpoint(path).name}"
             say(f"checkpoint {path.name} is corrupt: {err}{where}; falling back to the previous checkpoint")
+            continue
+        if not verified:
+            if not trust_unverified:
+                raise unverified_error(path)
+            say(f"{path}: no {MANIFEST_FILE} (written by an older scalerl); loading it unverified")
+        return path
     if problems:
         raise CorruptCheckpointError(f"no valid checkpoint under {checkpoint_dir(run_dir)}: "
                                      + "; ".join(problems))
@@ -319,6 +376,7 @@ def begin_checkpoint(run_dir: str | Path, step: int, keep: int | None, token: st
         raise ValueError(f"keep: expected >= 1, got {keep}")
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
+    recover_interrupted_saves(root)
     for stale in root.glob(f"{_TMP_PREFIX}*"):
         shutil.rmtree(stale, ignore_errors=True)
     final = root / f"step_{step:06d}"
@@ -330,10 +388,13 @@ def finish_checkpoint(tmp: Path, final: Path, run_dir: str | Path, keep: int | N
     write_manifest(tmp)
     if final.exists():
         # Saving the same step again (e.g. after a resume): the old copy goes only once the new
-        # one is complete.
-        old = final.parent / f"{_TMP_PREFIX}old-{tmp.name.removeprefix(_TMP_PREFIX)}"
+        # one is in place. Between the two renames the old copy is `.old-step_N-*`, which
+        # `list_checkpoints` still lists and `recover_interrupted_saves` puts back after a crash.
+        old = final.parent / f"{_OLD_PREFIX}{final.name}-{tmp.name.removeprefix(_TMP_PREFIX)}"
         os.replace(final, old)
+        _fsync_dir(final.parent)
         os.replace(tmp, final)
+        _fsync_dir(final.parent)
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, final)

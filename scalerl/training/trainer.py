@@ -55,7 +55,7 @@ from scalerl.models.lm_head import Fp32HeadWeight, decoder_of
 from scalerl.models.moe import routing_shape
 from scalerl.telemetry.compute import ComputeMeter, flop_params
 from scalerl.training.advantage import AdvantageEstimator, OutcomeAdvantages
-from scalerl.training.batch import ScoredGroup, TrainBatch, collate
+from scalerl.training.batch import ScoredGroup, TrainBatch, collate, pad_prompt_response
 from scalerl.training.checkpoint import CheckpointState, load_checkpoint, save_checkpoint
 from scalerl.training.collectives import StepCollectives
 from scalerl.training.critic import Critic
@@ -380,6 +380,26 @@ class Trainer:
         if self.meter is not None:
             self.meter.add_logprob_pass(batch.num_tokens, n_params)
         return self.collectives.sum_rows(out)
+
+    @torch.no_grad()
+    def probe_logprobs(self, probe: Sequence[Sequence[int]]) -> list[list[float]]:
+        """The weight-sync probe's log-probs under the policy as it is now (`scalerl.rollout.probe`):
+        `log p(x_t | x_<t)` for t >= 1 of each sequence, temperature 1, through the trainer's own
+        forward (`collectives.forward`: FSDP ranks each call this together) in eval mode (no
+        dropout) and the trainer's precision. Not counted in the compute meter: it is a check."""
+        model = self.policy.model
+        tokens = pad_prompt_response([list(s[:1]) for s in probe], [list(s[1:]) for s in probe],
+                                     self.policy.pad_token_id).to_device(self.device)
+        training = model.training
+        model.eval()
+        try:
+            with self.policy.autocast():
+                lp = self.collectives.forward(model, tokens, temperature=1.0,
+                                              fp32_lm_head=self.policy.fp32_lm_head).logprobs
+        finally:
+            model.train(training)
+        rows = lp.float().cpu().tolist()
+        return [[float(x) for x in row[: len(s) - 1]] for row, s in zip(rows, probe, strict=True)]
 
     def attach_old_logprobs(self, groups: Sequence[ScoredGroup]) -> None:
         """Fill `group.old_logprobs` with the current policy's log-probs (pi_old, for TIS and for

@@ -472,12 +472,21 @@ def test_bench_sync_check_measures_both_sides(cache_dir: Path) -> None:
     """The sync check's cost: sender and engine fingerprints and the comparison, per model size,
     beside the weights' CPU copy that every sync makes anyway."""
     out = run_script("bench_sync_check.py", "--steps", "1", "--repeats", "3", "--skip-train",
+                     "--real-shape", "quick", "--length", "32", "--probe-repeats", "2", "--step-repeats", "1",
                      cache_dir=cache_dir, timeout=300)
     for size in ("tiny", "20m"):
         m = match(rf"^{size}: ({{N}})M params, (\d+) tensors: sender ({{N}}) ms, engine ({{N}}) ms, "
                   rf"compare ({{N}}) ms; the weights' CPU copy ({{N}}) ms$", out)
         assert positive(m[1]) and int(m[2]) > 0
         assert all(positive(m[i]) for i in (3, 4, 5, 6))
+    # the probe beside a trainer step, in one process: its share is the printed times' ratio
+    m = match(r"^probe at the quick shape \(2 layers, vocabulary 8,192, ({N})M params\): trainer ({N}) ms \+ "
+              r"engine ({N}) ms = ({N}) ms against a trainer step of 4 x \(64 \+ 32\) tokens ({N}) s: "
+              r"({N})% of a step; gap float32 ({N}) nats, bf16 autocast vs float32 ({N}) nats$", out)
+    trainer_ms, engine_ms, probe_ms, step_s, share = (float(m[i]) for i in range(2, 7))
+    assert probe_ms == pytest.approx(trainer_ms + engine_ms, abs=0.11)
+    assert share == pytest.approx(100 * probe_ms / 1e3 / step_s, rel=0.05)
+    assert float(m[7]) < 1e-3 < float(m[8]) < 0.1  # float32 sides agree; bf16 autocast does not, quite
 
 
 @pytest.mark.timeout(240)

@@ -131,8 +131,9 @@ def test_folder_of_files_with_split(tmp_path: Path) -> None:
     res = load_prompts(tmp_path / "ds", split="train", default_task="math")
     assert [r.prompt for r in res.records] == ["a", "b"]
     assert [r.id for r in res.records] == ["data/train-00000:1", "data/train-00001:0"]
-    assert len(load_prompts(tmp_path / "ds", default_task="math").records) == 3
-    with pytest.raises(DataError, match="split 'dev'"):
+    with pytest.raises(DataError, match=r"2 splits 'test', 'train'; choose one with split"):
+        load_prompts(tmp_path / "ds", default_task="math")  # train and test are never read together
+    with pytest.raises(DataError, match="split='dev' is not a split"):
         load_prompts(tmp_path / "ds", split="dev", default_task="math")
 
 
@@ -148,7 +149,7 @@ def test_hf_datasets_folder(tmp_path: Path) -> None:
 
     dd = datasets.DatasetDict({"train": ds.select([0]), "test": ds.select([0])})
     dd.save_to_disk(str(tmp_path / "dict"))
-    with pytest.raises(DataError, match=r"splits are \['test', 'train'\]"):
+    with pytest.raises(DataError, match=r"2 splits \['test', 'train'\]; choose one with split"):
         load_prompts(tmp_path / "dict", field_map={"prompt": "problem"}, default_task="math")
     got = load_prompts(tmp_path / "dict", split="test", field_map={"prompt": "problem"}, default_task="math")
     assert got.records[0].id == "dict:0"

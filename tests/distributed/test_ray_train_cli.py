@@ -172,6 +172,9 @@ def test_lora_on_ray_verifies_every_sync_resumes_and_saves_a_peft_adapter(
     assert last["weight_verify_tensors"] > 0
     # every sync of the merged weights verified (counters carried across the resume)
     assert last["weight_verify_checks"] == last["weight_syncs"] >= MAX_STEPS - 4
+    # and every one scored on the probe by both engines as by the trainer's ranks
+    assert last["weight_verify_probe_checks"] == last["weight_syncs"]
+    assert 0 <= last["weight_verify_probe_gap"] < 1e-3
 
     adapter = run_dir / "checkpoints" / f"step_{MAX_STEPS:06d}" / "adapter"
     assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 8

@@ -5,6 +5,7 @@ world size and trains on, and a dead rank stops the step with an error naming it
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ from scalerl.distributed.pool import EnginePool
 from scalerl.distributed.trainer import RayTrainer, TrainerRankError
 from scalerl.rollout.embedded import EmbeddedEngine
 from scalerl.rollout.factory import EngineSpec
+from scalerl.rollout.fingerprint import WeightSyncError
+from scalerl.rollout.probe import SyncProbe, probe_sequences
 from scalerl.rollout.protocol import GenerationRequest, SamplingParams
 from scalerl.telemetry.compute import ComputeMeter, flop_params
 from scalerl.training.policy import load_model, load_policy
@@ -111,9 +114,11 @@ def test_weights_reach_every_engine_over_both_transports(ray_cluster: object, mo
     reference = EmbeddedEngine(load_model(cfg.model, torch.device("cpu")), max_batch_size=4,
                                fp32_lm_head=True, eos_token_ids=(0,))
     [before] = _logprobs(reference, [5, 6, 7])
+    sequences = probe_sequences(trainer.vocab_size, 0)
     try:
         for version, sync in enumerate(("object_store", "collective"), start=1):
-            channel = RayWeightChannel(pool, mode=sync, timeout_s=60)
+            probe = SyncProbe(sequences, partial(trainer.probe_logprobs, sequences), dtype=trainer.dtype)
+            channel = RayWeightChannel(pool, mode=sync, timeout_s=60, probe=probe)
             trainer.put_weights = sync == "object_store"
             trainer.step(groups_for(model_dir, version))
             weights = trainer.weights_for_engine()
@@ -121,6 +126,9 @@ def test_weights_reach_every_engine_over_both_transports(ray_cluster: object, mo
             channel.publish(weights, trainer.version)
             assert pool.version == version and all(m.version == version for m in pool.members)
             assert channel.last_seconds > 0 and channel.syncs == 1
+            # both engines scored the probe as the trainer's ranks do (one check per sync)
+            figures = channel.metrics()
+            assert figures["weight_verify_probe_checks"] == 1 and figures["weight_verify_probe_gap"] < 1e-5
 
             reference.update_weights(dict(weights), version)
             [after] = _logprobs(reference, [5, 6, 7])
@@ -131,6 +139,12 @@ def test_weights_reach_every_engine_over_both_transports(ray_cluster: object, mo
             for got in _logprobs(pool, [5, 6, 7], copies=2):
                 assert got == pytest.approx(after, abs=1e-6), sync
             assert [m.samples for m in pool.members] == [2 * version, 2 * version]
+        # The trainer steps on and the engines are not sent the weights: the probe of the trainer's
+        # version on the stale engines stops, naming an engine, the version and the gap.
+        trainer.step(groups_for(model_dir, 7))
+        with pytest.raises(WeightSyncError, match=r"engine \d+ does not compute the policy of version 3: .*"
+                                                  r"\(tolerance 0\.001 for float32"):
+            channel._probe(trainer.version)
     finally:
         pool.close()
         trainer.close()

@@ -42,7 +42,13 @@ def test_every_eval_row_past_min_evals_carries_the_forecast(
     for r in evals[5:]:
         assert r["forecast_step"] == r["step"] - 1 and r["forecast_evals"] == r["step"] - 1
         assert r["forecast_status"] == "ok" or r["forecast_status"].startswith(("flagged:", "failed:"))
-    assert "eval at step 5: val_pass_rate" in err and "forecast A " in err
+    # The progress line prints each row's forecast with the text function `scalerl watch` uses.
+    from scalerl.scaling.live import forecast_text
+
+    for r in evals[5:]:
+        assert r["forecast_shown"] in ("pinned", "open", "flagged", "failed")
+        line = next(ln for ln in err.splitlines() if f"eval at step {r['step']}: val_pass_rate" in ln)
+        assert line.endswith(f"; forecast {forecast_text(r)}"), line
     final = json.loads((run_dir / "forecast.json").read_text())
     assert final["step"] == 6 and final["evals"] == 6
 

@@ -12,22 +12,17 @@ from typing import Any
 import pytest
 import yaml
 
-from scalerl.assembly.warm_start import warm_start_default
 from scalerl.cli import main
 from scalerl.config import RunConfig
 from scalerl.recipes import recipe_path
-from scalerl.training.sft import SFTConfig
+from tests.tiny_runs import warm_tiny_model
 
 from .test_recipes_train import _config, _steps
 
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model of tests/pipeline/test_recipes_train.py, warm-started for two SFT steps."""
-    tiny = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64,
-            "max_position_embeddings": 256}
-    base = RunConfig.model_validate({"model": {"tiny": tiny}, "data": {"synthetic": {"num_prompts": 60}}})
-    return warm_start_default(base, SFTConfig(steps=2, batch_size=4), cache_dir=tmp_path_factory.mktemp("c"))
+    return warm_tiny_model(tmp_path_factory)
 
 RECIPES = sorted(p.stem for p in recipe_path("scalerl").parent.glob("*.yaml"))
 DEFAULTS = RunConfig().model_dump(mode="json")

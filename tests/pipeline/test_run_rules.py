@@ -18,20 +18,14 @@ import pytest
 
 from scalerl.assembly.build import Training, build_training
 from scalerl.assembly.run import resolve_run_config
-from scalerl.assembly.warm_start import warm_start_default
-from scalerl.config import RunConfig
-from scalerl.training.sft import SFTConfig
+from tests.tiny_runs import warm_tiny_model
 
 from .test_recipes_train import _config
 
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model of tests/pipeline/test_recipes_train.py, warm-started for two SFT steps."""
-    tiny = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64,
-            "max_position_embeddings": 256}
-    base = RunConfig.model_validate({"model": {"tiny": tiny}, "data": {"synthetic": {"num_prompts": 60}}})
-    return warm_start_default(base, SFTConfig(steps=2, batch_size=4), cache_dir=tmp_path_factory.mktemp("c"))
+    return warm_tiny_model(tmp_path_factory)
 
 
 def _hash01(text: str) -> float:

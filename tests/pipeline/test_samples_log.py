@@ -10,21 +10,15 @@ from pathlib import Path
 import pytest
 
 from scalerl.assembly.run import train_run
-from scalerl.assembly.warm_start import warm_start_default
 from scalerl.rewards import math_reward
-from scalerl.training.sft import SFTConfig
+from tests.tiny_runs import warm_tiny_model
 
 from .test_kill_resume import tiny_run_config
 
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from scalerl.config import RunConfig
-
-    tiny = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64,
-            "max_position_embeddings": 256}
-    base = RunConfig.model_validate({"model": {"tiny": tiny}, "data": {"synthetic": {"num_prompts": 60}}})
-    return warm_start_default(base, SFTConfig(steps=2, batch_size=4), cache_dir=tmp_path_factory.mktemp("c"))
+    return warm_tiny_model(tmp_path_factory)
 
 
 def _rows(path: Path) -> list[dict]:

@@ -14,6 +14,7 @@ case's files, and checks
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +38,30 @@ def _corrupt_checkpoint(root: Path) -> None:
     (ckpt / "state.json").write_text('{"step": 3}')
     write_manifest(ckpt)
     (ckpt / "model.safetensors").write_bytes(b"\0" * 63 + b"\1")  # one flipped bit after the save
+
+
+def _checkpoint(root: Path, run: str = "run", manifest: bool = True) -> None:
+    """A complete checkpoint of the run in folder `run` at step 3 (its manifest written or not)."""
+    from scalerl.training.checkpoint import write_manifest
+
+    ckpt = root / run / "checkpoints" / "step_000003"
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.safetensors").write_bytes(b"\0" * 64)
+    (ckpt / "config.json").write_text("{}")
+    (ckpt / "state.json").write_text('{"step": 3}')
+    if manifest:
+        write_manifest(ckpt)
+
+
+def _two_runs(root: Path) -> None:
+    _checkpoint(root, "run")
+    _checkpoint(root, "other")
+
+
+# Aliases of aliases: 9 levels of 9, 387 million values once expanded ("billion laughs").
+ALIAS_BOMB = "a0: &a0 [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]\n" for i in range(1, 9))
+DEEP_ROW = '{"prompt": ' + "[" * 20000 + "]" * 20000 + "}\n"
 
 
 @dataclass(frozen=True)
@@ -123,6 +148,16 @@ CASES: list[Case] = [
     Case("ablate-verifier-not-importable", "config",
          ("ablate", "--loo", "rewards.verifiers.mine=nope.nope:f"),
          r"scalerl ablate: error: rewards\.verifiers\.mine: verifier path 'nope\.nope:f': cannot import"),
+    Case("config-file-is-a-directory", "config", (*TRAIN, "-c", "cdir.yaml"),
+         r"cdir\.yaml: is a directory, not a config file", {"cdir.yaml/x": "y"}),
+    Case("config-file-is-a-fifo", "config", (*TRAIN, "-c", "c.yaml"), r"c\.yaml: not a regular file",
+         setup=lambda root: os.mkfifo(root / "c.yaml")),
+    Case("config-duplicate-key", "config", (*TRAIN, "-c", "c.yaml"),
+         r"c\.yaml:3: optim\.lr: duplicate key \(first at line 2\); keep one of them",
+         {"c.yaml": "optim:\n  lr: 1.0e-5\n  lr: 2.0e-5\n"}),
+    Case("config-alias-bomb", "config", (*TRAIN, "-c", "c.yaml"),
+         r"c\.yaml: the document expands to \d{9} values through its aliases \(more than 100000\)",
+         {"c.yaml": ALIAS_BOMB}),
     # -- prompt data, every loader format
     Case("data-missing", "data", (*TRAIN, "--data", "nope.jsonl"),
          r"data\.train_path: nope\.jsonl: no such file or directory"),
@@ -172,6 +207,16 @@ CASES: list[Case] = [
     Case("decontaminate-output-exists", "data",
          ("data", "decontaminate", "ok.jsonl", "--against", "ok.jsonl", "--out", "ok.jsonl"),
          r"--out ok\.jsonl: exists; decontaminate never replaces a file", ROWS),
+    Case("data-check-not-utf8", "data", ("data", "check", "d.jsonl"), r"d\.jsonl: not UTF-8 text",
+         {"d.jsonl": b'{"prompt": "\xff", "answer": "1"}\n'}),
+    Case("data-check-fifo", "data", ("data", "check", "p.jsonl"), r"p\.jsonl: not a regular file or folder",
+         setup=lambda root: os.mkfifo(root / "p.jsonl")),
+    Case("jsonl-nested-too-deep", "data", (*TRAIN, "--data", "d.jsonl"),
+         r"data\.train_path: d\.jsonl: 1 row\(s\) rejected:\n  invalid JSON: 1\n    d\.jsonl:2: nested too "
+         r"deeply to parse", {"d.jsonl": ROWS["ok.jsonl"] + DEEP_ROW}),
+    Case("heldout-leaves-no-training-prompts", "data", (*TRAIN, "--data", "ok.jsonl"),
+         r"data\.heldout_size: 64 held-out prompts leave none of the 1 usable prompt\(s\) of "
+         r"data\.train_path ok\.jsonl for training", ROWS),
     # -- model and tokenizer
     Case("model-folder-missing", "model", (*TRAIN, "--model", "./nope"),
          r"model\.name_or_path: \./nope: no such directory"),
@@ -213,6 +258,12 @@ CASES: list[Case] = [
          r"--out ok\.jsonl: exists; pass --overwrite to replace it", ROWS),
     Case("plot-file-exists", "run", ("fit", "m.jsonl", "--plot", "p.png"),
          r"--plot p\.png: exists; pass --overwrite to replace it", {"m.jsonl": CURVE, "p.png": "mine"}),
+    Case("watch-plot-file-exists", "run", ("watch", "m.jsonl", "--once", "--plot", "p.png"),
+         r"--plot p\.png: exists; pass --overwrite to replace it", {"m.jsonl": CURVE, "p.png": "mine"}),
+    Case("output-folder-unwritable", "run",
+         ("data", "synth", "--n", "3", "--out", "/proc/scalerl-nope/x.jsonl"),
+         r"--out /proc/scalerl-nope/x\.jsonl: cannot write \(/proc/scalerl-nope: No such file or "
+         r"directory\)"),
     Case("resume-without-a-run", "run", (*TRAIN, "--resume"),
          r"--resume: out holds no run to resume \(no config\.yaml\)"),
     Case("resume-checkpoint-missing", "checkpoint", (*TRAIN, "--resume", "run/checkpoints/step_000009"),
@@ -223,6 +274,29 @@ CASES: list[Case] = [
          {"run/config.yaml": RUN_CONFIG, **MODEL}, setup=_corrupt_checkpoint),
     Case("eval-not-a-checkpoint", "checkpoint", ("eval", "./ck"),
          r"ck: neither a run directory \(config\.yaml\) nor a saved model", {"ck/state.json": "{}"}),
+    Case("resume-checkpoint-of-another-run", "checkpoint",
+         ("train", "--output-dir", "run", "--resume", "other/checkpoints/step_000003"),
+         r"--resume: other/checkpoints/step_000003 belongs to the run in other, not to the run in run; .*"
+         r"--resume-from-other", {"run/config.yaml": RUN_CONFIG, "other/config.yaml": RUN_CONFIG, **MODEL},
+         setup=_two_runs),
+    Case("resume-from-other-into-a-run", "checkpoint",
+         ("train", "--output-dir", "run", "--resume", "other/checkpoints/step_000003", "--resume-from-other"),
+         r"--resume-from-other: run already holds a run \(config\.yaml\)",
+         {"run/config.yaml": RUN_CONFIG, "other/config.yaml": RUN_CONFIG, **MODEL}, setup=_two_runs),
+    Case("resume-checkpoint-unverified", "checkpoint",
+         ("train", "--output-dir", "run", "--resume", "run/checkpoints/step_000003"),
+         r"run/checkpoints/step_000003/manifest\.json: missing, so the checkpoint's files cannot be "
+         r"verified.*pass --trust-unverified", {"run/config.yaml": RUN_CONFIG, **MODEL},
+         setup=lambda root: _checkpoint(root, manifest=False)),
+    Case("export-checkpoint-unverified", "checkpoint",
+         ("export", "run/checkpoints/step_000003", "--out", "m2"),
+         r"run/checkpoints/step_000003/manifest\.json: missing.*pass --trust-unverified",
+         {"run/config.yaml": RUN_CONFIG, **MODEL}, setup=lambda root: _checkpoint(root, manifest=False)),
+    Case("resume-changes-a-frozen-key", "checkpoint",
+         ("train", "--output-dir", "run", "--resume", "run/checkpoints/step_000003", "seed=5"),
+         r"--resume: seed: 0 -> 5: cannot change in a resumed run \(run/config\.yaml holds the run's "
+         r"config\)",
+         {"run/config.yaml": RUN_CONFIG, **MODEL}, setup=_checkpoint),
     # -- metrics files given to fit / compare
     Case("fit-path-missing", "metrics", ("fit", "nope"), r"nope: no such file or directory"),
     Case("fit-not-a-run-directory", "metrics", ("fit", "dir"),
@@ -241,6 +315,15 @@ CASES: list[Case] = [
          {"m.jsonl": CURVE.splitlines()[0] + "\n"}),
     Case("compare-malformed-run", "metrics", ("compare", "a.jsonl", "b.jsonl"), r"b\.jsonl:1: malformed JSON",
          {"a.jsonl": CURVE, "b.jsonl": "{bad\n"}),
+    Case("fit-binary-file", "metrics", ("fit", "m.jsonl"),
+         r"m\.jsonl: not UTF-8 text \(invalid start byte\): a binary file\?",
+         {"m.jsonl": b"\x7fELF\x02\x01\x01\x00" + bytes(range(256))}),
+    Case("fit-value-overflows", "metrics", ("fit", "m.jsonl"),
+         r"m\.jsonl:2: compute_device_hours = 1e\+308 is beyond 1e\+300: .* rescale the column",
+         {"m.jsonl": CURVE.splitlines()[0]
+          + '\n{"step": 2, "compute_device_hours": 1e308, "val_pass_rate": 0.3}\n'}),
+    Case("fit-nested-too-deep", "metrics", ("fit", "m.jsonl"),
+         r"m\.jsonl:1: malformed JSON \(nested too deeply to parse\)", {"m.jsonl": DEEP_ROW}),
     # -- command-line arguments
     Case("cli-unknown-option", "cli", (*TRAIN, "--frobnicate"), r"unrecognized arguments: --frobnicate"),
     Case("cli-not-an-integer", "cli", (*TRAIN, "--max-steps", "x"),
@@ -263,6 +346,9 @@ CASES: list[Case] = [
          r"--device: 'foo' is not a torch device"),
     Case("cli-bad-field-map", "cli", ("data", "check", "ok.jsonl", "--field-map", "promptquestion"),
          r"argument --field-map: expected FIELD=COLUMN", ROWS),
+    Case("cli-pass-rate-reversed", "cli",
+         ("data", "curate", "ok.jsonl", "--pass-rate", "0.9", "0.1", "--out", "o.jsonl"),
+         r"--pass-rate 0\.9 0\.1: LO is above HI", ROWS),
     # -- environment variables
     Case("env-cache-dir-is-a-file", "env", TRAIN,
          r"environment variable SCALERL_CACHE_DIR: .*/f is a file; expected a cache folder", {"f": "x"},

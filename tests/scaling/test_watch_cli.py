@@ -11,6 +11,7 @@ from test_live_forecast import eval_rows, write_run
 
 from scalerl.cli import main
 from scalerl.config import ForecastConfig
+from scalerl.scaling.live import forecast_text
 
 
 def test_watch_once_shows_every_run_and_its_forecast(
@@ -32,13 +33,16 @@ def test_watch_once_shows_every_run_and_its_forecast(
     assert main(["watch", *paths, "--once", "--plot", str(png)]) == 0
     out = capsys.readouterr().out
     table = {line.split()[0]: line for line in out.splitlines()[2:6]}
-    a = f"{last['forecast_A']:.3f}"
-    assert a in table["live"] and f"{last['forecast_A_lo']:.3f}"[:4] in table["live"]
+    # The text the run's progress line printed for that row (one function): its interval, and its
+    # point only if pinned (this 8-evaluation curve's interval is wider than +-0.02: not pinned).
+    assert last["forecast_shown"] != "pinned"
+    assert forecast_text(last) in table["live"] and f"{last['forecast_A']:.3f}" not in table["live"]
+    assert f"A in [{last['forecast_A_lo']:.3f}, {last['forecast_A_hi']:.3f}]" in table["live"]
     assert "live: logged at step 80 (fit through step 70)" in out
     assert "old: fitted here on 8 evaluations" in out and "verl: fitted here on 8 evaluations" in out
     assert "fresh: no metrics.jsonl yet" in out
     # The folder and the CSV hold the same points: the same forecast, whichever reader.
-    assert table["old"].split()[3:6] == table["verl"].split()[3:6]
+    assert table["old"].split()[3:] == table["verl"].split()[3:]
     assert png.is_file() and png.stat().st_size > 1000
 
 

@@ -15,6 +15,7 @@ pytest.importorskip("uvicorn")
 from scalerl.models.tiny import TinyModelSpec, build_tiny_model, build_tiny_tokenizer  # noqa: E402
 from scalerl.rollout.embedded import EmbeddedEngine  # noqa: E402
 from scalerl.serving.endpoint import Endpoint  # noqa: E402
+from scalerl.serving.errors import RequestError  # noqa: E402
 from scalerl.serving.http import EngineDriver, start_server  # noqa: E402
 from tests.agentic.fakes import ScriptedEngine  # noqa: E402
 
@@ -252,5 +253,6 @@ def test_a_long_lived_endpoint_keeps_its_latest_sessions_and_a_broken_engine_fai
     finally:
         driver.close()
     endpoint.fail_pending(RuntimeError("engine died"))
-    with pytest.raises(RuntimeError, match="engine died"):
+    with pytest.raises(RequestError, match="engine died") as refused:
         asyncio.run(endpoint.chat({"messages": [{"role": "user", "content": "q"}]}, "k4"))
+    assert refused.value.status == 503

@@ -55,15 +55,17 @@ def test_serve_refuses_bad_input_with_exit_2(tmp_path: Path, capsys) -> None:
 def test_scalerl_serve_answers_an_openai_client(tmp_path: Path) -> None:
     model_dir = save_tiny(tmp_path / "tiny")
     record = tmp_path / "calls.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "SCALERL_API_KEY": "sk-serve-test"}
     proc = subprocess.Popen([sys.executable, "-m", "scalerl.cli", "serve", str(model_dir), "--port", "0",
                              "--device", "cpu", "--record", str(record)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     try:
         line = proc.stdout.readline()
-        assert " at http://127.0.0.1:" in line, line + proc.stderr.read()
+        assert " at http://127.0.0.1:" in line and "API key required" in line, line + proc.stderr.read()
         url = line.split(" at ", 1)[1].split()[0]
-        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=60)
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url, api_key="wrong", max_retries=0).models.list()
+        client = openai.OpenAI(base_url=url, api_key="sk-serve-test", max_retries=0, timeout=60)
         r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
                                            max_tokens=6, seed=1)
         assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens <= 6
@@ -73,11 +75,12 @@ def test_scalerl_serve_answers_an_openai_client(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err
-        assert "serve: stopped" in out
+        assert "serve: stopped" in out and "sk-serve-test" not in out + err
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    assert "sk-serve-test" not in record.read_text()
     calls = [json.loads(x) for x in record.read_text().splitlines()]
     assert [x["kind"] for x in calls] == ["chat", "completion"]
     assert len(calls[0]["completion_ids"]) == r.usage.completion_tokens == len(calls[0]["logprobs"])

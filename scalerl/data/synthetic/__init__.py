@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scalerl.data.loaders import write_jsonl
+from scalerl.data.loaders import write_jsonl_atomic
 from scalerl.data.records import PromptRecord
 from scalerl.data.rejects import DataError
 from scalerl.data.synthetic.arithmetic import (
@@ -97,8 +97,10 @@ def write_synthetic_jsonl(
     difficulty: int | tuple[int, int] | None = None,
     weights: Sequence[float] | None = None,
 ) -> Path:
-    """Write `make_synthetic(...)` as JSON lines that `load_prompts` reads back unchanged."""
-    return write_jsonl(make_synthetic(task, n, seed, difficulty, weights), path)
+    """Write `make_synthetic(...)` as JSON lines that `load_prompts` reads back unchanged: whole or
+    not at all (a temporary file beside `path`, renamed over it), so a file it replaces stays as it
+    was until the new one is complete."""
+    return write_jsonl_atomic(make_synthetic(task, n, seed, difficulty, weights), path)
 
 
 __all__ = [
