@@ -271,9 +271,13 @@ def generate_sft(
         results = estimate_pass_rates(records, partial, lambda part: [], on_chunk=on_chunk)
     rows, counts = build_rows(records, results, rule, source.model)
     # The rows first, then the counts that describe them; the work file goes last.
-    write_rows_atomic(rows, out)
-    write_json_atomic({"settings": settings.to_dict(), "prompts_file": str(prompts), **counts.to_dict()},
-                      stats)
+    from scalerl.ownership import writing_output
+
+    with writing_output(out, "--out"):  # an unwritable folder: exit 2 naming the flag
+        write_rows_atomic(rows, out)
+    with writing_output(stats, "--stats"):
+        write_json_atomic({"settings": settings.to_dict(), "prompts_file": str(prompts),
+                           **counts.to_dict()}, stats)
     partial.remove()
     return GenerateOutcome(counts=counts, resumed=resumed, engine=cfg.generation.engine, stats=stats,
                            seconds=time.perf_counter() - started)
