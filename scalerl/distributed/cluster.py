@@ -51,10 +51,14 @@ def connect(cfg: DistributedConfig) -> tuple[Any, bool]:
     # A cluster that is already running (RAY_ADDRESS, `ray job submit`, or `ray start --head` on
     # this machine) is joined as it is: Ray refuses resource arguments when it attaches, and the
     # cluster's resources are its own.
-    address = cfg.address if cfg.address is not None else running_cluster()
     with keep_signal_handlers():
-        if address is not None:
-            ray.init(address=address, **kwargs)
+        if cfg.address is not None:
+            ray.init(address=cfg.address, **kwargs)
+        elif running_cluster() is not None:
+            # Ray's own lookup joins it, and with it the cluster's token authentication (Ray 2.60's
+            # `ray start --head` turns it on; a driver given the address by name must also set
+            # RAY_AUTH_MODE=token, as `ray job submit` drivers are).
+            ray.init(**kwargs)
         else:
             ray.init(num_cpus=local_num_cpus(cfg), **kwargs)
     return ray, True

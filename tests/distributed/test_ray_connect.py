@@ -99,7 +99,9 @@ def test_train_joins_the_running_cluster(how: str, ray_head: tuple[str, Path], m
     address, logs = ray_head
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     if how == "RAY_ADDRESS":
-        env["RAY_ADDRESS"] = address
+        # A driver handed the address joins a token-authenticated cluster (Ray 2.60's default for
+        # `ray start --head`) with RAY_AUTH_MODE=token, as any Ray driver must.
+        env.update(RAY_ADDRESS=address, RAY_AUTH_MODE="token")
     run_dir = tmp_path / "run"
     drivers = _driver_logs(logs)
     done = _train(model_path, run_dir, env)
