@@ -579,7 +579,8 @@ class RollbackConfig(Section):
     pass_drop_se: float | None = Field(3.0, gt=0.0, description="noise band of the pass-rate drop, in SEs")
     # Fire when this many step rows in a row skipped their update as non-finite.
     nonfinite_steps: int | None = Field(2, ge=1, description="non-finite steps in a row that trigger")
-    truncation_rate: float | None = Field(None, gt=0.0, le=1.0, description="step truncation rate that triggers")
+    truncation_rate: float | None = Field(None, gt=0.0, le=1.0,
+                                          description="step truncation rate that triggers")
     entropy_max: float | None = Field(None, gt=0.0, description="step entropy that triggers")
 
 
@@ -911,7 +912,8 @@ class RunConfig(Section):
                                 "distributed.backend=local")
         if self.checkpoint.every == 0:
             raise CrossKeyError(("rollback.enabled", "checkpoint.every"),
-                                "rollback restores a checkpoint taken during the run: set checkpoint.every >= 1")
+                                "rollback restores a checkpoint taken during the run: set "
+                                "checkpoint.every >= 1")
         if r.nonfinite_steps is not None and r.nonfinite_steps >= self.optim.max_consecutive_bad_steps:
             raise CrossKeyError(("rollback.nonfinite_steps", "optim.max_consecutive_bad_steps"),
                                 "the run stops at optim.max_consecutive_bad_steps non-finite steps in a "

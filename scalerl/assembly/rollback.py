@@ -90,7 +90,8 @@ def finish_pending(run_dir: Path, state: RollbackState) -> int | None:
     return restore
 
 
-def roll_back(run_dir: Path, state: RollbackState, trigger: Trigger, target: int, lr: float) -> dict[str, Any]:
+def roll_back(run_dir: Path, state: RollbackState, trigger: Trigger, target: int,
+              lr: float) -> dict[str, Any]:
     """Record the rollback from `trigger.step` to the checkpoint of `target` and discard the
     checkpoints after it; returns the event (also appended to `state.events`)."""
     discard = [step for step, _ in list_checkpoints(run_dir) if step > target]

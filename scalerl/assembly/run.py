@@ -135,7 +135,6 @@ def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, devi
     `session`: more for the session's start record (`config_changes` with `from_step` on a resume
     that changed keys, `parent` for a run started from another run's checkpoint); with either,
     `config.yaml` is rewritten to `cfg`, the config the run goes on with."""
-    from scalerl.assembly.build import train
     from scalerl.assembly.run_folder import ensure_run_id
     from scalerl.model_identity import START_MODEL_FILE, model_identity
     from scalerl.pipeline.faults import FaultLimitError

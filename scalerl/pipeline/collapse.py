@@ -78,7 +78,7 @@ class CollapseDetector:
     stable_steps: list[int] = field(default_factory=list)
 
     def observe_step(self, step: int, row: Mapping[str, Any]) -> Trigger | None:
-        r = self.rule
+        r: RollbackConfig = self.rule
         self.nonfinite_run = self.nonfinite_run + 1 if row.get("skipped_nonfinite") else 0
         self.trouble = self.nonfinite_run > 0
         if r.nonfinite_steps is not None and self.nonfinite_run >= r.nonfinite_steps:
@@ -90,24 +90,30 @@ class CollapseDetector:
                            f"rollback.truncation_rate={r.truncation_rate:g}")
         ent = row.get("entropy")
         if r.entropy_max is not None and ent is not None and float(ent) > r.entropy_max:
-            return Trigger("entropy", step, f"entropy {float(ent):.3f} > rollback.entropy_max={r.entropy_max:g}")
+            return Trigger("entropy", step,
+                           f"entropy {float(ent):.3f} > rollback.entropy_max={r.entropy_max:g}")
         return None
 
     def observe_eval(self, step: int, metrics: Mapping[str, Any]) -> Trigger | None:
         value = metrics.get("val_pass_rate")
-        if value is None or self.rule.pass_drop_se is None or self.heldout_prompts < 1:
+        z = self._z()
+        if value is None or z is None or self.heldout_prompts < 1:
             return None
         v = float(value)
         if self.best is None or v > self.best:
             self.best = v
             return None
-        band = pass_rate_band(self.best, self.heldout_prompts, self.k, self.rule.pass_drop_se)
+        band = pass_rate_band(self.best, self.heldout_prompts, self.k, z)
         if self.best - v > band:
             self.trouble = True
             return Trigger("pass_rate", step, f"val_pass_rate {v:.3f} < best {self.best:.3f} - {band:.3f} "
-                           f"(rollback.pass_drop_se={self.rule.pass_drop_se:g}, P={self.heldout_prompts}, "
+                           f"(rollback.pass_drop_se={z:g}, P={self.heldout_prompts}, "
                            f"k={self.k})")
         return None
+
+    def _z(self) -> float | None:
+        rule: RollbackConfig = self.rule
+        return rule.pass_drop_se
 
     def mark_checkpoint(self, step: int) -> None:
         """Called as the checkpoint of `step` is written: remember it if nothing looked wrong."""

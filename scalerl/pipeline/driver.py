@@ -425,7 +425,8 @@ class Driver:
                 self.noop_run.check(f"step {self.step}")
                 if self.c.collapse is not None:
                     result.rollback = self.c.collapse.observe_step(self.step, row)
-                if result.rollback is None and self.c.evaluator is not None and self.step % cfg.eval.every == 0:
+                scheduled = self.c.evaluator is not None and self.step % cfg.eval.every == 0
+                if result.rollback is None and scheduled:
                     result.last_eval, self.evaluated_at = self._evaluate(), self.step
                     if self.c.collapse is not None:
                         result.rollback = self.c.collapse.observe_eval(self.step, result.last_eval)

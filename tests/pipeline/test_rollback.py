@@ -110,9 +110,9 @@ def test_rollbacks_are_bounded_and_an_unchanged_rate_collapses_again(model: str,
 def test_rollback_keys_that_cannot_work_are_refused() -> None:
     from scalerl.config import ConfigError, build_config, override_layer
 
-    with pytest.raises(ConfigError, match="checkpoint.every"):
+    with pytest.raises(ConfigError, match=r"checkpoint\.every"):
         build_config([override_layer(["rollback.enabled=true", "checkpoint.every=0"])])
-    with pytest.raises(ConfigError, match="rollback.nonfinite_steps"):
+    with pytest.raises(ConfigError, match=r"rollback\.nonfinite_steps"):
         build_config([override_layer(["rollback.enabled=true", "checkpoint.every=2",
                                       "rollback.nonfinite_steps=5", "optim.max_consecutive_bad_steps=5"])])
 
