@@ -71,3 +71,37 @@ def test_a_checkpoint_is_stable_only_without_trouble_and_the_state_round_trips()
     again = _detector(nonfinite_steps=3)
     again.load_state_dict(det.state_dict())
     assert again.stable_steps == [2, 6] and again.best == 0.75 and again.nonfinite_run == 0
+
+
+class _Evals:
+    """An evaluator whose pass rates are scripted: 0.5, 0.5, then 0.0 (a collapse)."""
+
+    def __init__(self, values: list[float]) -> None:
+        self.values = values
+
+    def run(self, generate: object) -> dict[str, float]:
+        return {"val_pass_rate": self.values.pop(0)}
+
+
+def test_the_driver_stops_on_a_pass_rate_collapse_without_saving_the_diverged_weights() -> None:
+    from scalerl.assembly.sections import driver_settings
+    from scalerl.pipeline import Driver
+
+    from .fakes import FakeEngine, FakeSource, FakeTrainer
+    from .test_modes import build, make_config
+
+    cfg = make_config("sync", 2, 2, steps=8)
+    cfg.eval.every, cfg.eval.at_start, cfg.checkpoint.every = 2, True, 2
+    engine = FakeEngine(max_batch_size=8)
+    comps, rows = build(cfg, engine=engine, trainer=FakeTrainer(engine), source=FakeSource())
+    saved: list[int] = []
+    comps.checkpoint = lambda step, state, **_: saved.append(step)
+    comps.evaluator = _Evals([0.5, 0.5, 0.0, 0.5, 0.5, 0.5])
+    # P 8, k 2, z 2: band 0.354 at best 0.5; 0.0 at step 4 is outside it.
+    comps.collapse = CollapseDetector(RollbackConfig(enabled=True, pass_drop_se=2.0), heldout_prompts=8, k=2)
+    result = Driver(driver_settings(cfg), comps).run()
+    assert result.stop_reason == "rollback" and result.steps == 4
+    assert result.rollback is not None and result.rollback.kind == "pass_rate" and result.rollback.step == 4
+    assert saved == [2] and result.stable_steps == [2]  # step 4's weights are never written
+    assert [s for s, _ in rows.steps] == [1, 2, 3, 4]
+    assert all(row["rollbacks"] == 0.0 for _, row in rows.steps)
