@@ -572,7 +572,7 @@ class RollbackConfig(Section):
     `optim.lr` multiplied by `lr_scale` once per rollback, at most `max_rollbacks` times.
     """
 
-    enabled: bool = False
+    enabled: bool = Field(False, description="restart from the last stable checkpoint on collapse")
     max_rollbacks: int = Field(2, ge=1, description="rollbacks before the run stops as collapsed")
     lr_scale: float = Field(0.5, gt=0.0, le=1.0, description="optim.lr factor applied per rollback")
     # Held-out pass rate: fire when best - current > pass_drop_se * sqrt(2 b (1 - b) / (P k)).
