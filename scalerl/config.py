@@ -564,6 +564,26 @@ class CheckpointConfig(Section):
     keep: int = Field(2, ge=1)
 
 
+class RollbackConfig(Section):
+    """Rollback on collapse (ScaleRL A.17.4: restart from a stable checkpoint after divergence).
+
+    Off by default. The detector (`scalerl.pipeline.collapse`) watches the run's own rows; when it
+    fires, the run restarts from the last checkpoint taken while it saw no trouble, with
+    `optim.lr` multiplied by `lr_scale` once per rollback, at most `max_rollbacks` times.
+    """
+
+    enabled: bool = Field(False, description="restart from the last stable checkpoint on collapse")
+    max_rollbacks: int = Field(2, ge=1, description="rollbacks before the run stops as collapsed")
+    lr_scale: float = Field(0.5, gt=0.0, le=1.0, description="optim.lr factor applied per rollback")
+    # Held-out pass rate: fire when best - current > pass_drop_se * sqrt(2 b (1 - b) / (P k)).
+    pass_drop_se: float | None = Field(3.0, gt=0.0, description="noise band of the pass-rate drop, in SEs")
+    # Fire when this many step rows in a row skipped their update as non-finite.
+    nonfinite_steps: int | None = Field(2, ge=1, description="non-finite steps in a row that trigger")
+    truncation_rate: float | None = Field(None, gt=0.0, le=1.0,
+                                          description="step truncation rate that triggers")
+    entropy_max: float | None = Field(None, gt=0.0, description="step entropy that triggers")
+
+
 class LoggingConfig(Section):
     tensorboard: bool = False
     wandb: bool = False
@@ -861,6 +881,7 @@ class RunConfig(Section):
     distributed: DistributedConfig = DistributedConfig()
     agentic: AgenticConfig = AgenticConfig()
     forecast: ForecastConfig = ForecastConfig()
+    rollback: RollbackConfig = RollbackConfig()
 
     @model_validator(mode="after")
     def _task_environment(self) -> RunConfig:
@@ -878,6 +899,25 @@ class RunConfig(Section):
         if "tools" not in a.model_fields_set:
             update["tools"] = list(TOOL_TASKS[task])
         object.__setattr__(self, "agentic", a.model_copy(update=update))
+        return self
+
+    @model_validator(mode="after")
+    def _rollback(self) -> RunConfig:
+        r = self.rollback
+        if not r.enabled:
+            return self
+        if self.distributed.backend != "local":
+            raise CrossKeyError(("rollback.enabled", "distributed.backend"),
+                                "rollback restarts the run in this process from a checkpoint: use "
+                                "distributed.backend=local")
+        if self.checkpoint.every == 0:
+            raise CrossKeyError(("rollback.enabled", "checkpoint.every"),
+                                "rollback restores a checkpoint taken during the run: set "
+                                "checkpoint.every >= 1")
+        if r.nonfinite_steps is not None and r.nonfinite_steps >= self.optim.max_consecutive_bad_steps:
+            raise CrossKeyError(("rollback.nonfinite_steps", "optim.max_consecutive_bad_steps"),
+                                "the run stops at optim.max_consecutive_bad_steps non-finite steps in a "
+                                "row: rollback.nonfinite_steps must be smaller to act first")
         return self
 
     @model_validator(mode="after")

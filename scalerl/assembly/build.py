@@ -41,6 +41,7 @@ from scalerl.data import (
 )
 from scalerl.data.decontaminate import overlap_ids
 from scalerl.evaluation.evaluator import Evaluator
+from scalerl.pipeline.collapse import CollapseDetector, RollbackHistory
 from scalerl.pipeline.driver import Components, Driver, success_threshold
 from scalerl.pipeline.preemption import StopRequest
 from scalerl.pipeline.snapshot import SNAPSHOT_FILE
@@ -111,9 +112,11 @@ def build_training(
     log: bool = True,
     checkpoints: bool = True,
     stop: StopRequest | None = None,
+    rollbacks: RollbackHistory | None = None,
 ) -> Training:
     """Everything `Driver.run()` needs, from `config` (see module docstring). `stop`: a stop
-    request the driver polls (`scalerl train` sets it from SIGTERM / SIGINT)."""
+    request the driver polls (`scalerl train` sets it from SIGTERM / SIGINT). `rollbacks`: the run's
+    rollback history (`assembly.rollback`), stamped on its rows when `rollback.enabled`."""
     run_path = Path(run_dir if run_dir is not None else config.output_dir)
     if config.distributed.backend == "ray":
         from scalerl.assembly.ray import ray_backend
@@ -123,7 +126,7 @@ def build_training(
         backend = local_backend(config, run_path, device, resume)
     try:
         return _build_training(config, run_path, backend, resume=resume, log=log, checkpoints=checkpoints,
-                               stop=stop)
+                               stop=stop, rollbacks=rollbacks)
     except BaseException:
         for closer in backend.closers:
             closer()
@@ -132,7 +135,7 @@ def build_training(
 
 def _build_training(
     config: RunConfig, run_path: Path, backend: Backend, *, resume: str | Path | None, log: bool,
-    checkpoints: bool, stop: StopRequest | None = None,
+    checkpoints: bool, stop: StopRequest | None = None, rollbacks: RollbackHistory | None = None,
 ) -> Training:
     trainer, engine, tokenizer, meter = backend.trainer, backend.engine, backend.tokenizer, backend.meter
     start_step, resume_state = backend.start_step, backend.resume_state
@@ -242,6 +245,9 @@ def _build_training(
         params=params, evaluator=evaluator, metrics=metrics,
         checkpoint=backend.checkpoint if checkpoints else None, meter=meter, channel=backend.channel,
         stop_after_eval=StopAfterEval(config.forecast, run_path, live),
+        collapse=(CollapseDetector(config.rollback, len(split.heldout), config.eval.k,
+                                   history=rollbacks or RollbackHistory())
+                  if config.rollback.enabled else None),
     )
     snapshot = load_snapshot(resume) if resume is not None else None
     driver = Driver(driver_settings(config), components, start_step=start_step, resume_state=resume_state,

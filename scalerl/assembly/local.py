@@ -101,6 +101,9 @@ def local_backend(
     start_step, resume_state = 0, None
     if resume is not None:
         saved = trainer.load(resume)
+        # The checkpoint's optimizer carries the rate it was saved with; the run's config decides
+        # (a rollback lowers it: `rollback.lr_scale`).
+        trainer.set_lr(trainer_settings(config).optim.lr)
         start_step = saved.step
         resume_state = saved.extra.get("pipeline")
         if resume_state is None:

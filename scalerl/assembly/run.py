@@ -135,7 +135,6 @@ def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, devi
     `session`: more for the session's start record (`config_changes` with `from_step` on a resume
     that changed keys, `parent` for a run started from another run's checkpoint); with either,
     `config.yaml` is rewritten to `cfg`, the config the run goes on with."""
-    from scalerl.assembly.build import train
     from scalerl.assembly.run_folder import ensure_run_id
     from scalerl.model_identity import START_MODEL_FILE, model_identity
     from scalerl.pipeline.faults import FaultLimitError
@@ -166,7 +165,7 @@ def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, devi
         with stop_on_signals(stop, say=say), run_threads(cfg.model, device) as threads:
             if threads is not None:
                 say(f"train: {threads} CPU thread(s) for torch (scalerl/training/threads.py)")
-            result = train(cfg, run_dir, resume=resume, device=device, stop=stop)
+            result = _train_with_rollback(cfg, run_dir, resume, device, stop, say)
     except (CheckpointWriteError, FaultLimitError, TrainingDivergedError) as err:
         # Not bad input: the run itself failed. One clear line, and where to continue from.
         last = latest_checkpoint(run_dir)
@@ -190,6 +189,13 @@ def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, devi
     except BaseException:
         _drop_if_empty(run_dir, fresh)
         raise
+    if result.stop_reason == "collapsed":
+        say(f"train: collapsed at step {result.steps} and no rollback is left (rollback.max_rollbacks="
+            f"{cfg.rollback.max_rollbacks}, or no stable checkpoint); see {run_dir / 'rollback.json'}")
+        record_session(run_dir, {"event": "stop", "step": result.steps, "stop_reason": "collapsed",
+                                 "trigger": result.rollback.kind if result.rollback else None,
+                                 "exit_status": 1, "wall_s": time.monotonic() - started})
+        return 1
     status = exit_status(result.signal) if result.stop_reason == "signal" and result.signal else 0
     record_session(run_dir, {"event": "stop", "step": result.steps, "stop_reason": result.stop_reason,
                              "signal": result.signal, "exit_status": status,
@@ -208,6 +214,50 @@ def train_run(cfg: RunConfig, run_dir: Path, *, resume: Path | None = None, devi
             "--max-steps to train for the whole time")
     say(f"train: fit its curve with `scalerl fit {run_dir} --x flops`")
     return 0
+
+
+def _train_with_rollback(cfg: RunConfig, run_dir: Path, resume: Path | None, device: str | None,
+                         stop: Any, say: Say) -> Any:
+    """`build.train`, restarted from the last stable checkpoint each time the collapse detector
+    fires (`assembly/rollback.py`); a run without `rollback.enabled` trains once."""
+    from scalerl.assembly.build import train
+    from scalerl.assembly.rollback import (
+        ROLLBACK_FILE,
+        RollbackState,
+        config_after,
+        finish_pending,
+        restore_point,
+        roll_back,
+    )
+    from scalerl.training.checkpoint import checkpoint_dir
+
+    if not cfg.rollback.enabled:
+        return train(cfg, run_dir, resume=resume, device=device, stop=stop)
+    if resume is None:
+        state = RollbackState()  # a new run: any record in the directory belonged to the run it replaces
+        state.save(run_dir)
+    else:
+        state = RollbackState.load(run_dir)
+        restore = finish_pending(run_dir, state)  # a session killed mid-rollback
+        if restore is not None:
+            resume = checkpoint_dir(run_dir) / f"step_{restore:06d}"
+            say(f"train: finishing the rollback to step {restore} recorded in {run_dir / ROLLBACK_FILE}")
+    while True:
+        run_cfg = config_after(cfg, state.count)
+        result = train(run_cfg, run_dir, resume=resume, device=device, stop=stop, rollbacks=state.history())
+        if result.stop_reason != "rollback":
+            return result
+        trigger = result.rollback
+        point = restore_point(run_dir, result.stable_steps)
+        if state.count >= cfg.rollback.max_rollbacks or point is None:
+            result.stop_reason = "collapsed"
+            return result
+        target, resume = point
+        lr = config_after(cfg, state.count + 1).optim.lr
+        event = roll_back(run_dir, state, trigger, target, lr)
+        record_session(run_dir, {"event": "rollback", **event})
+        say(f"train: collapse at step {trigger.step} ({trigger.detail}); rollback {state.count}/"
+            f"{cfg.rollback.max_rollbacks} to the stable checkpoint of step {target}, optim.lr {lr:g}")
 
 
 __all__ = ["CONFIG_FILE", "ERROR_LOG", "METRICS_FILE", "SESSIONS_FILE", "TRAIN_KIND", "default_name",

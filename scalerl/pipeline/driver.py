@@ -22,6 +22,13 @@ After each scheduled evaluation `Components.stop_after_eval(step)` may end the r
 its reason (`forecast_known`: the live forecast pinned A; `pruned`: a study stopped the variant);
 the run then writes its last checkpoint (it has just evaluated) and records the reason.
 
+Rollback on collapse: with `Components.collapse` (a `collapse.CollapseDetector`) each step row and
+evaluation is shown to the detector, each checkpoint marked stable or not in its state, and every
+step row stamped with the rollback history (`rollbacks`, `rollback_trigger`,
+`rollback_steps_lost`). When it fires the run stops at once with `stop_reason` "rollback" and the
+trigger in `RunResult.rollback`, with no final evaluation and no checkpoint of the diverged
+weights; the composition root restores the last stable checkpoint (`assembly/rollback.py`).
+
 Stopping from outside (`stop=`, a `preemption.StopRequest` set by SIGTERM / SIGINT) and the
 wall-clock limit are checked between steps and inside the batch source's waits; either way the run
 checkpoints where it stands. A stop by signal skips the final evaluation (the grace period is
@@ -41,6 +48,7 @@ from typing import Any, Protocol
 
 from scalerl.config import EvalConfig, GenerationConfig, PipelineConfig, RewardConfig
 from scalerl.data.records import PromptRecord
+from scalerl.pipeline.collapse import CollapseDetector, Trigger
 from scalerl.pipeline.dynamic_sampling import DynamicSampling
 from scalerl.pipeline.faults import RunLength
 from scalerl.pipeline.generator import Generator
@@ -105,6 +113,8 @@ class Components:
     # "pruned"), or None to go on. The composition root wires it (the live forecast, a study's
     # stop request); the driver only honours it: the run stops with that reason and checkpoints.
     stop_after_eval: Callable[[int], str | None] | None = None
+    # The collapse detector (`collapse.py`), built by the root when `rollback.enabled`.
+    collapse: CollapseDetector | None = None
 
 
 @dataclass
@@ -117,6 +127,8 @@ class RunResult:
     last_eval: dict[str, float] = field(default_factory=dict)
     max_version_lag: int = 0
     counters: dict[str, int] = field(default_factory=dict)
+    rollback: Trigger | None = None  # what fired when stop_reason is "rollback"
+    stable_steps: list[int] = field(default_factory=list)  # checkpoints the detector judged stable
 
 
 @dataclass(frozen=True)
@@ -251,6 +263,7 @@ class Driver:
             "noop_run": self.noop_run.count,
             # The weight channel's syncs and their checks so far (`fingerprint.channel_state`).
             "channel": channel_state(self.channel) if hasattr(self.channel, "verification") else None,
+            "collapse": self.c.collapse.state_dict() if self.c.collapse is not None else None,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -265,6 +278,8 @@ class Driver:
         self.noop_run.count = int(state.get("noop_run", 0))
         if state.get("channel") is not None and hasattr(self.channel, "verification"):
             restore_channel_state(self.channel, state["channel"])
+        if self.c.collapse is not None and state.get("collapse") is not None:
+            self.c.collapse.load_state_dict(state["collapse"])
         if state.get("interval_counters") is not None:
             self._resume_interval = {k: int(v) for k, v in state["interval_counters"].items()}
 
@@ -314,6 +329,8 @@ class Driver:
         return True
 
     def _save(self) -> None:
+        if self.c.collapse is not None:
+            self.c.collapse.mark_checkpoint(self.step)
         state = self.state_dict()
         snap = self.snapshot()
         if self.c.checkpoint is None:
@@ -396,6 +413,8 @@ class Driver:
                         break
                     row = self._train_step(items, interval)
                 self.step += 1
+                if self.c.collapse is not None:
+                    row.update(self.c.collapse.history.row_fields())
                 if self.c.metrics is not None:
                     self.c.metrics.log_step(self.step, row)
                     if cfg.samples_every and self.step % cfg.samples_every == 0:
@@ -404,8 +423,18 @@ class Driver:
                 result.last_step = row
                 self.noop_run.add(bool(row.get("skipped_no_signal")))
                 self.noop_run.check(f"step {self.step}")
-                if self.c.evaluator is not None and self.step % cfg.eval.every == 0:
+                if self.c.collapse is not None:
+                    result.rollback = self.c.collapse.observe_step(self.step, row)
+                scheduled = self.c.evaluator is not None and self.step % cfg.eval.every == 0
+                if result.rollback is None and scheduled:
                     result.last_eval, self.evaluated_at = self._evaluate(), self.step
+                    if self.c.collapse is not None:
+                        result.rollback = self.c.collapse.observe_eval(self.step, result.last_eval)
+                if result.rollback is not None:
+                    # Diverged: nothing more of this trajectory is evaluated or saved.
+                    result.stop_reason = "rollback"
+                    break
+                if self.c.evaluator is not None and self.step % cfg.eval.every == 0:
                     asked = self.c.stop_after_eval(self.step) if self.c.stop_after_eval is not None else None
                     if asked is not None:
                         result.stop_reason = self._stopped_by = asked
@@ -422,10 +451,14 @@ class Driver:
                 result.signal = self._stopped_by = self.stop.reason
             # The run's last point on the curve and its last checkpoint, whatever stopped it (a
             # signal's grace period is short: its resumed run evaluates on schedule instead).
-            final_eval = result.stop_reason != "signal" and self.evaluated_at != self.step
+            final_eval = result.stop_reason not in ("signal", "rollback") and self.evaluated_at != self.step
             if self.c.evaluator is not None and final_eval:
                 result.last_eval, self.evaluated_at = self._evaluate(), self.step
-            if self.c.checkpoint is not None and self.step > 0 and (
+                if self.c.collapse is not None and result.stop_reason != "signal":
+                    result.rollback = self.c.collapse.observe_eval(self.step, result.last_eval)
+                    if result.rollback is not None:
+                        result.stop_reason = "rollback"
+            if self.c.checkpoint is not None and self.step > 0 and result.stop_reason != "rollback" and (
                 saved_at != self.step or self._stopped_by is not None
             ):
                 self._save()
@@ -435,6 +468,8 @@ class Driver:
         result.steps = self.step
         result.max_version_lag = max(self.prior_max_lag, self.controller.max_observed_lag)
         result.counters = self.generator.counters.as_dict()
+        if self.c.collapse is not None:
+            result.stable_steps = list(self.c.collapse.stable_steps)
         return result
 
 

@@ -799,6 +799,17 @@ class Trainer:
             files=files,
         )
 
+    def set_lr(self, lr: float) -> None:
+        """Make `lr` the schedule's base learning rate (after `load`, whose optimizer and schedule
+        state carry the saved one): the current step's rate becomes lr x the schedule's factor."""
+        sched = self.scheduler
+        sched.base_lrs = [lr for _ in sched.base_lrs]
+        factors = [fn(sched.last_epoch) for fn in sched.lr_lambdas]
+        for group, factor in zip(self.optimizer.param_groups, factors, strict=True):
+            group["initial_lr"] = lr
+            group["lr"] = lr * factor
+        sched._last_lr = [group["lr"] for group in self.optimizer.param_groups]  # what get_last_lr() reports
+
     def load(self, path: str | Path, restore_rng: bool = True) -> CheckpointState:
         """Restore a checkpoint written by `save`; returns its step and the caller's extra state."""
         state = load_checkpoint(
