@@ -224,6 +224,9 @@ def channel_state(channel: Any) -> dict[str, Any]:
     probe = getattr(channel, "probe_figures", None)
     if probe is not None:
         state["probe"] = probe.state_dict()
+    sync_probe = getattr(channel, "probe", None)
+    if sync_probe is not None and hasattr(sync_probe, "state_dict"):
+        state["probe_expected"] = sync_probe.state_dict()
     return state
 
 
@@ -236,6 +239,9 @@ def restore_channel_state(channel: Any, state: Mapping[str, Any]) -> None:
     probe = getattr(channel, "probe_figures", None)
     if probe is not None:
         probe.add_earlier(state.get("probe", {}))
+    sync_probe = getattr(channel, "probe", None)
+    if sync_probe is not None and hasattr(sync_probe, "load_state_dict"):
+        sync_probe.load_state_dict(state.get("probe_expected", {}))
 
 
 def channel_metrics(last_s: float, total_s: float, syncs: int, verification: SyncFigures,

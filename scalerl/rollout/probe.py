@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,6 +156,19 @@ class SyncProbe:
             drift = None if self._expected is None else max_gap(self._expected[1], logprobs)
             self._expected = (version, logprobs, drift)
         return self._expected[1], self._expected[2]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The last version's trainer probe, so that a resumed run's first sync measures its drift
+        (and blindness) against it as the uninterrupted run does."""
+        if self._expected is None:
+            return {}
+        version, logprobs, drift = self._expected
+        return {"version": version, "logprobs": logprobs, "drift": drift}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state and self._expected is None:  # a probe this process already took is as recent
+            self._expected = (int(state["version"]), [list(map(float, s)) for s in state["logprobs"]],
+                              None if state.get("drift") is None else float(state["drift"]))
 
 
 def engine_probe(engine: Any, probe: Probe) -> ProbeLogprobs | None:
