@@ -102,7 +102,8 @@ def _import_file(path: Path, attr: str, spec: str) -> Any:
 def resolve_fn(spec: str, builtin: Callable[[str], Any]) -> tuple[Callable[..., Any], str, bool]:
     """(the callable, its default name, whether it is a verifier of the router) for a `fn` value: a
     callable registered in Python, `language_consistency[:script]`, a verifier name
-    (`builtin(name)`), "path/file.py:name", or "package.module:name". ValueError naming `spec` when none fits."""
+    (`builtin(name)`), "path/file.py:name", or "package.module:name". ValueError naming `spec`
+    when none fits."""
     with _CALLABLES_LOCK:
         registered = _CALLABLES.get(spec)
     if registered is not None:

@@ -26,7 +26,6 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-
 #: Scripts a target may name (the first word of a letter's Unicode name; `han` for CJK ideographs).
 SCRIPTS = frozenset({"latin", "han", "cyrillic", "greek", "arabic", "hebrew", "devanagari", "thai",
                      "hangul", "hiragana", "katakana", "armenian", "georgian", "bengali", "tamil"})
