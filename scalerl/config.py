@@ -411,6 +411,8 @@ class AlgorithmConfig(Section):
     tis: TisConfig = TisConfig()
     recompute_old_logprobs: bool = False
     kl_coef: float = Field(0.0, ge=0.0)
+    # Per task, in place of kl_coef for that task's samples (DeepSeek-V3.2: "math may omit it").
+    kl_coef_by_task: dict[str, float] = Field(default_factory=dict)
     kl_estimator: Literal["k1", "k2", "k3", "unbiased_k3"] = "k3"
     kl_in_reward: bool = False
     # With kl_in_reward: the sequence's summed KL off its outcome reward, or REINFORCE++'s per-token
@@ -456,6 +458,12 @@ class AlgorithmConfig(Section):
             )
         if self.kl_reward_level == "token" and not self.kl_in_reward:
             raise CrossKeyError(("kl_reward_level", "kl_in_reward"), "'token' needs kl_in_reward: true")
+        bad = {t: c for t, c in self.kl_coef_by_task.items() if not c >= 0.0}
+        if bad:
+            raise CrossKeyError(("kl_coef_by_task",), f"coefficients must be >= 0, got {bad}")
+        if self.kl_coef_by_task and self.kl_in_reward:
+            raise CrossKeyError(("kl_coef_by_task", "kl_in_reward"), "per-task coefficients weight the KL "
+                                "loss term; with kl_in_reward use kl_coef")
         if self.distill.teacher is not None:
             if self.loss_type == "kimi":
                 raise CrossKeyError(("loss_type", "distill.teacher"),

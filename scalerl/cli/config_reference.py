@@ -92,6 +92,8 @@ MEANINGS: dict[str, str] = {
         " pass before the update instead of the engine's"
         " log-probs (TIS needs it)"),
     "algorithm.kl_coef": "weight of the KL term to the reference policy; 0 = none",
+    "algorithm.kl_coef_by_task": ("per task, the KL weight of that task's samples in place of kl_coef"
+        " (KL loss only, not kl_in_reward)"),
     "algorithm.kl_estimator": "KL estimator: k1, k2, k3, or DeepSeek-V3.2's unbiased k3",
     "algorithm.kl_in_reward": "subtract the KL from the reward instead of adding a loss term",
     "algorithm.entropy_coef": "weight of the entropy bonus (positive raises entropy)",
