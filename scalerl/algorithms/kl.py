@@ -8,10 +8,10 @@ In the loss, weight the per-token KL with the same aggregation as the policy los
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import torch
 from torch import Tensor
-
-from collections.abc import Mapping, Sequence
 
 from scalerl.algorithms._checks import (
     as_bool_mask,
