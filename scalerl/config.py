@@ -822,6 +822,8 @@ class AgenticConfig(Section):
     max_total_tokens: int = Field(256, ge=1, description="sampled + environment tokens per trajectory")
     context_budget: int | None = Field(None, ge=1, description="context tokens that trigger context_strategy")
     context_strategy: Literal["none", "summary", "discard_75", "discard_all"] = "none"
+    context_fraction: float | None = Field(None, gt=0.0, le=1.0, description="share of the model's "
+                                           "context window that triggers context_strategy (V3.2: 0.8)")
     thinking_retention: Literal["deepseek_v32", "keep_all"] = "deepseek_v32"
     max_observation_tokens: int = Field(64, ge=1)
     tool_timeout_s: float = Field(10.0, gt=0.0)
@@ -843,9 +845,9 @@ class AgenticConfig(Section):
 
     @model_validator(mode="after")
     def _context_budget(self) -> AgenticConfig:
-        if self.context_strategy != "none" and self.context_budget is None:
+        if self.context_strategy != "none" and self.context_budget is None and self.context_fraction is None:
             raise CrossKeyError(("context_strategy", "context_budget"), f"{self.context_strategy!r} "
-                                "needs context_budget (tokens of one context window)")
+                                "needs context_budget (tokens of one context window) or context_fraction")
         return self
 
 

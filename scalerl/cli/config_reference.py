@@ -143,6 +143,8 @@ MEANINGS: dict[str, str] = {
     "agentic.max_turns": "model turns per trajectory",
     "agentic.context_strategy": ("what happens when the context passes context_budget (DeepSeek-V3.2's"
         " strategies)"),
+    "agentic.context_fraction": ("trigger context_strategy at this share of the model's context window"
+        " (DeepSeek-V3.2: 0.8); with context_budget, the smaller"),
     "agentic.thinking_retention": ("which earlier reasoning stays in the context (DeepSeek-V3.2's rule, or"
         " all)"),
     "agentic.max_observation_tokens": "tool output kept per call, in tokens",
