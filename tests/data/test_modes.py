@@ -95,3 +95,46 @@ def test_the_column_comes_from_the_prompt_file(tmp_path) -> None:
                     '{"prompt": "2+2", "answer": "4", "thinking": false}\n')
     think, plain = load_prompts(str(path), default_task="math").records
     assert _text(think, None).endswith("T:") and _text(plain, THINK_SYSTEM_PROMPT).endswith("A:")
+
+
+def test_a_run_on_a_file_with_the_column_logs_per_mode_rows(tmp_path) -> None:
+    """`scalerl train` on a prompt file whose rows alternate modes: step rows and evaluation rows
+    carry the per-mode keys beside the per-task ones."""
+    import json
+
+    import yaml
+
+    from scalerl.assembly.build import load_records
+    from scalerl.assembly.warm_start import warm_start_default
+    from scalerl.cli import main
+    from scalerl.config import RunConfig
+    from scalerl.training.sft import SFTConfig
+    from tests.pipeline.test_kill_resume import tiny_run_config
+
+    tiny = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64,
+            "max_position_embeddings": 512}
+    base = RunConfig.model_validate({"model": {"tiny": tiny}, "data": {"synthetic": {"num_prompts": 40}}})
+    model = warm_start_default(base, SFTConfig(steps=2, batch_size=4), cache_dir=tmp_path / "sft")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": r.prompt, "answer": r.answer,
+                                        "thinking": i % 2 == 0}) + "\n"
+                            for i, r in enumerate(load_records(base))))
+    cfg = tiny_run_config(str(model), tmp_path / "run")
+    cfg.max_steps = 2
+    raw = cfg.model_dump(mode="json")
+    raw["data"]["train_path"] = str(rows)
+    raw["data"]["max_prompt_tokens"] = 384
+    raw["pipeline"]["prompts_per_step"] = 4
+    raw["eval"]["every"] = 2
+    raw["checkpoint"] = {"every": 0}
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    assert main(["train", "--recipe", "base", "-c", str(config)]) == 0
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in logged if r["kind"] == "step"]
+    evals = [r for r in logged if r["kind"] == "eval"]
+    assert steps and evals
+    for row in steps:
+        modes = [m for m in ("think", "nothink") if f"batch_samples/mode={m}" in row]
+        assert modes and sum(row[f"batch_samples/mode={m}"] for m in modes) == row["batch_samples"]
+    assert any(k.startswith("val_pass_rate/mode=") for k in evals[-1])
