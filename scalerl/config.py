@@ -411,6 +411,8 @@ class AlgorithmConfig(Section):
     tis: TisConfig = TisConfig()
     recompute_old_logprobs: bool = False
     kl_coef: float = Field(0.0, ge=0.0)
+    # Per task, in place of kl_coef for that task's samples (DeepSeek-V3.2: "math may omit it").
+    kl_coef_by_task: dict[str, float] = Field(default_factory=dict)
     kl_estimator: Literal["k1", "k2", "k3", "unbiased_k3"] = "k3"
     kl_in_reward: bool = False
     # With kl_in_reward: the sequence's summed KL off its outcome reward, or REINFORCE++'s per-token
@@ -456,6 +458,12 @@ class AlgorithmConfig(Section):
             )
         if self.kl_reward_level == "token" and not self.kl_in_reward:
             raise CrossKeyError(("kl_reward_level", "kl_in_reward"), "'token' needs kl_in_reward: true")
+        bad = {t: c for t, c in self.kl_coef_by_task.items() if not c >= 0.0}
+        if bad:
+            raise CrossKeyError(("kl_coef_by_task",), f"coefficients must be >= 0, got {bad}")
+        if self.kl_coef_by_task and self.kl_in_reward:
+            raise CrossKeyError(("kl_coef_by_task", "kl_in_reward"), "per-task coefficients weight the KL "
+                                "loss term; with kl_in_reward use kl_coef")
         if self.distill.teacher is not None:
             if self.loss_type == "kimi":
                 raise CrossKeyError(("loss_type", "distill.teacher"),
@@ -834,6 +842,8 @@ class AgenticConfig(Section):
     max_total_tokens: int = Field(256, ge=1, description="sampled + environment tokens per trajectory")
     context_budget: int | None = Field(None, ge=1, description="context tokens that trigger context_strategy")
     context_strategy: Literal["none", "summary", "discard_75", "discard_all"] = "none"
+    context_fraction: float | None = Field(None, gt=0.0, le=1.0, description="share of the model's "
+                                           "context window that triggers context_strategy (V3.2: 0.8)")
     thinking_retention: Literal["deepseek_v32", "keep_all"] = "deepseek_v32"
     max_observation_tokens: int = Field(64, ge=1)
     tool_timeout_s: float = Field(10.0, gt=0.0)
@@ -855,9 +865,9 @@ class AgenticConfig(Section):
 
     @model_validator(mode="after")
     def _context_budget(self) -> AgenticConfig:
-        if self.context_strategy != "none" and self.context_budget is None:
+        if self.context_strategy != "none" and self.context_budget is None and self.context_fraction is None:
             raise CrossKeyError(("context_strategy", "context_budget"), f"{self.context_strategy!r} "
-                                "needs context_budget (tokens of one context window)")
+                                "needs context_budget (tokens of one context window) or context_fraction")
         return self
 
 

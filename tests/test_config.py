@@ -124,7 +124,8 @@ def test_a_section_rule_names_its_keys_with_their_section(tmp_path) -> None:
         load_config(overrides=["agentic.context_strategy=summary"])
     head, keys = str(info.value).splitlines()[1:]
     assert head.strip() == ("override 'agentic.context_strategy=summary': agentic.context_strategy: "
-                            "'summary' needs context_budget (tokens of one context window)")
+                            "'summary' needs context_budget (tokens of one context window) or "
+                            "context_fraction")
     assert keys.strip() == ("keys: agentic.context_strategy='summary' (override 'agentic.context_strategy="
                             "summary'), agentic.context_budget=None (default)")
 

@@ -68,6 +68,31 @@ def environment_factory(
     return (lambda: factory(box)), box
 
 
+def context_trigger(budget: int | None, fraction: float | None, window: int | None) -> int | None:
+    """Context tokens at which `agentic.context_strategy` acts: `floor(fraction * window)` (the
+    model's context window; DeepSeek-V3.2 acts past 80% of it, arXiv 2512.02556 §3.2 "context
+    management"), the smaller of that and `budget` when both are set, `budget` alone without a
+    fraction. A `ConfigError` naming `agentic.context_fraction` when the window is unknown or the
+    fraction leaves no token."""
+    if fraction is None:
+        return budget
+    if window is None:
+        raise ConfigError("agentic.context_fraction: the model's context window is unknown (no "
+                          "max_position_embeddings); set agentic.context_budget in tokens")
+    at = int(fraction * window)
+    if at < 1:
+        raise ConfigError(f"agentic.context_fraction: {fraction} of a {window}-token window is no token")
+    return at if budget is None else min(budget, at)
+
+
+def with_context_window(a: AgenticConfig, window: int | None) -> AgenticConfig:
+    """`a` with `context_budget` resolved by `context_trigger` for a model of `window` tokens."""
+    if a.context_fraction is None:
+        return a
+    return a.model_copy(update={"context_budget": context_trigger(a.context_budget, a.context_fraction,
+                                                                  window)})
+
+
 def build_agentic(
     a: AgenticConfig, tokenizer: Any, engine: Engine, router: RewardRouter | None,
     decode: Callable[[list[int]], str],

@@ -8,6 +8,8 @@ In the loss, weight the per-token KL with the same aggregation as the policy los
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import torch
 from torch import Tensor
 
@@ -110,3 +112,22 @@ def kl_shaped_rewards(
     check_number("beta", beta, low=0.0)
     k1 = kl_penalty(lp.detach(), ref_logprobs, "k1", mask=mask)
     return r.detach() - beta * k1.sum(dim=-1).to(r.dtype)
+
+
+def sample_kl_coefs(tasks: Sequence[str] | None, n: int, default: float,
+                    by_task: Mapping[str, float]) -> Tensor:
+    """Each sample's KL weight beta_i: `by_task[task_i]` where its task is listed, else `default`.
+
+    The KL loss term is then `sum_{i,t} w_{i,t} beta_i kl_{i,t}` (one beta for all samples when
+    `by_task` is empty). DeepSeek-V3.2 (arXiv 2512.02556, §3.1) sets the KL strength per domain:
+    "for certain domains, such as mathematics, applying a weak KL penalty or even omitting it
+    entirely can yield improved performance". `tasks` None (no task per row) gives `default` to all.
+
+    Shapes: `tasks [N]` -> `[N]` float32.
+    """
+    check_number("default", default, low=0.0)
+    if tasks is None:
+        return torch.full((n,), float(default), dtype=torch.float32)
+    if len(tasks) != n:
+        raise ValueError(f"tasks: {len(tasks)} task names for {n} samples")
+    return torch.tensor([float(by_task.get(t, default)) for t in tasks], dtype=torch.float32)

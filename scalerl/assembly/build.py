@@ -193,9 +193,15 @@ def _build_training(
         check_params(params)  # settings the engine cannot honour fail before any generation
     scorer: Any = router
     if config.agentic.environment is not None:  # multi-turn tool use: trajectories (docs/agentic.md)
+        from scalerl.agentic.setup import with_context_window
+        from scalerl.assembly.serve import model_context
         from scalerl.serving.setup import build_environment
 
-        agentic = build_environment(config.agentic, tokenizer, engine, router, decode)
+        # agentic.context_fraction: the trigger as a share of the policy's context window.
+        model = getattr(getattr(trainer, "policy", None), "model", None)
+        window = model_context(model, None) if model is not None else None
+        section = with_context_window(config.agentic, window)
+        agentic = build_environment(section, tokenizer, engine, router, decode)
         engine, encode, scorer = agentic.engine, agentic.encode, agentic.scorer  # type: ignore[assignment]
         closers.append(agentic.close)
 

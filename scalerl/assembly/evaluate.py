@@ -184,6 +184,12 @@ def evaluate_source(
     spec = engine_spec(cfg, model_path=model_path, eos_token_ids=(int(tokenizer.eos_token_id),),
                             pad_token_id=policy.pad_token_id)
     model = (policy.generation_copy() if policy.lora else policy.model) if spec.kind == "embedded" else None
+    if cfg.agentic.context_fraction is not None:  # the trigger as a share of the model's window
+        from scalerl.agentic.setup import with_context_window
+        from scalerl.assembly.serve import model_context
+
+        window = model_context(policy.model, getattr(spec, "max_model_len", None))
+        cfg = cfg.model_copy(update={"agentic": with_context_window(cfg.agentic, window)})
     engine = build_engine(spec, model=model)
     try:
         return _evaluate_with(engine, cfg, tokenizer, records, k=k, temperature=temperature, seed=seed,

@@ -20,7 +20,7 @@ from scalerl.data import PromptPool
 from scalerl.pipeline.driver import Driver
 from scalerl.rollout import Engine
 from scalerl.training.critic import Critic
-from scalerl.training.trainer import Trainer
+from scalerl.training.trainer import Trainer, kl_used
 
 RESOLVED_FILE = "resolved.json"
 
@@ -39,7 +39,8 @@ def _objective(trainer: Trainer) -> dict[str, Any]:
         "aggregation": a.aggregation,
         "entropy_coef": a.entropy_coef,
         "kl_coef": a.kl_coef,
-        "kl_estimator": a.kl_estimator if a.kl_coef > 0 else None,
+        "kl_coef_by_task": dict(a.kl_coef_by_task) or None,
+        "kl_estimator": a.kl_estimator if kl_used(a) else None,
         "kl_in_reward": a.kl_in_reward if a.kl_coef > 0 else None,
         "kl_reward_level": a.kl_reward_level if a.kl_coef > 0 and a.kl_in_reward else None,
         "tis": {"level": a.tis.level, "cap": a.tis.cap} if a.tis.enabled else None,

@@ -92,6 +92,8 @@ MEANINGS: dict[str, str] = {
         " pass before the update instead of the engine's"
         " log-probs (TIS needs it)"),
     "algorithm.kl_coef": "weight of the KL term to the reference policy; 0 = none",
+    "algorithm.kl_coef_by_task": ("per task, the KL weight of that task's samples in place of kl_coef"
+        " (KL loss only, not kl_in_reward)"),
     "algorithm.kl_estimator": "KL estimator: k1, k2, k3, or DeepSeek-V3.2's unbiased k3",
     "algorithm.kl_in_reward": "subtract the KL from the reward instead of adding a loss term",
     "algorithm.entropy_coef": "weight of the entropy bonus (positive raises entropy)",
@@ -141,6 +143,8 @@ MEANINGS: dict[str, str] = {
     "agentic.max_turns": "model turns per trajectory",
     "agentic.context_strategy": ("what happens when the context passes context_budget (DeepSeek-V3.2's"
         " strategies)"),
+    "agentic.context_fraction": ("trigger context_strategy at this share of the model's context window"
+        " (DeepSeek-V3.2: 0.8); with context_budget, the smaller"),
     "agentic.thinking_retention": ("which earlier reasoning stays in the context (DeepSeek-V3.2's rule, or"
         " all)"),
     "agentic.max_observation_tokens": "tool output kept per call, in tokens",

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from scalerl.data.modes import row_thinking
 from scalerl.data.records import PromptRecord
 from scalerl.data.rejects import DataError, OnError, RejectLog, check_on_error, settle
 
@@ -149,7 +150,19 @@ def encode_prompt(
     record: PromptRecord, tokenizer: Any, system_prompt: str | None = None, template: str = "chat"
 ) -> list[int]:
     """Token ids of `record` under `template`: a chat with the assistant turn opened, or a text
-    template's rendering (see the module docstring)."""
+    template's rendering (see the module docstring). A row's `thinking` column picks its mode
+    (`scalerl.data.modes`): the system prompt and the chat template's `enable_thinking`."""
+    thinking = row_thinking(record)
+    kwargs: dict[str, Any] = {}
+    if thinking is not None:
+        if template in ("r1", "qwen_math"):
+            raise DataError(f"{_where(record)}: column 'thinking' needs data.template chat or raw "
+                            f"({template} carries its own instruction)")
+        if thinking:
+            system_prompt = system_prompt or THINK_SYSTEM_PROMPT
+        elif system_prompt == THINK_SYSTEM_PROMPT:
+            system_prompt = None
+        kwargs["enable_thinking"] = thinking
     try:
         template = check_template(template, system_prompt)
     except ValueError as err:
@@ -163,7 +176,7 @@ def encode_prompt(
             "(data.template: r1, qwen_math or raw)"
         )
     encoded = tokenizer.apply_chat_template(
-        record.chat(system_prompt), add_generation_prompt=True, tokenize=True
+        record.chat(system_prompt), add_generation_prompt=True, tokenize=True, **kwargs
     )
     return _token_ids(encoded, record)
 

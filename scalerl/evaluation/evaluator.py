@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
+from scalerl.data.modes import row_mode
 from scalerl.data.records import PromptRecord
 from scalerl.rewards.groups import GroupScorer, ScoredBatch
 from scalerl.rollout.protocol import Completion, GenerationRequest, SamplingParams
@@ -143,6 +144,9 @@ def _task_metrics(records: Sequence[PromptRecord], scored: Sequence[ScoredBatch]
     by_task: dict[str, list[ScoredBatch]] = {}
     for record, group in zip(records, scored, strict=True):
         by_task.setdefault(record.task, []).append(group)
+        mode = row_mode(record)  # rows with a `thinking` column: per mode too (scalerl.data.modes)
+        if mode is not None:
+            by_task.setdefault(f"mode={mode}", []).append(group)
     out: dict[str, float] = {}
     for task in sorted(by_task):
         groups = by_task[task]

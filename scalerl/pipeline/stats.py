@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from scalerl.data.modes import row_mode
 from scalerl.pipeline.generator import Generator
 from scalerl.pipeline.interfaces import ReadyGroup
 from scalerl.rollout.protocol import Completion
@@ -71,6 +72,20 @@ def task_metrics(items: Sequence[ReadyGroup]) -> dict[str, float]:
         out[f"pass_rate/{task}"] = sum(correct) / len(correct)
         out[f"response_length_mean/{task}"] = sum(lengths) / len(lengths)
         out[f"batch_samples/{task}"] = float(len(lengths))
+    by_mode: dict[str, list[ReadyGroup]] = {}
+    for it in items:  # rows with a `thinking` column (scalerl.data.modes): the same figures per mode
+        mode = row_mode(it.group.record)
+        if mode is not None:
+            by_mode.setdefault(f"mode={mode}", []).append(it)
+    for key in sorted(by_mode):
+        groups = [it.group for it in by_mode[key]]
+        correct = [ok for g in groups for ok in g.is_correct]
+        rewards = [r for g in groups for r in g.rewards]
+        lengths = [c.num_tokens for g in groups for c in g.completions]
+        out[f"reward_mean/{key}"] = sum(rewards) / len(rewards)
+        out[f"pass_rate/{key}"] = sum(correct) / len(correct)
+        out[f"response_length_mean/{key}"] = sum(lengths) / len(lengths)
+        out[f"batch_samples/{key}"] = float(len(lengths))
     return out
 
 

@@ -18,6 +18,9 @@ tasks it scores (`tasks`; None: every task). Three call styles, chosen by `style
 * **verifier**: `f(completion, record)` per sample, a score in [0, 1] (scalerl's own verifiers;
   `fn` may name one: "math", "code", a registered one).
 
+`fn: language_consistency` (or `language_consistency:<script>`) is the built-in
+language-consistency reward, TRL style (scalerl/rewards/language.py).
+
 `async def` functions of any style are run to completion (`asyncio.run`) in the scoring thread.
 
 A sample's reward is the weighted sum of the scores it got, `sum_i w_i * s_i` over the functions
@@ -49,6 +52,7 @@ from typing import Any, Literal
 
 from scalerl.config import RewardFunctionConfig
 from scalerl.data.records import PromptRecord
+from scalerl.rewards.language import language_consistency_fn
 from scalerl.rewards.registry import VerifierResult, import_object
 
 log = logging.getLogger(__name__)
@@ -97,12 +101,16 @@ def _import_file(path: Path, attr: str, spec: str) -> Any:
 
 def resolve_fn(spec: str, builtin: Callable[[str], Any]) -> tuple[Callable[..., Any], str, bool]:
     """(the callable, its default name, whether it is a verifier of the router) for a `fn` value: a
-    callable registered in Python, a verifier name (`builtin(name)`), "path/file.py:name", or
-    "package.module:name". ValueError naming `spec` when none fits."""
+    callable registered in Python, `language_consistency[:script]`, a verifier name
+    (`builtin(name)`), "path/file.py:name", or "package.module:name". ValueError naming `spec`
+    when none fits."""
     with _CALLABLES_LOCK:
         registered = _CALLABLES.get(spec)
     if registered is not None:
         return registered, spec, False
+    name, _, script = spec.partition(":")
+    if name == "language_consistency":  # built in (scalerl/rewards/language.py)
+        return language_consistency_fn(script or None), name, False
     verifier = builtin(spec)
     if verifier is not None:
         return verifier, spec, True

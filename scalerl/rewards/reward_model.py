@@ -10,7 +10,10 @@ Two kinds (`RewardModelConfig.kind`, docs/rewards.md):
   `sigmoid(logit / temperature)` in [0, 1] (`sigmoid_score`); with `normalize: group` the reward
   is instead the logit's z-score within its group (`group_zscores`), the raw value normalised per
   group, and the sigmoid only decides what counts as a pass.
-* `judge`: any causal LM asked `template` with `{prompt}` and `{response}` filled in, generating
+* `judge`: any causal LM asked `template` with `{prompt}` and `{response}` filled in (and
+  `{rubric}`, the row's `rubric` column, when the template has it: DeepSeek-V3.2's generative
+  reward model judges by a per-prompt rubric; a row without one fails its samples, counted, the
+  detail naming the row), generating
   greedily (`max_new_tokens`); its verdict is parsed by `parse_verdict` (a yes/no, or a number out
   of `score_max`). A verdict that does not parse is a failure (status "error", counted in
   `malformed`), never a silent zero. `engine` picks what generates (the engines of
@@ -113,14 +116,30 @@ def parse_verdict(text: str, verdict: str, pattern: str | None = None,
     return value / score_max, value
 
 
-def render_template(template: str, prompt: str, response: str) -> str:
-    """`template` with `{prompt}` and `{response}` replaced; plain replacement, not `str.format`, so
-    braces elsewhere (a `\\boxed{}` in the response, JSON in the instructions) stay as they are. The
-    prompt is filled in first, so a prompt that contains "{response}" is not filled in again."""
-    head, sep, tail = template.partition("{prompt}")
-    if not sep:
-        return template.replace("{response}", response)
-    return head.replace("{response}", response) + prompt + tail.replace("{response}", response)
+_SLOTS = re.compile(r"\{(prompt|response|rubric)\}")
+
+
+def render_template(template: str, prompt: str, response: str, rubric: str | None = None) -> str:
+    """`template` with `{prompt}`, `{response}` and `{rubric}` replaced in one pass over the
+    template; plain replacement, not `str.format`, so braces elsewhere (a `\\boxed{}` in the
+    response, JSON in the instructions) stay as they are, and a slot name inside a filled-in value
+    (a prompt that contains "{response}") is not filled in again. ValueError when the template has
+    `{rubric}` and `rubric` is None."""
+    values = {"prompt": prompt, "response": response, "rubric": rubric}
+
+    def fill(match: re.Match[str]) -> str:
+        value = values[match.group(1)]
+        if value is None:
+            raise ValueError("the template asks for {rubric} and there is none")
+        return value
+
+    return _SLOTS.sub(fill, template)
+
+
+def record_rubric(record: PromptRecord) -> str | None:
+    """The row's `rubric` column (a non-empty string), else None."""
+    value = record.metadata.get("rubric")
+    return value if isinstance(value, str) and value.strip() else None
 
 
 def prompt_text(record: PromptRecord) -> str:
@@ -330,7 +349,11 @@ class RewardModel:
         """The judge's input: the template filled in, as the user turn of the judge tokenizer's chat
         template with the assistant turn opened (plain text when it has no chat template)."""
         assert self.template is not None
-        text = render_template(self.template, prompt_text(record), response)
+        rubric = record_rubric(record)
+        if rubric is None and "{rubric}" in self.template:
+            raise ValueError(f"{self.key}: the judge template has {{rubric}} and row {record.id!r} "
+                             f"({record.source}) has no 'rubric' column (a non-empty string)")
+        text = render_template(self.template, prompt_text(record), response, rubric)
         tok = self._tokenizer
         if getattr(tok, "chat_template", None):
             return str(tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,

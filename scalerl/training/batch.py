@@ -95,6 +95,7 @@ class TrainBatch:
     # MoE: the engine's recorded experts per column of `input_ids` (prompt and response) and MoE
     # layer, `Completion.routing` laid out like the tokens; -1 at padding / where none was recorded.
     routing: Tensor | None = None  # [N, P + T, layers, k] int16
+    tasks: list[str] | None = None  # [N] each row's prompt task (algorithm.kl_coef_by_task)
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -160,6 +161,7 @@ class TrainBatch:
             support_top_k=rows_of(self.support_top_k),
             support_top_p=rows_of(self.support_top_p),
             routing=rows_of(self.routing, slice(lo, hi)),
+            tasks=None if self.tasks is None else [self.tasks[i] for i in idx.tolist()],
         )
 
 
@@ -275,6 +277,7 @@ def collate(groups: Sequence[ScoredGroup], pad_token_id: int) -> TrainBatch:
         support_top_k=support_top_k,
         support_top_p=support_top_p,
         routing=routing,
+        tasks=[groups[g].record.task for g, _, _ in samples],
     )
 
 

@@ -46,7 +46,7 @@ from scalerl.algorithms.aggregation import token_weights, weighted_token_sum
 from scalerl.algorithms.distill import distillation_advantages
 from scalerl.algorithms.entropy import entropy_bonus
 from scalerl.algorithms.filters import zero_variance_filter
-from scalerl.algorithms.kl import kl_penalty, kl_shaped_rewards
+from scalerl.algorithms.kl import kl_penalty, kl_shaped_rewards, sample_kl_coefs
 from scalerl.algorithms.masks import off_policy_sequence_mask
 from scalerl.algorithms.objectives import per_token_policy_loss
 from scalerl.algorithms.stats import merge_policy_stats, reduce_token_stats
@@ -179,6 +179,11 @@ class _StepStats:
         )
 
 
+def kl_used(algo: AlgorithmConfig) -> bool:
+    """Whether any sample gets a KL term: `kl_coef` or a task's `kl_coef_by_task` above 0."""
+    return algo.kl_coef > 0 or any(c > 0 for c in algo.kl_coef_by_task.values())
+
+
 def _zero_loss(logprobs: Tensor) -> Tensor:
     """A loss of exactly 0 whose backward still runs through the whole model (a pass that learns
     nothing, so that a rank keeps pace with its peers' collectives); non-finite values are masked
@@ -244,7 +249,7 @@ class Trainer:
             if is_activation_checkpointing(policy.model):
                 raise ConfigError("algorithm.keep_routing: not with gradient checkpointing (the "
                                   "recomputation in backward would route freely)")
-        if algorithm.kl_coef > 0 and policy.reference_factory is None and not policy.lora:
+        if kl_used(algorithm) and policy.reference_factory is None and not policy.lora:
             raise ValueError("algorithm.kl_coef > 0 needs a reference model (policy.reference_factory)")
         self.policy = policy
         self.algo = algorithm
@@ -549,7 +554,7 @@ class Trainer:
         model = self.policy.model
         model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        use_kl_loss = self.algo.kl_coef > 0 and not self.algo.kl_in_reward
+        use_kl_loss = kl_used(self.algo) and not self.algo.kl_in_reward
         entropy_mode: EntropyMode = "grad" if self.algo.entropy_coef != 0 else "metric"
         full_kl = self.algo.distill.teacher is not None and self.algo.distill.estimator == "full"
         teacher = self.teacher if full_kl else None
@@ -676,7 +681,8 @@ class Trainer:
                 old if self.algo.kl_estimator == "unbiased_k3" else None,
                 mask=mb.response_mask,
             )
-            loss = loss + self.algo.kl_coef * weighted_token_sum(kl, w)
+            coef = sample_kl_coefs(mb.tasks, len(mb), self.algo.kl_coef, self.algo.kl_coef_by_task)
+            loss = loss + weighted_token_sum(kl * coef.to(kl)[:, None], w)
             stats.kl.add(kl, mb.response_mask)
         if out.entropy is not None:
             stats.entropy.add(out.entropy, mb.response_mask)

@@ -101,3 +101,20 @@ def test_without_mask_nan_anywhere_is_an_error() -> None:
     lp = torch.tensor([[-1.0, float("nan")]])
     with pytest.raises(ValueError, match=r"^logprobs: contains NaN at index \(0, 1\)$"):
         kl_penalty(lp, torch.zeros(1, 2))
+
+
+def test_sample_kl_coefs_per_task_and_config_rules() -> None:
+    from scalerl.algorithms.kl import sample_kl_coefs
+    from scalerl.config import AlgorithmConfig, ConfigError, RunConfig
+
+    got = sample_kl_coefs(["math", "code", "chat"], 3, 0.1, {"math": 0.0, "code": 0.02})
+    assert got.tolist() == pytest.approx([0.0, 0.02, 0.1])
+    assert sample_kl_coefs(None, 2, 0.1, {"math": 0.0}).tolist() == pytest.approx([0.1, 0.1])
+    with pytest.raises(ValueError, match="2 task names for 3 samples"):
+        sample_kl_coefs(["a", "b"], 3, 0.1, {})
+    assert AlgorithmConfig(kl_coef_by_task={"math": 0.0}).kl_coef_by_task == {"math": 0.0}
+    for bad, message in [({"kl_coef_by_task": {"code": -0.1}}, "must be >= 0"),
+                         ({"kl_coef_by_task": {"code": 0.1}, "kl_coef": 0.1, "kl_in_reward": True},
+                          "with kl_in_reward use kl_coef")]:
+        with pytest.raises((ConfigError, ValueError), match=message):
+            RunConfig.model_validate({"algorithm": bad})

@@ -365,3 +365,28 @@ def test_run_inputs_check_the_reward_model_and_teacher_paths(tmp_path: Path) -> 
     cfg = RunConfig.model_validate({**base, "algorithm": {"distill": {"teacher": missing}}})
     with pytest.raises(InputError, match=r"algorithm\.distill\.teacher"):
         check_run_inputs(cfg)
+
+
+def test_render_template_fills_the_rubric_once() -> None:
+    out = render_template("R: {rubric} | {prompt} | {response}", "P {rubric}", "A", "cite {prompt}")
+    assert out == "R: cite {prompt} | P {rubric} | A"
+    with pytest.raises(ValueError, match=r"asks for \{rubric\}"):
+        render_template("{rubric}{prompt}", "P", "A")
+
+
+def test_the_judge_reads_each_rows_rubric_and_names_a_row_without_one(judge: Path) -> None:
+    rm = {"path": str(judge), "kind": "judge", "template": "Rubric: {rubric}\n" + JUDGE_TEMPLATE,
+          "max_new_tokens": 4}
+    router = router_for(rm, failure_reward=-5.0)
+    model = router.reward_models["chat"]
+    rubric = PromptRecord(id="p1", task="chat", prompt=QUESTION, metadata={"rubric": "digits only"})
+    text = model.judge_prompt(rubric, "123")
+    assert "Rubric: digits only\nQ: Say some digits\nA: 123\nCorrect?" in text
+    out = router.score_group(rubric, ["123"])
+    assert out[0].status == "ok"
+    bare = PromptRecord(id="p2", task="chat", prompt=QUESTION, source="rows.jsonl:2")
+    out = router.score_group(bare, ["123", "456"])
+    assert [o.status for o in out] == ["error", "error"] and all(o.reward == -5.0 for o in out)
+    assert "row 'p2' (rows.jsonl:2) has no 'rubric' column" in out[0].detail
+    assert router.stats()["chat"]["error"] == 2
+    router.close()

@@ -46,6 +46,7 @@ ADAM_EPS = 1.0
 # advantages) are exact in the trainer's float32 reward tensor.
 REWARDS = [[1.0, 0.0, 0.5, 0.25], [0.0, 0.75, 1.0, 0.25], [1.0, 0.0]]
 LENGTHS = [[3, 9, 5, 7], [6, 4, 10, 2], [8, 5]]
+TASKS = ["math", "code", "toy"]  # each group's prompt task
 MASKED = {(0, 1): (2, 4)}  # sample (group, k): response positions [2, 4) outside the loss (an interruption)
 # The importance ratios pi_theta / pi_old of the batch's tokens: one on each side of every bound
 # the cases use (0.8, 1.2, 1.28, 1.4, 1.6, 2.0; none within rounding of one).
@@ -72,6 +73,11 @@ class Objective:
     tis_cap: float | None = None
     tis_level: str = "token"
     offpolicy_delta: float | None = None
+    kl_by_task: tuple[tuple[str, float], ...] = ()  # algorithm.kl_coef_by_task
+
+    def kl_of(self, group: int) -> float:
+        """The KL weight of a sample of `group`: its task's, else kl_coef."""
+        return dict(self.kl_by_task).get(TASKS[group], self.kl_coef)
 
     def algorithm(self) -> AlgorithmConfig:
         tis = self.tis_cap is not None
@@ -82,6 +88,7 @@ class Objective:
             kl_estimator=self.kl_estimator,
             tis=TisConfig(enabled=tis, cap=self.tis_cap if tis else 2.0, level=self.tis_level),
             recompute_old_logprobs=tis, offpolicy_mask_delta=self.offpolicy_delta,
+            kl_coef_by_task=dict(self.kl_by_task),
         )
 
 
@@ -143,7 +150,7 @@ class Stale:
                 for k, s in enumerate(members)
             ]
             out.append(ScoredGroup(
-                record=PromptRecord(id=f"p{gi}", task="toy", prompt="x"), completions=completions,
+                record=PromptRecord(id=f"p{gi}", task=TASKS[gi], prompt="x"), completions=completions,
                 rewards=list(rewards), old_logprobs=[s.old for s in members] if tis else None,
             ))
         return out
@@ -274,11 +281,11 @@ def reference_loss(model: torch.nn.Module, stale: Stale, o: Objective) -> torch.
         total = total + keep * policy
         if o.entropy_coef:
             total = total - o.entropy_coef * (entropy * m).sum() * w
-        if o.kl_coef:
+        if o.kl_of(s.group):
             with torch.no_grad():
                 ref, _ = own_logprobs(stale.reference, s)
             kl = _kl(lp, ref, old, o.kl_estimator)
-            total = total + o.kl_coef * (kl * m).sum() * w
+            total = total + o.kl_of(s.group) * (kl * m).sum() * w
     return total
 
 
@@ -392,6 +399,19 @@ DSV32 = replace(GRPO, kl_coef=0.5, kl_estimator="unbiased_k3", offpolicy_delta=0
 CASES["deepseek_v32"] = (
     DSV32,
     [replace(DSV32, offpolicy_delta=None), replace(DSV32, kl_estimator="k3"), replace(DSV32, kl_coef=0.0)],
+)
+# DeepSeek-V3.2's KL strength per domain: none for math, a stronger one for code, the global
+# kl_coef for the other task (algorithm.kl_coef_by_task).
+PER_TASK = replace(GRPO, kl_coef=0.5, kl_by_task=(("math", 0.0), ("code", 2.0)))
+CASES["kl_by_task"] = (
+    PER_TASK,
+    [replace(PER_TASK, kl_by_task=()), replace(PER_TASK, kl_by_task=(("math", 2.0), ("code", 0.0))),
+     replace(PER_TASK, kl_coef=0.0)],
+)
+# Only one task has a KL term (kl_coef 0): the reference model is still used.
+CASES["kl_by_task_only"] = (
+    replace(GRPO, kl_by_task=(("code", 1.0),)),
+    [GRPO, replace(GRPO, kl_by_task=(("math", 1.0),))],
 )
 for _agg in AGGREGATIONS:
     CASES[f"aggregation_{_agg}"] = (
