@@ -69,7 +69,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_real_shape as brs  # noqa: E402
+import bench_real_shape as brs
 
 PHASES = ("generation", "scoring", "log-probs", "forward+backward", "optimizer", "weight sync", "other")
 GRAD_CLIP = 1.0
@@ -81,31 +81,38 @@ def even_fraction(ids: list[int]) -> float:
     return sum(1 for i in ids if i % 2 == 0) / len(ids) if ids else 0.0
 
 
-def matmul_peak(size: int, reps: int = 5) -> float:
-    """Dense float32 matmul FLOP/s on this CPU at the current thread count: 2 size^3 / best time."""
+def matmul_peak(size: int, reps: int = 5, device: str = "cpu", dtype: str = "float32") -> float:
+    """Dense matmul FLOP/s at the current thread count (CPU) or on `device`: 2 size^3 / best time."""
     import torch
 
-    a, b = torch.randn(size, size), torch.randn(size, size)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    a = torch.randn(size, size, device=device, dtype=getattr(torch, dtype))
+    b = torch.randn(size, size, device=device, dtype=getattr(torch, dtype))
     torch.matmul(a, b)
     best = math.inf
     for _ in range(reps):
+        sync()
         start = time.perf_counter()
         torch.matmul(a, b)
+        sync()
         best = min(best, time.perf_counter() - start)
     return 2 * size**3 / best
 
 
-def copy_bandwidth(mib: int = 256, reps: int = 5) -> float:
+def copy_bandwidth(mib: int = 256, reps: int = 5, device: str = "cpu") -> float:
     """Memory bandwidth, bytes/s: a `mib` MiB float32 copy reads and writes its bytes once each."""
     import torch
 
-    src = torch.randn(mib * 2**20 // 4)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    src = torch.randn(mib * 2**20 // 4, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)
     best = math.inf
     for _ in range(reps):
+        sync()
         start = time.perf_counter()
         dst.copy_(src)
+        sync()
         best = min(best, time.perf_counter() - start)
     return 2 * src.numel() * 4 / best
 
@@ -159,7 +166,8 @@ class ScalerlSide:
                                max_new_tokens=args.max_new_tokens)
         tok = self.policy.tokenizer
         self.engine = EmbeddedEngine(load_model(cfg, torch.device("cpu")), max_batch_size=samples, seed=0,
-                                     eos_token_ids=(int(tok.eos_token_id),), pad_token_id=int(tok.pad_token_id))
+                                     eos_token_ids=(int(tok.eos_token_id),),
+                                     pad_token_id=int(tok.pad_token_id))
         params = SamplingParams(n=args.n, temperature=args.temperature, max_new_tokens=args.max_new_tokens)
         self.requests = [GenerationRequest(f"p{i}", ids, params) for i, ids in enumerate(prompt_ids)]
         self.tok = tok
@@ -346,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {name:8s} step {rows[name][-1]['total']:8.2f} s", flush=True)
         load_after = os.getloadavg()[0]
     med = {k: median_row(v) for k, v in rows.items()}
-    out: dict[str, Any] = {"params": params, "shape": asdict(shape), "args": {k: str(v) for k, v in vars(args).items()},
+    out: dict[str, Any] = {"params": params, "shape": asdict(shape),
+                           "args": {k: str(v) for k, v in vars(args).items()},
                            "matmul_peak_flops": peak, "copy_bandwidth_bytes_per_s": bandwidth, "sides": {}}
     print(f"\nmachine: dense float32 matmul peak {peak / 1e9:.1f} GFLOP/s ({args.peak_size}^2, "
           f"{args.threads} threads); copy bandwidth {bandwidth / 1e9:.2f} GB/s; load after {load_after:.1f}")
@@ -363,8 +372,9 @@ def main(argv: list[str] | None = None) -> int:
               " ".join(f"{m[p]:>8.2f}s {100 * m[p] / m['total']:>5.1f}%" for p in PHASES))
     for name in med:
         s = out["sides"][name]
-        print(f"{name} roofline: trainer {s['train_flops'] / 1e9:.2f} GFLOP/s = {s['train_flops'] / peak:.3f} "
-              f"of matmul peak; generation {s['gen_weight_bytes_per_s'] / 1e9:.2f} GB/s of weights = "
+        print(f"{name} roofline: trainer {s['train_flops'] / 1e9:.2f} GFLOP/s = "
+              f"{s['train_flops'] / peak:.3f} of matmul peak; "
+              f"generation {s['gen_weight_bytes_per_s'] / 1e9:.2f} GB/s of weights = "
               f"{s['gen_weight_bytes_per_s'] / bandwidth:.3f} of copy bandwidth")
     a, b = out["sides"]["scalerl"], out["sides"]["TRL"]
     out["ratio_samples_per_s"] = a["samples_per_s"] / b["samples_per_s"]
