@@ -30,9 +30,9 @@ forward, as `num_iterations=1` and sync GRPO allow), forward+backward of the los
 AdamW + zero_grad), weight sync (scalerl: copying the new weights into the engine's model; TRL
 generates with the training model itself), other (the rest of the step).
 
-Fairness notes. Same model folder, prompts (the same token ids; checked), max_new_tokens, temperature,
-group size, reward, loss, optimizer, threads. TRL generates with `model.generate` on a padded static
-batch, its gradient checkpointing off (its default on would recompute activations), bf16 off, vLLM
+Fairness notes. Same model folder, prompts (scalerl is given the token ids TRL's `_tokenize_prompts`
+makes), max_new_tokens, temperature, group size, reward, loss, optimizer, threads. TRL generates
+with `model.generate` on a padded static batch, its gradient checkpointing off (its default on would recompute activations), bf16 off, vLLM
 off. scalerl keeps a second copy of the weights in its engine and pays a weight copy per step; TRL
 does not. TRL logs metrics (entropy, clip ratios) inside its step; scalerl computes its step metrics.
 With random init the next-token distribution is near flat, so samples rarely stop early: both sides
