@@ -32,11 +32,12 @@ generates with the training model itself), other (the rest of the step).
 
 Fairness notes. Same model folder, prompts (scalerl is given the token ids TRL's `_tokenize_prompts`
 makes), max_new_tokens, temperature, group size, reward, loss, optimizer, threads. TRL generates
-with `model.generate` on a padded static batch, its gradient checkpointing off (its default on would recompute activations), bf16 off, vLLM
-off. scalerl keeps a second copy of the weights in its engine and pays a weight copy per step; TRL
-does not. TRL logs metrics (entropy, clip ratios) inside its step; scalerl computes its step metrics.
-With random init the next-token distribution is near flat, so samples rarely stop early: both sides
-generate about `prompts * n * max_new_tokens` tokens (the counts are printed).
+with `model.generate` on a padded static batch, its gradient checkpointing off (its default on would
+recompute activations), bf16 off, vLLM off. scalerl keeps a second copy of the weights in its engine
+and pays a weight copy per step; TRL does not. TRL logs metrics (entropy, clip ratios) inside its
+step; scalerl computes its step metrics. With random init the next-token distribution is near flat,
+so samples rarely stop early: both sides generate about `prompts * n * max_new_tokens` tokens (the
+counts are printed).
 
 How close to the machine's limit: the dense-matmul peak is measured here (`torch.matmul` of
 `--peak-size`-square float32 matrices, the same threads, best of 5) and the memory bandwidth (a copy
