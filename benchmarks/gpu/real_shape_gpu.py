@@ -19,6 +19,11 @@ lengths) are skipped and printed as such.
 MFU = 6 N T / (step time x peak FLOP/s), N the parameter count (the tied embedding counted once),
 T the step's tokens; attention's own FLOPs and the chunked path's recomputation of the head are not
 counted as useful work. `--peak-tflops` is the GPU's dense bf16 peak (989 for an H100/H200 SXM).
+Next to MFU each row prints the same achieved FLOP/s as a ratio to the dense bf16 matmul peak
+MEASURED on this device (`torch.matmul` of `--peak-size`-square bf16 matrices, best of 5), and the
+device's measured copy bandwidth (a 1 GiB float32 copy, bytes read + written / time) is printed for
+the generation side's bytes/s ratio (benchmarks/bench_step_vs_trl.py defines both measurements; this
+script times no generation).
 
 Throughput (`--samples` responses of `--longest * 0.55^k` tokens, mean/max 0.28 at 8, in one process,
 the sides alternating): tokens/s counts real tokens; the packed path uses the model's attention
@@ -38,6 +43,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_real_shape as brs
+import bench_step_vs_trl as bst
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,11 +54,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-gb", type=float, default=120.0)
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--peak-size", type=int, default=8192, help="matrix side of the measured matmul peak")
     parser.add_argument("--quick", action="store_true", help="the tiny shape (a smoke run of every path)")
     parser.add_argument("--samples", type=int, default=16, help="throughput: samples in the batch")
     parser.add_argument("--longest", type=int, default=4096, help="throughput: the longest response")
     parser.add_argument("--no-trl", dest="trl", action="store_false", help="throughput: skip TRL")
     args = parser.parse_args(argv)
+    measured = bst.matmul_peak(min(args.peak_size, 512) if args.quick else args.peak_size,
+                               device=args.device, dtype="bfloat16")
+    bandwidth = bst.copy_bandwidth(32 if args.quick else 1024, device=args.device)
+    print(f"measured on {args.device}: dense bf16 matmul peak {measured / 1e12:.2f} TFLOP/s "
+          f"({measured / (args.peak_tflops * 1e12):.3f} of --peak-tflops); copy bandwidth "
+          f"{bandwidth / 1e9:.1f} GB/s", flush=True)
     runs = [("quick", None)] if args.quick else [(size, 0) for size in args.sizes]
     # Packed micro-batches through flash_attn_varlen where flash-attn is installed (sdpa's mask otherwise).
     flash = importlib.util.find_spec("flash_attn") is not None and args.device.startswith("cuda")
@@ -71,14 +84,17 @@ def main(argv: list[str] | None = None) -> int:
                           *tput, *common])
             out = json.loads(out_json.read_text())
             for side, rate in out["throughput"]["tokens_per_s"].items():
-                mfu = 6 * out["params"] * rate / (args.peak_tflops * 1e12)
-                print(f"{size} throughput {side:7s} {rate:9.0f} tokens/s  MFU {100 * mfu:5.1f}%", flush=True)
+                flops = 6 * out["params"] * rate
+                print(f"{size} throughput {side:7s} {rate:9.0f} tokens/s  "
+                      f"MFU {100 * flops / (args.peak_tflops * 1e12):5.1f}%  "
+                      f"{flops / measured:.3f} of measured peak", flush=True)
             for path, rows in out["results"].items():
                 for r in rows:
                     tokens_per_s = r["tokens"] / r["step_s"]
-                    mfu = 6 * out["params"] * tokens_per_s / (args.peak_tflops * 1e12)
+                    flops = 6 * out["params"] * tokens_per_s
                     print(f"{size} {path:8s} L={r['length']:5d}  peak {r['peak_gb']:7.2f} GB  "
-                          f"{tokens_per_s:9.0f} tokens/s  MFU {100 * mfu:5.1f}%", flush=True)
+                          f"{tokens_per_s:9.0f} tokens/s  MFU {100 * flops / (args.peak_tflops * 1e12):5.1f}%"
+                          f"  {flops / measured:.3f} of measured peak", flush=True)
     return 0
 
 

@@ -44,6 +44,7 @@ TESTED = {
     "band_calibration.py",
     "bench_prefix_cache.py",  # with vLLM: tests/with_vllm/test_vllm_bench.py
     "bench_real_shape.py",
+    "bench_step_vs_trl.py",
     "bench_sync_check.py",
     "forecast_calibration.py",
     "bench_lora.py",
@@ -427,6 +428,40 @@ def test_bench_real_shape_quick(cache_dir: Path, tmp_path: Path) -> None:
     assert ratio == pytest.approx(rates["packed"] / rates["padded"], abs=5e-3)
     assert tput["loss"]["packed"] == pytest.approx(tput["loss"]["padded"], rel=1e-5, abs=1e-6)
     assert max(tput["lengths"]) > 3 * min(tput["lengths"])  # long-tailed, or packing has nothing to do
+
+
+@pytest.mark.timeout(420)
+def test_bench_step_vs_trl_quick(cache_dir: Path, tmp_path: Path) -> None:
+    """One whole GRPO step per side: the printed rates, ratio, phase split and roofline ratios must
+    agree with each other and with the step's sample and token counts."""
+    out = run_script("bench_step_vs_trl.py", "--quick", "--json", str(tmp_path / "s.json"),
+                     cache_dir=cache_dir, timeout=400)  # ~35 s on a loaded 2-core machine
+    peak = positive(match(r"^machine: dense float32 matmul peak ({N}) GFLOP/s", out)[1])
+    bandwidth = positive(match(r"copy bandwidth ({N}) GB/s", out)[1])
+    rates = {}
+    for side in ("scalerl", "TRL"):
+        m = match(rf"^{side}\s+({{N}})\s+({{N}})\s+({{N}})\s+({{N}})((?:\s+{{N}}s\s+{{N}}%){{7}})$", out)
+        step, sps, tps, tokens = (positive(m[i]) for i in (1, 2, 3, 4))
+        # --quick: 2 prompts x 2 samples of at most 8 new tokens.
+        assert sps == pytest.approx(4 / step, rel=0.03)
+        assert tokens <= 4 * 8 and tps == pytest.approx(tokens / step, rel=0.03)
+        phases = [float(x) for x in re.findall(rf"({NUM})s\s+{NUM}%", m[5])]
+        shares = [float(x) for x in re.findall(rf"{NUM}s\s+({NUM})%", m[5])]
+        assert min(phases) >= -0.01 and sum(phases) == pytest.approx(step, abs=0.01 * len(phases))
+        assert sum(shares) == pytest.approx(100.0, abs=0.1 * len(shares))
+        assert phases[0] > 0 and phases[3] > 0  # generation, forward+backward
+        roof = match(rf"^{side} roofline: trainer ({{N}}) GFLOP/s = ({{N}}) of matmul peak; generation "
+                     rf"({{N}}) GB/s of weights = ({{N}}) of copy bandwidth$", out)
+        assert positive(roof[2]) == pytest.approx(float(roof[1]) / peak, rel=0.02, abs=1e-3)
+        assert positive(roof[4]) == pytest.approx(float(roof[3]) / bandwidth, rel=0.02, abs=1e-3)
+        rates[side] = (sps, tps)
+    m = match(r"^ratio scalerl/TRL: samples/s ({N}), tokens/s ({N}) \(target >= 2\)$", out)
+    assert positive(m[1]) == pytest.approx(rates["scalerl"][0] / rates["TRL"][0], rel=0.01, abs=0.005)
+    assert positive(m[2]) == pytest.approx(rates["scalerl"][1] / rates["TRL"][1], rel=0.01, abs=0.005)
+    sides = json.loads((tmp_path / "s.json").read_text())["sides"]
+    for side in sides.values():
+        assert side["samples"] == 4 and side["skipped"] == 0
+        assert side["real_tokens"] == side["gen_tokens"] + 4 * 8  # 8-token prompts, both sides
 
 
 @pytest.mark.timeout(200)
