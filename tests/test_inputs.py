@@ -138,7 +138,8 @@ def test_check_run_inputs_accepts_good_inputs(tmp_path: Path) -> None:
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    cfg = RunConfig.model_validate({"model": {"name_or_path": str(model)}, "data": {"train_path": str(data)},
+    cfg = RunConfig.model_validate({"model": {"name_or_path": str(model)},
+                                    "data": {"train_path": str(data), "heldout_size": 2},
                                     "eval": {"extra_sets": {"x": str(data)}}})
     check_run_inputs(cfg)
 
@@ -161,7 +162,7 @@ def test_runs_that_execute_model_code_need_the_sandbox_isolation_first(tmp_path:
         check_run_inputs(load_config(overrides=[*broken, "agentic.environment=tools",
                                                 "agentic.tools=[calculator, python]"]))
     # a custom code verifier runs no model code in our sandbox; `isolation: none` is a choice
-    check_run_inputs(load_config(overrides=[*broken, f"data.train_path={code}",
+    check_run_inputs(load_config(overrides=[*broken, f"data.train_path={code}", "data.heldout_size=1",
                                             "rewards.verifiers.code=operator:eq"]))
     if Path("/usr/bin/python3").exists():  # as root, the unisolated uid cannot read a venv under /root
         check_run_inputs(load_config(overrides=[*broken, "data.synthetic.task=code",
