@@ -47,10 +47,33 @@ def difficulty_config(source: Any, *, engine: str | None, max_new_tokens: int | 
     return cfg
 
 
-def _prepare(prompts: str, *, model: str, k: int, temperature: float, seed: int, engine: str | None,
-             max_new_tokens: int | None, template: str | None, think: bool, system_prompt: str | None,
-             max_prompt_tokens: int | None, field_map: Mapping[str, str] | None, default_task: str | None,
-             split: str | None, format: str, skip: bool, say: Say, warn: Say | None,
+@dataclass(frozen=True)
+class SamplingJob:
+    """What `data difficulty` and `data generate` share: the prompts, the model and how to sample
+    them (each `None` falls back to the model's own run config), and the work file's handling."""
+
+    prompts: str
+    model: str
+    k: int
+    temperature: float
+    seed: int
+    engine: str | None = None
+    max_new_tokens: int | None = None
+    template: str | None = None
+    think: bool = False
+    system_prompt: str | None = None
+    max_prompt_tokens: int | None = None
+    field_map: Mapping[str, str] | None = None
+    default_task: str | None = None
+    split: str | None = None
+    format: str = "auto"
+    skip: bool = False
+    chunk: int = 64
+    device: str | None = None
+    restart: bool = False
+
+
+def _prepare(job: SamplingJob, *, say: Say, warn: Say | None,
              what: str) -> tuple[Any, RunConfig, Any, list[Any], Any, Any]:
     """The model's settings, the prompts loaded and encoded as a training run does, and the
     settings a result depends on: (source, cfg, settings, records, encoded, tokenizer)."""
@@ -60,23 +83,23 @@ def _prepare(prompts: str, *, model: str, k: int, temperature: float, seed: int,
     from scalerl.data.tokenize import check_template, encode_prompts, resolve_system_prompt
     from scalerl.model_identity import model_identity
 
-    source = resolve_source(model, warn=warn)
-    cfg = difficulty_config(source, engine=engine, max_new_tokens=max_new_tokens)
+    source = resolve_source(job.model, warn=warn)
+    cfg = difficulty_config(source, engine=job.engine, max_new_tokens=job.max_new_tokens)
     d = cfg.data
-    template = template or d.template
-    if system_prompt is not None or think:
-        system = resolve_system_prompt(think, system_prompt)
+    template = job.template or d.template
+    if job.system_prompt is not None or job.think:
+        system = resolve_system_prompt(job.think, job.system_prompt)
     else:
         system = resolve_system_prompt(d.think_system_prompt, d.system_prompt)
     check_template(template, system)
-    max_prompt_tokens = max_prompt_tokens or d.max_prompt_tokens
-    on_error = "skip" if skip else d.on_bad_row
+    max_prompt_tokens = job.max_prompt_tokens or d.max_prompt_tokens
+    on_error = "skip" if job.skip else d.on_bad_row
 
     from scalerl.rollout.factory import check_engine_available
 
     check_engine_available(cfg.generation.engine)
-    loaded = load_prompts(prompts, field_map=dict(field_map or {}),
-                          default_task=default_task or d.default_task, split=split, format=format,
+    loaded = load_prompts(job.prompts, field_map=dict(job.field_map or {}),
+                          default_task=job.default_task or d.default_task, split=job.split, format=job.format,
                           on_error=on_error)
     from scalerl.training.policy import load_tokenizer
 
@@ -89,8 +112,8 @@ def _prepare(prompts: str, *, model: str, k: int, temperature: float, seed: int,
             say(f"{what}: skipped {rejects.summary()}")
 
     settings = DifficultySettings(
-        model=model_identity(source.model), engine=cfg.generation.engine, k=k,
-        temperature=temperature, seed=seed, max_new_tokens=cfg.generation.max_new_tokens,
+        model=model_identity(source.model), engine=cfg.generation.engine, k=job.k,
+        temperature=job.temperature, seed=job.seed, max_new_tokens=cfg.generation.max_new_tokens,
         template=template, system_prompt=system, length_control=cfg.generation.length_control.kind,
         top_p=cfg.generation.top_p, top_k=cfg.generation.top_k,
     )
@@ -98,43 +121,20 @@ def _prepare(prompts: str, *, model: str, k: int, temperature: float, seed: int,
 
 
 def rate_difficulty(
-    prompts: str,
+    job: SamplingJob,
     *,
-    model: str,
     out: Path,
-    k: int,
-    temperature: float,
-    seed: int,
-    engine: str | None = None,
-    max_new_tokens: int | None = None,
-    template: str | None = None,
-    think: bool = False,
-    system_prompt: str | None = None,
-    max_prompt_tokens: int | None = None,
-    field_map: Mapping[str, str] | None = None,
-    default_task: str | None = None,
-    split: str | None = None,
-    format: str = "auto",
-    skip: bool = False,
-    chunk: int = 64,
-    device: str | None = None,
-    restart: bool = False,
     on_chunk: Callable[[int, int], None] | None = None,
     say: Say = lambda message: None,
     warn: Say | None = None,
 ) -> DifficultyOutcome:
-    """Rate every prompt of `prompts` with `model` and write the annotated records to `out`."""
+    """Rate every prompt of `job.prompts` with `job.model` and write the annotated records to `out`."""
     from scalerl.data.difficulty import PartialFile, annotate, estimate_pass_rates, partial_path
     from scalerl.data.loaders import write_jsonl_atomic
 
-    prep = _prepare(prompts, model=model, k=k, temperature=temperature, seed=seed, engine=engine,
-                    max_new_tokens=max_new_tokens, template=template, think=think,
-                    system_prompt=system_prompt, max_prompt_tokens=max_prompt_tokens, field_map=field_map,
-                    default_task=default_task, split=split, format=format, skip=skip, say=say, warn=warn,
-                    what="difficulty")
-    source, cfg, settings, records, enc, tokenizer = prep
+    source, cfg, settings, records, enc, tokenizer = _prepare(job, say=say, warn=warn, what="difficulty")
     work = partial_path(out)
-    if restart:
+    if job.restart:
         work.unlink(missing_ok=True)
     created = not work.exists()
     partial = PartialFile.open(work, settings)
@@ -146,7 +146,7 @@ def rate_difficulty(
         started = time.perf_counter()
         if len(partial.done) < len(records):
             tasks = {r.task for r in records}
-            with open_engine(cfg, source.model, tokenizer, device, tasks) as (generate, scorer, params):
+            with open_engine(cfg, source.model, tokenizer, job.device, tasks) as (generate, scorer, params):
                 def run_chunk(part: Sequence[Any]) -> list[Any]:
                     # Looked up at each call: a test may stand in for it.
                     from scalerl.evaluation.difficulty import score_chunk
@@ -154,7 +154,7 @@ def rate_difficulty(
                     return score_chunk(part, lambda r: enc.token_ids[r.id], generate, scorer, params,
                                        settings)
 
-                results = estimate_pass_rates(records, partial, run_chunk, chunk_size=chunk,
+                results = estimate_pass_rates(records, partial, run_chunk, chunk_size=job.chunk,
                                               on_chunk=on_chunk)
         else:
             results = estimate_pass_rates(records, partial, lambda part: [], on_chunk=on_chunk)
@@ -207,46 +207,24 @@ def write_rows_atomic(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
 
 
 def generate_sft(
-    prompts: str,
+    job: SamplingJob,
     *,
-    model: str,
     out: Path,
     stats: Path,
-    k: int,
     rule: str,
-    temperature: float,
-    seed: int,
-    engine: str | None = None,
-    max_new_tokens: int | None = None,
-    template: str | None = None,
-    think: bool = False,
-    system_prompt: str | None = None,
-    max_prompt_tokens: int | None = None,
-    field_map: Mapping[str, str] | None = None,
-    default_task: str | None = None,
-    split: str | None = None,
-    format: str = "auto",
-    skip: bool = False,
-    chunk: int = 64,
-    device: str | None = None,
-    restart: bool = False,
     on_chunk: Callable[[int, int], None] | None = None,
     say: Say = lambda message: None,
     warn: Say | None = None,
 ) -> GenerateOutcome:
-    """Sample every prompt k times with `model`, verify, and write the SFT rows `rule` keeps to `out`
-    and the counts to `stats` (`scalerl.data.generate`); resumable from `OUT.partial`."""
+    """Sample every prompt `job.k` times with `job.model`, verify, and write the SFT rows `rule` keeps
+    to `out` and the counts to `stats` (`scalerl.data.generate`); resumable from `OUT.partial`."""
     from scalerl.data.difficulty import estimate_pass_rates, partial_path
     from scalerl.data.generate import SamplesFile, build_rows, select
 
     select([], rule)  # an unknown rule is refused before any compute
-    source, cfg, settings, records, enc, tokenizer = _prepare(
-        prompts, model=model, k=k, temperature=temperature, seed=seed, engine=engine,
-        max_new_tokens=max_new_tokens, template=template, think=think, system_prompt=system_prompt,
-        max_prompt_tokens=max_prompt_tokens, field_map=field_map, default_task=default_task, split=split,
-        format=format, skip=skip, say=say, warn=warn, what="generate")
+    source, cfg, settings, records, enc, tokenizer = _prepare(job, say=say, warn=warn, what="generate")
     work = partial_path(out)
-    if restart:
+    if job.restart:
         work.unlink(missing_ok=True)
     partial = SamplesFile.open(work, settings)
     resumed = len(partial.done)
@@ -259,14 +237,15 @@ def generate_sft(
 
     if len(partial.done) < len(records):
         tasks = {r.task for r in records}
-        with open_engine(cfg, source.model, tokenizer, device, tasks) as (generate, scorer, params):
+        with open_engine(cfg, source.model, tokenizer, job.device, tasks) as (generate, scorer, params):
             def run_chunk(part: Sequence[Any]) -> list[Any]:
                 from scalerl.evaluation.difficulty import sample_chunk
 
                 return sample_chunk(part, lambda r: enc.token_ids[r.id], generate, scorer, params, settings,
                                     decode)
 
-            results = estimate_pass_rates(records, partial, run_chunk, chunk_size=chunk, on_chunk=on_chunk)
+            results = estimate_pass_rates(records, partial, run_chunk, chunk_size=job.chunk,
+                                          on_chunk=on_chunk)
     else:
         results = estimate_pass_rates(records, partial, lambda part: [], on_chunk=on_chunk)
     rows, counts = build_rows(records, results, rule, source.model)
@@ -276,7 +255,7 @@ def generate_sft(
     with writing_output(out, "--out"):  # an unwritable folder: exit 2 naming the flag
         write_rows_atomic(rows, out)
     with writing_output(stats, "--stats"):
-        write_json_atomic({"settings": settings.to_dict(), "prompts_file": str(prompts),
+        write_json_atomic({"settings": settings.to_dict(), "prompts_file": str(job.prompts),
                            **counts.to_dict()}, stats)
     partial.remove()
     return GenerateOutcome(counts=counts, resumed=resumed, engine=cfg.generation.engine, stats=stats,

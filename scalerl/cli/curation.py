@@ -50,6 +50,18 @@ def _check_out(path: str, overwrite: bool, what: str = "--out") -> Path:
     return check_output_file(path, what, overwrite=overwrite)
 
 
+def _sampling_job(args: argparse.Namespace) -> Any:
+    """The flags `data difficulty` and `data generate` share, as the composition root takes them."""
+    from scalerl.assembly.curation import SamplingJob
+
+    return SamplingJob(
+        args.prompts, model=args.model, k=args.k, temperature=args.temperature, seed=args.seed,
+        engine=args.engine, max_new_tokens=args.max_new_tokens, template=args.template, think=args.think,
+        system_prompt=args.system_prompt, max_prompt_tokens=args.max_prompt_tokens,
+        field_map=dict(args.field_map), default_task=args.default_task, split=args.split,
+        format=args.format, skip=args.skip, chunk=args.chunk, device=args.device, restart=args.restart)
+
+
 # ---------------------------------------------------------------------------------------------
 # difficulty
 
@@ -63,15 +75,9 @@ def run_difficulty(args: argparse.Namespace) -> int:
     out = _check_out(args.out, args.overwrite)
     check_device(args.device)
     with _Progress(args.no_progress) as progress:
-        outcome = rate_difficulty(
-            args.prompts, model=args.model, out=out, k=args.k, temperature=args.temperature, seed=args.seed,
-            engine=args.engine, max_new_tokens=args.max_new_tokens, template=args.template, think=args.think,
-            system_prompt=args.system_prompt, max_prompt_tokens=args.max_prompt_tokens,
-            field_map=dict(args.field_map), default_task=args.default_task, split=args.split,
-            format=args.format, skip=args.skip, chunk=args.chunk, device=args.device, restart=args.restart,
-            on_chunk=progress.update, say=lambda m: print(m, file=sys.stderr),
-            warn=lambda m: print(f"eval: warning: {m}", file=sys.stderr),
-        )
+        outcome = rate_difficulty(_sampling_job(args), out=out, on_chunk=progress.update,
+                                  say=lambda m: print(m, file=sys.stderr),
+                                  warn=lambda m: print(f"eval: warning: {m}", file=sys.stderr))
     results = outcome.results
     hist = histogram(results.values(), args.k)
     mean = sum(r.pass_rate for r in results.values()) / len(results)
@@ -99,17 +105,9 @@ def run_generate(args: argparse.Namespace) -> int:
         raise InputError("--out, --stats and PROMPTS must be distinct files")
     check_device(args.device)
     with _Progress(args.no_progress, "generate") as progress:
-        outcome = generate_sft(
-            args.prompts, model=args.model, out=out, stats=stats, k=args.k, rule=args.select,
-            temperature=args.temperature, seed=args.seed, engine=args.engine,
-            max_new_tokens=args.max_new_tokens,
-            template=args.template, think=args.think, system_prompt=args.system_prompt,
-            max_prompt_tokens=args.max_prompt_tokens, field_map=dict(args.field_map),
-            default_task=args.default_task, split=args.split, format=args.format, skip=args.skip,
-            chunk=args.chunk, device=args.device, restart=args.restart, on_chunk=progress.update,
-            say=lambda m: print(m, file=sys.stderr),
-            warn=lambda m: print(f"eval: warning: {m}", file=sys.stderr),
-        )
+        outcome = generate_sft(_sampling_job(args), out=out, stats=stats, rule=args.select,
+                               on_chunk=progress.update, say=lambda m: print(m, file=sys.stderr),
+                               warn=lambda m: print(f"eval: warning: {m}", file=sys.stderr))
     c = outcome.counts
     print(f"generate: {c.prompts} prompts x {args.k} samples (temperature {args.temperature:g}, "
           f"{outcome.engine} engine): {c.correct} of {c.samples} samples correct")
