@@ -200,12 +200,20 @@ class ProbeFigures:
                 "weight_verify_probe_drift": self.drift, "weight_verify_probe_s_total": self.seconds}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"checks": self.checks, "blind": self.blind, "gap": self.gap, "seconds": self.seconds}
+        return {"checks": self.checks, "blind": self.blind, "gap": self.gap, "drift": self.drift,
+                "seconds": self.seconds}
 
     def add_earlier(self, state: dict[str, Any]) -> None:
+        """Fold in the earlier sessions' figures: counts and seconds add up; the last check's gap and
+        drift are the checkpoint's until this session checks a sync (so a resumed run's rows report
+        what the uninterrupted run's do)."""
+        checked_here = self.checks > 0
         self.checks += int(state.get("checks", 0))
         self.blind += int(state.get("blind", 0))
         self.seconds += float(state.get("seconds", 0.0))
+        if not checked_here:
+            self.gap = float(state.get("gap", self.gap))
+            self.drift = float(state.get("drift", self.drift))
 
 
 def probe_engine(figures: ProbeFigures, probe: SyncProbe | None, engine: Any, version: int,
