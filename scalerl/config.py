@@ -598,7 +598,8 @@ class LoggingConfig(Section):
     wandb_project: str = "scalerl"
     progress: bool = True
     # Every this many optimizer steps, `samples_per_step` of the step's trained samples (prompt,
-    # response, reward, version, lag) are appended to `<run_dir>/samples.jsonl`; 0 = off.
+    # response, reward, version, lag) are appended to `<run_dir>/samples.jsonl` and shown as a table in
+    # the enabled sinks (TensorBoard text, W&B table); 0 = off.
     samples_every: int = Field(0, ge=0)
     samples_per_step: int = Field(4, ge=1)
 

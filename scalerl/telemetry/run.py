@@ -114,11 +114,14 @@ class RunTelemetry:
         return row
 
     def log_samples(self, step: int, rows: list[Mapping[str, Any]]) -> None:
-        """Append one `sample` row per trained sample shown (`logging.samples_every`)."""
+        """Append one `sample` row per trained sample shown (`logging.samples_every`), and show
+        them as a table in each sink (TensorBoard text, W&B table)."""
         if self.samples is None:
             return
         for row in rows:
             self.samples.write("sample", step, row)
+        for sink in self.sinks:
+            sink.log_samples(step, rows)
 
     def close(self) -> None:
         self.progress.close()

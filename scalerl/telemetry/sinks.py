@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -39,8 +39,37 @@ def scalars(row: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+#: The columns of the samples table (`scalerl.pipeline.stats.sample_rows`), in the order shown.
+SAMPLE_COLUMNS: tuple[str, ...] = ("prompt_id", "task", "sample", "reward", "correct", "lag",
+                                   "tokens", "finish_reason", "prompt", "response")
+
+
+def sample_cells(row: Mapping[str, Any]) -> list[Any]:
+    """One samples-table row: scalars as they are, anything else (a chat prompt) as JSON text."""
+    cells: list[Any] = []
+    for column in SAMPLE_COLUMNS:
+        value = row.get(column)
+        ok = value is None or isinstance(value, (str, int, float, bool))
+        cells.append(value if ok else json.dumps(value, ensure_ascii=False))
+    return cells
+
+
+def samples_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The samples as a Markdown table (TensorBoard's text plugin renders it); a cell's `|` and
+    line breaks are escaped so that a response cannot break the table."""
+    def cell(value: Any) -> str:
+        text = "" if value is None else str(value)
+        return text.replace("\\", "\\\\").replace("|", "\\|").replace("\r", "").replace("\n", "<br>")
+
+    lines = ["| " + " | ".join(SAMPLE_COLUMNS) + " |", "|" + " --- |" * len(SAMPLE_COLUMNS)]
+    lines += ["| " + " | ".join(cell(v) for v in sample_cells(row)) + " |" for row in rows]
+    return "\n".join(lines)
+
+
 class Sink(Protocol):
     def log(self, kind: str, step: int, row: Mapping[str, Any]) -> None: ...
+
+    def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None: ...
 
     def close(self) -> None: ...
 
@@ -64,6 +93,11 @@ class TensorBoardSink:
         for key, value in scalars(row).items():
             if key != "step":
                 self._writer.add_scalar(f"{kind}/{key}", value, global_step=step)
+        self._writer.flush()
+
+    def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        """The step's samples as one Markdown table under the text tag `samples`."""
+        self._writer.add_text("samples", samples_markdown(rows), global_step=step)
         self._writer.flush()
 
     def close(self) -> None:
@@ -127,6 +161,12 @@ class WandbSink:
     def log(self, kind: str, step: int, row: Mapping[str, Any]) -> None:
         data = {f"{kind}/{key}": value for key, value in scalars(row).items() if key != "step"}
         self._run.log(data, step=step)
+        self._last_step = step
+
+    def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        """The step's samples as a `wandb.Table` under the key `samples`."""
+        table = self._wandb.Table(columns=list(SAMPLE_COLUMNS), data=[sample_cells(r) for r in rows])
+        self._run.log({"samples": table}, step=step)
         self._last_step = step
 
     def close(self) -> None:

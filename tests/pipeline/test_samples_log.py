@@ -30,8 +30,17 @@ def test_samples_are_logged_every_n_steps_as_text(tiny_model: Path, tmp_path: Pa
     cfg = tiny_run_config(str(tiny_model), run_dir)
     cfg.max_steps, cfg.checkpoint.every = 4, 2
     cfg.logging.samples_every, cfg.logging.samples_per_step = 2, 3
+    cfg.logging.tensorboard = True
     train_run(cfg, run_dir)
     rows = _rows(run_dir / "samples.jsonl")
+    # TensorBoard shows the same rows, one Markdown table per logged step under the text tag `samples`
+    tables = _tensorboard_tables(run_dir / "tensorboard")
+    assert sorted(tables) == [2, 4]
+    for step, table in tables.items():
+        shown = [r for r in rows if r["step"] == step]
+        assert [(int(t["sample"]), t["prompt_id"], float(t["reward"]), t["response"]) for t in table] == [
+            (r["sample"], r["prompt_id"], r["reward"], r["response"].replace("\r", "").replace("\n", "<br>"))
+            for r in shown]
     # steps 2 and 4; 2 prompts x 2 samples per step, 3 shown, round-robin over the groups
     assert [(r["step"], r["sample"]) for r in rows] == [(2, 0), (2, 0), (2, 1), (4, 0), (4, 0), (4, 1)]
     step_rows = {r["step"]: r for r in _rows(run_dir / "metrics.jsonl") if r["kind"] == "step"}
@@ -44,6 +53,39 @@ def test_samples_are_logged_every_n_steps_as_text(tiny_model: Path, tmp_path: Pa
         gold = sum(int(x) for x in r["prompt"].removeprefix("Compute ").split("+"))
         assert r["reward"] == math_reward(r["response"], str(gold))
         assert r["lag"] == step_rows[r["step"]]["train_version"] - r["start_version"] >= 0
+
+
+def _tensorboard_tables(log_dir: Path) -> dict[int, list[dict[str, str]]]:
+    """step -> the rows of the `samples` text's Markdown table, read with TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
+    acc.Reload()
+    out: dict[int, list[dict[str, str]]] = {}
+    for event in acc.Tensors("samples/text_summary"):
+        lines = event.tensor_proto.string_val[0].decode().split("\n")
+        header = _split_cells(lines[0])
+        out[event.step] = [dict(zip(header, _split_cells(line), strict=True)) for line in lines[2:]]
+    return out
+
+
+def _split_cells(line: str) -> list[str]:
+    """The cells of `| a | b |`, unescaped: a backslash makes the next character literal (a `|` in a
+    response is no cell border); each cell loses the one space on either side of its borders."""
+    cells: list[str] = []
+    cur, i = "", 1  # past the leading `|`
+    while i < len(line):
+        if line[i] == "\\":
+            cur += line[i + 1]
+            i += 2
+            continue
+        if line[i] == "|":
+            cells.append(cur[1:-1])
+            cur = ""
+        else:
+            cur += line[i]
+        i += 1
+    return cells
 
 
 def test_no_samples_file_when_off(tiny_model: Path, tmp_path: Path) -> None:

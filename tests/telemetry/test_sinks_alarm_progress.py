@@ -65,6 +65,34 @@ def test_wandb_sink_namespaces_keys_and_resumes_run_id(monkeypatch, tmp_path):
     assert runs[1].kwargs["id"] == "run-abc" and runs[1].kwargs["resume"] == "allow"
 
 
+class FakeTable:
+    def __init__(self, columns, data) -> None:
+        self.columns, self.data = columns, data
+
+
+def test_wandb_sink_logs_samples_as_a_table_at_their_step(monkeypatch, tmp_path):
+    runs: list[FakeRun] = []
+    fake = types.ModuleType("wandb")
+    fake.init = lambda **kw: runs.append(FakeRun(**kw)) or runs[-1]
+    fake.Table = FakeTable
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    sink = WandbSink(tmp_path, "proj", "name")
+    chat = [{"role": "user", "content": "2+2?"}]
+    rows = [{"prompt_id": "p1", "task": "math", "sample": 1, "reward": 1.0, "correct": True, "lag": 2,
+             "tokens": 7, "finish_reason": "stop", "prompt": chat, "response": "4 | four\n", "extra": 0},
+            {"prompt_id": "p2", "sample": 0, "reward": 0.0, "prompt": "Compute 1+1", "response": ""}]
+    sink.log_samples(6, rows)
+    [(data, step)] = runs[0].logged
+    assert step == 6 and list(data) == ["samples"]
+    table = data["samples"]
+    assert table.columns == ["prompt_id", "task", "sample", "reward", "correct", "lag", "tokens",
+                             "finish_reason", "prompt", "response"]
+    assert table.data == [
+        ["p1", "math", 1, 1.0, True, 2, 7, "stop", '[{"role": "user", "content": "2+2?"}]', "4 | four\n"],
+        ["p2", None, 0, 0.0, None, None, None, None, "Compute 1+1", ""],
+    ]
+
+
 def test_scalars_keep_finite_numbers_only():
     assert scalars({"a": 1, "b": float("nan"), "c": "s", "d": True, "e": 2.5}) == {"a": 1.0, "e": 2.5}
 
