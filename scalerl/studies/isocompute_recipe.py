@@ -170,8 +170,8 @@ FORM = "log2 n*(C) = log2 n_lo + (log2 n_hi - log2 n_lo) / (1 + (C_mid / C)^b)"
 
 def _law_lines(study: NStarStudy, x_name: str) -> list[str]:
     head = (f"Optimal generations per prompt n*(C) (IsoCompute): the best variant's n at "
-            f"{len(study.budgets)} budgets spread in log {x_name} over the study's range ({study.separated} of them separated "
-            "from the runner-up)")
+            f"{len(study.budgets)} budgets spread in log {x_name} over the study's range "
+            f"({study.separated} of them separated from the runner-up)")
     seq = " ".join(str(n) for n in study.n_star)
     if study.law is None:
         return [head, f"  n* per budget: {seq}", f"  law not fitted: {study.error}"]
