@@ -166,9 +166,14 @@ def size_choice_text(c: SizeChoice, law: CrossModelFit, x_name: str) -> str:
             f"predicted pass rate {c.pass_rate:.4f}" + (f"  ({'; '.join(notes)})" if notes else ""))
     if c.candidates is None:
         return head
-    rows = [[num(n, 3), f"{p:.4f}", "yes" if n == c.N else "",
-             "" if min(law.sizes) <= n <= max(law.sizes) else "extrapolation"] for n, p in c.candidates]
-    return head + "\n" + table(["N", "predicted pass", "best", ""], rows)
+    def note(n: float, p: float) -> str:
+        parts = [] if min(law.sizes) <= n <= max(law.sizes) else ["extrapolation"]
+        if p < 0:  # L > 1: the budget lies before this size's pivot X* = 10^c0 N^r
+            parts.append("budget below its pivot 10^c0 N^r (L > 1)")
+        return "; ".join(parts)
+
+    rows = [[num(n, 3), f"{p:.4f}", "yes" if n == c.N else "", note(n, p)] for n, p in c.candidates]
+    return head + "\n" + table(["N", "predicted pass", "best", "note"], rows)
 
 
 __all__ = ["SIZE_COLUMN", "SizedRun", "Validation", "law_input", "parse_size", "render", "size_choice_text",

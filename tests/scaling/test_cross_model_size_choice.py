@@ -87,6 +87,9 @@ def test_fit_cross_picks_the_size_the_law_says(tmp_path: Path, capsys: pytest.Ca
     assert main(["fit-cross", *paths, *size_args(), "--budget", f"{C2:.6g}", "--budget", f"{C:.6g}"]) == 0
     text = capsys.readouterr().out
     assert "compute-optimal size at flops = " in text and "N = 1.4e+10" in text
+    assert main(["fit-cross", *paths, *size_args(), "--budget", f"{C:.6g}", "--sizes", "4B,32B"]) == 0
+    text32 = capsys.readouterr().out  # at C*(4B), 32B has not reached its pivot: its "pass rate" is < 0
+    assert re.search(r"3\.2e\+10\s+-0\.\d+\s+extrapolation; budget below its pivot", text32)
     assert "on the edge of the fitted sizes" in text and re.search(r"N = (3\.9\de\+09|4\.0\de\+09)", text)
 
 
