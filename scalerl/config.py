@@ -211,6 +211,11 @@ class DataConfig(Section):
     synthetic: SyntheticDataConfig = SyntheticDataConfig()
     heldout_size: int = Field(64, ge=0)
     heldout_seed: int = 0
+    # Train on only this many unique prompts (after the held-out split and skipped rows): a fixed
+    # random subset chosen by heldout_seed, nested (a smaller limit takes a subset of a larger one's
+    # prompts), so a run of max_steps x prompts_per_step draws reuses each about tau times (Tan et
+    # al.'s D_total = tau x D_unique; `scalerl ablate --coupled data_reuse`). null = every prompt.
+    max_train_prompts: int | None = Field(None, ge=1)
     shuffle_seed: int = 0
     think_system_prompt: bool = False
     system_prompt: str | None = None

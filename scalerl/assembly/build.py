@@ -40,6 +40,7 @@ from scalerl.data import (
     split_heldout,
 )
 from scalerl.data.decontaminate import overlap_ids
+from scalerl.data.split import unique_subset
 from scalerl.evaluation.evaluator import Evaluator
 from scalerl.pipeline.collapse import CollapseDetector, RollbackHistory
 from scalerl.pipeline.driver import Components, Driver, success_threshold
@@ -154,6 +155,15 @@ def _build_training(
     train = encode_prompts(split.train, tokenizer, max_prompt_tokens=d.max_prompt_tokens,
                            system_prompt=system, on_error=on_error, template=d.template)
     token_ids = dict(train.token_ids)
+    train_records = train.records
+    if d.max_train_prompts is not None:  # data reuse (Tan et al.): fewer unique prompts, same draws
+        train_records = unique_subset(train.records, d.max_train_prompts, d.heldout_seed)
+        _log.info("data.max_train_prompts=%d: training on %d of the %d usable training prompts "
+                  "(%d left out)", d.max_train_prompts, len(train_records), len(train.records),
+                  len(train.records) - len(train_records))
+    prompt_counts = {"usable_prompts": len(train.records),
+                     "max_train_prompts": d.max_train_prompts,
+                     "left_out_by_max_train_prompts": len(train.records) - len(train_records)}
 
     def encode(record: PromptRecord) -> list[int]:
         ids = token_ids.get(record.id)
@@ -167,7 +177,7 @@ def _build_training(
         return str(tokenizer.decode(ids, skip_special_tokens=True))
 
     pool = PromptPool(
-        train.records,
+        train_records,
         stream_seed(config.seed, d.shuffle_seed),  # the run's seed moves the prompt order
         retire_threshold=config.algorithm.retire_threshold,
         no_positive_resampling=config.algorithm.no_positive_resampling,
@@ -260,7 +270,7 @@ def _build_training(
                     resume_snapshot=snapshot, stop=stop)
     closers.extend(backend.closers)  # last: evaluations and the final checkpoint may still generate
     if log:  # what the built components use, read back from them (`assembly.resolved`)
-        write_resolved(run_path, trainer, pool, driver, engine)
+        write_resolved(run_path, trainer, pool, driver, engine, data=prompt_counts)
     return Training(driver=driver, trainer=trainer, engine=engine, pool=pool, router=router,
                     telemetry=telemetry, heldout=list(split.heldout), closers=closers)
 

@@ -182,6 +182,23 @@ def _check_heldout_leaves_some(heldout_size: int, n_records: int, where: str) ->
                          "(0: no held-out evaluation)")
 
 
+def check_train_prompt_limit(cfg: RunConfig, counts: dict[str, int]) -> None:
+    """`data.max_train_prompts` must not ask for more unique prompts than the held-out split leaves
+    (`counts` from `prompt_tasks`; the synthetic task has `data.synthetic.num_prompts`), said
+    before any work; the build checks again after skipped rows (`data.split.unique_subset`)."""
+    d = cfg.data
+    if d.max_train_prompts is None:
+        return
+    if not counts and d.train_path is None and d.source is None and cfg.agentic.environment is None:
+        counts = {f"data.synthetic.num_prompts={d.synthetic.num_prompts}": d.synthetic.num_prompts}
+    for where, n in counts.items():
+        left = n - d.heldout_size
+        if d.max_train_prompts > left:
+            raise InputError(f"data.max_train_prompts: {d.max_train_prompts} unique training prompts asked "
+                             f"for, {where} leaves {left} after the {d.heldout_size} held out; set it to "
+                             f"at most {left}")
+
+
 def prompt_tasks(cfg: RunConfig, counts: dict[str, int] | None = None) -> dict[str, list[str]]:
     """task -> the config keys whose prompts hold it (`data.train_path` or the synthetic task, and
     `eval.extra_sets.NAME`); the files are loaded, every row checked, as a run loads them. `counts`
@@ -234,7 +251,9 @@ def check_study_inputs(configs: Sequence[RunConfig]) -> None:
                          sort_keys=True)
         if key not in seen:
             seen.add(key)
-            check_verifiers(cfg, prompt_tasks(cfg))
+            counts: dict[str, int] = {}
+            check_verifiers(cfg, prompt_tasks(cfg, counts))
+            check_train_prompt_limit(cfg, counts)
 
 
 def check_colocated_platform(cfg: RunConfig) -> None:
@@ -261,6 +280,7 @@ def check_run_inputs(cfg: RunConfig) -> None:
     check_verifiers(cfg, tasks_in)
     for where, n in counts.items():
         _check_heldout_leaves_some(cfg.data.heldout_size, n, where)
+    check_train_prompt_limit(cfg, counts)
     teacher = cfg.algorithm.distill.teacher
     if teacher is not None and teacher != "warm_start":
         check_model_source(teacher, "algorithm.distill.teacher")

@@ -5,7 +5,9 @@ the prompt pool, the generator and the engine were built with, read from those o
 `build_training` wired them (never from the `RunConfig`): the objective and its hyperparameters
 as the trainer holds them, the advantage estimator's baseline and normalisation, the LM head's
 precision in trainer and engine, the prompt pool's retirement rule and curriculum, the driver's
-off-policy mode, staleness bound, dynamic sampling, length shaping and forced interruption. A test
+off-policy mode, staleness bound, dynamic sampling, length shaping and forced interruption; and
+`data`, the prompt counts (the pool's training prompts, the usable ones, those left out by
+`data.max_train_prompts`). A test
 per recipe (tests/pipeline/test_recipes_resolved.py) checks every entry against the recipe's YAML,
 so a wiring that drops a key shows here even where the key would not change a short run's numbers.
 """
@@ -114,6 +116,11 @@ def resolved_settings(trainer: Any, pool: PromptPool, driver: Driver, engine: En
             "pool": _pool(pool), "driver": _driver(driver)}
 
 
-def write_resolved(run_path: Path, trainer: Any, pool: PromptPool, driver: Driver, engine: Engine) -> Path:
-    """Write `run_path/resolved.json` (atomically; rewritten by each session of the run)."""
-    return write_json_atomic(run_path / RESOLVED_FILE, resolved_settings(trainer, pool, driver, engine))
+def write_resolved(run_path: Path, trainer: Any, pool: PromptPool, driver: Driver, engine: Engine,
+                   data: dict[str, Any] | None = None) -> Path:
+    """Write `run_path/resolved.json` (atomically; rewritten by each session of the run). `data`:
+    the prompt counts of the build (usable, left out by `data.max_train_prompts`); the number of
+    training prompts is read from the pool itself."""
+    record = resolved_settings(trainer, pool, driver, engine)
+    record["data"] = {**(data or {}), "training_prompts": len(pool)}
+    return write_json_atomic(run_path / RESOLVED_FILE, record)

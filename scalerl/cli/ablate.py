@@ -6,15 +6,20 @@
     scalerl ablate --loo --dry-run                                # print the plan, run nothing
     scalerl ablate --coupled generations_per_prompt               # n x B fixed: n4-B16, n8-B8, n16-B4
     scalerl ablate --coupled batch_size --values 4,8,16,32 --budget 1e12 --x flops
+    scalerl ablate --coupled data_reuse --values 1,2,4,8 max_steps=200  # D_total / tau unique prompts
 
 Leave-one-out: the base recipe, plus one run per design axis reverted to the paper's base algorithm
 (`scalerl.studies.variants.LOO_AXES`). Grid: the cartesian product of the `--grid` values applied
 to the base. Coupled (ScaleRL Sec. 5): one named axis whose value moves several keys together
 (`scalerl.studies.variants.COUPLED_AXES`: generations_per_prompt at a fixed n x B, batch_size,
-generation_length with the length-control budgets scaled); `--values` picks its values (default:
-half, the base's and twice the base's). Grid and coupled studies also print the compute-optimal
-variant at each budget read off the fitted curves (IsoCompute; `scalerl.studies.isocompute`):
-`--budget X` (repeatable) or 5 budgets spaced in log compute over the study's range.
+generation_length with the length-control budgets scaled, data_reuse: D_total = max_steps x
+prompts_per_step fixed, data.max_train_prompts = D_total / tau); `--values` picks its values (default:
+half, the base's and twice the base's; tau 1, 2, 4, 8). Grid and coupled studies also print the
+compute-optimal variant at each budget read off the fitted curves (IsoCompute;
+`scalerl.studies.isocompute`): `--budget X` (repeatable) or 5 budgets spaced in log compute over the
+study's range. Those whose variants differ in generations per prompt also fit the n*(C) law and print
+the IsoCompute recipe (n, smallest stable B_p, steps) for each `--budget`
+(`scalerl.studies.isocompute_recipe`).
 
 `KEY=VALUE` overrides (e.g. `max_steps=40`) apply to every run; `--seeds N` repeats every variant
 with N rollout seeds, and the seed-to-seed spread becomes the margin on A and B.

@@ -11,7 +11,10 @@ in parameters: ``--size LABEL=N`` (``0.5B``, ``135M``, ``7e9``), else a ``model_
 hold are left out and counted: ``X <= 0`` (the evaluation at the start of a run) and pass rate 1
 (zero loss). ``--predict N X`` predicts a size and compute, an unseen larger N included;
 ``--validate`` refits without the largest size and reports the error on it (how far the law
-extrapolates on your runs). A subcommand of ``scalerl`` rather than a ``fit`` mode: its input
+extrapolates on your runs). ``--budget C`` (repeatable) answers "which model size N for budget C":
+the N with the highest predicted pass rate at X = C, continuous over the fitted sizes, or among
+``--sizes 1B,3B,7B`` (flagged where a candidate lies outside the fitted sizes: an extrapolation).
+A subcommand of ``scalerl`` rather than a ``fit`` mode: its input
 (runs with sizes) and its output (one law, not one sigmoid per run) differ from ``fit``'s.
 """
 
@@ -23,7 +26,7 @@ import math
 import sys
 
 from scalerl.inputs import InputError
-from scalerl.scaling.cross_model import fit_cross_model
+from scalerl.scaling.cross_model import fit_cross_model, optimal_size
 from scalerl.scaling.cross_runs import law_input, parse_size, render, sized_runs, validate_largest
 from scalerl.scaling.io import read_many
 from scalerl.scaling.report import jsonable
@@ -54,6 +57,21 @@ def run_fit_cross(args: argparse.Namespace) -> int:
         if not (math.isfinite(X) and X > 0):
             raise InputError(f"--predict {n_text} {x_text}: X must be > 0")
         predictions.append((N, X, float(law.predict(N, X))))
+    candidates = None
+    if args.sizes is not None:
+        if args.budget is None:
+            raise InputError("--sizes lists the candidate sizes of --budget; add --budget C")
+        try:
+            candidates = [parse_size(t) for t in args.sizes.split(",") if t.strip()]
+        except ValueError as err:
+            raise InputError(f"--sizes: {err}") from None
+        if not candidates:
+            raise InputError("--sizes: no size given")
+    choices = []
+    for C in args.budget or ():
+        if not (math.isfinite(C) and C > 0):
+            raise InputError(f"--budget {C}: must be a positive {args.x}")
+        choices.append(optimal_size(law, C, candidates))
     validation = validate_largest(runs) if args.validate else None
     x_name, y_name = curves[0].x_name, curves[0].y_name
     if args.json:
@@ -65,10 +83,11 @@ def run_fit_cross(args: argparse.Namespace) -> int:
                       "dropped_solved": r.dropped_solved} for r in runs],
             "predictions": [{"N": N, "X": X, "pass_rate": p} for N, X, p in predictions],
             "validation": None if validation is None else validation.__dict__,
+            "size_choices": [c.to_dict() for c in choices],
         }
         sys.stdout.write(json.dumps(jsonable(out), indent=2, allow_nan=False) + "\n")
     else:
-        sys.stdout.write(render(law, runs, x_name, y_name, predictions, validation) + "\n")
+        sys.stdout.write(render(law, runs, x_name, y_name, predictions, validation, choices) + "\n")
     return 0
 
 
@@ -90,6 +109,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="predict the pass rate of size N after resource X (repeatable)")
     p.add_argument("--validate", action="store_true",
                    help="refit without the largest size and report the error on it")
+    p.add_argument("--budget", type=float, action="append", metavar="C",
+                   help="which model size for this budget (in --x units): the size with the highest "
+                        "predicted pass rate at X = C (repeatable)")
+    p.add_argument("--sizes", metavar="N1,N2",
+                   help="with --budget: compare these sizes (7B, 135M, ...) instead of searching the "
+                        "fitted range")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run_fit_cross)
 

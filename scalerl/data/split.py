@@ -63,6 +63,24 @@ def split_heldout(records: Sequence[PromptRecord], n_heldout: int, seed: int) ->
     )
 
 
+def unique_subset(records: Sequence[PromptRecord], n: int, seed: int) -> list[PromptRecord]:
+    """`n` of `records` (in input order), chosen uniformly at random by `seed`: the first `n` of a
+    fixed permutation of the sorted ids, so the choice does not depend on file order and a smaller
+    `n` takes a subset of a larger one's prompts (the data-reuse study compares nested prompt sets,
+    as Tan et al. 2025 keep the difficulty mix across subset sizes). Its random stream is not the
+    held-out split's, though both are seeded by `data.heldout_seed`."""
+    if n < 1:
+        raise ValueError(f"n: must be >= 1, got {n}")
+    if n > len(records):
+        raise DataError(f"data.max_train_prompts: {n} unique training prompts asked for, the prompt set "
+                        f"has {len(records)} after the held-out split; set it to at most {len(records)}")
+    _check_unique(records)
+    ordered = sorted(r.id for r in records)
+    perm = np.random.default_rng([seed, 0x7E05E]).permutation(len(ordered))
+    chosen = {ordered[i] for i in perm[:n]}
+    return [r for r in records if r.id in chosen]
+
+
 def split_by_ids(records: Sequence[PromptRecord], heldout_ids: Iterable[str]) -> HeldOutSplit:
     """Rebuild a split from saved held-out ids; every saved id must be among `records`."""
     _check_unique(records)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.optimize import least_squares
+from scipy.optimize import least_squares, minimize_scalar
 
 from scalerl.scaling.validation import CurveError, as_curve
 
@@ -42,6 +42,7 @@ class CrossModelFit:
     rmse_log10: float
     n_points: int
     sizes: tuple[float, ...]
+    x_range: tuple[float, float] = (math.nan, math.nan)  # the smallest and largest X fitted
 
     def k(self, N: ArrayLike) -> NDArray[np.float64]:
         return efficiency_k(N, self.k_max, self.N0)
@@ -70,6 +71,7 @@ class CrossModelFit:
             "rmse_log10": self.rmse_log10,
             "n_points": self.n_points,
             "sizes": list(self.sizes),
+            "x_range": list(self.x_range),
         }
 
 
@@ -140,4 +142,78 @@ def fit_cross_model(runs: Sequence[tuple[float, ArrayLike, ArrayLike]]) -> Cross
         rmse_log10=float(np.sqrt(np.mean(res**2))),
         n_points=int(lN.size),
         sizes=tuple(distinct),
+        x_range=(float(10.0 ** lX.min()), float(10.0 ** lX.max())),
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# The compute-optimal model size
+
+
+@dataclass(frozen=True)
+class SizeChoice:
+    """The size with the highest predicted pass rate at a budget, and how far to trust it.
+
+    `extrapolated`: N lies outside the fitted sizes; `at_edge`: the continuous search ended on an
+    edge of the fitted sizes (the law's optimum may lie beyond it); `budget_outside`: the budget lies
+    outside the X range the law was fitted on. `candidates`: (N, predicted pass) of every size
+    compared (the candidates given, or None for the continuous search)."""
+
+    budget: float
+    N: float
+    pass_rate: float
+    extrapolated: bool
+    at_edge: bool
+    budget_outside: bool
+    candidates: tuple[tuple[float, float], ...] | None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"budget": self.budget, "N": self.N, "pass_rate": self.pass_rate,
+                "extrapolated": self.extrapolated, "at_edge": self.at_edge,
+                "budget_outside": self.budget_outside,
+                "candidates": None if self.candidates is None else [
+                    {"N": n, "pass_rate": p} for n, p in self.candidates]}
+
+
+def optimal_size(law: CrossModelFit, budget: float, candidates: Sequence[float] | None = None) -> SizeChoice:
+    """Which model size N for a budget C: the N with the highest predicted pass rate ``1 - L(N, C)``.
+
+    At a fixed budget C the law's ``log10 L = k(N) (c0 + r log10 N - log10 C)``: a larger model
+    learns more per unit of compute (k(N) grows) but reaches its pivot ``X* = 10^c0 N^r`` later (at
+    a fixed C it trains on fewer tokens; Tan et al. 2025's compute-constrained comparison, where
+    32B beats 72B at small budgets). With ``u = log10 N`` and ``dk/du = ln(10) k N0 / (N + N0)``
+    the stationary point solves ``ln(10) N0 / (N + N0) (c0 + r u - log10 C) + r = 0``: size N is
+    optimal at ``log10 C*(N) = c0 + r log10 N + r (N + N0) / (N0 ln 10)`` (k_max cancels; for
+    r <= 0 the loss falls with N at every budget and the largest size wins). The search below is
+    numeric so that it also answers among arbitrary candidates; the tests check it against this
+    closed form.
+
+    Among `candidates` when given (any sizes, those outside the fitted ones flagged as an
+    extrapolation); else continuous over the fitted sizes: the best of 801 sizes spaced evenly in
+    log N, refined by a bounded scalar search around it.
+    """
+    C = float(budget)
+    if not (math.isfinite(C) and C > 0):
+        raise CurveError(f"budget must be a positive compute, got {budget!r}")
+    lo, hi = min(law.sizes), max(law.sizes)
+    inside = (not math.isnan(law.x_range[0])) and law.x_range[0] <= C <= law.x_range[1]
+    if candidates is not None:
+        cands = [float(n) for n in candidates]
+        if not cands or not all(math.isfinite(n) and n > 0 for n in cands):
+            raise CurveError(f"candidate sizes must be positive numbers, got {list(candidates)!r}")
+        rated = tuple((n, float(law.predict(n, C))) for n in cands)
+        N, p = max(rated, key=lambda t: t[1])
+        return SizeChoice(C, N, p, not lo <= N <= hi, False, not inside, rated)
+    u_lo, u_hi = math.log10(lo), math.log10(hi)
+    grid = np.linspace(u_lo, u_hi, 801)
+    losses = np.array([float(law.loss(10.0**u, C)) for u in grid])
+    i = int(np.argmin(losses))
+    u = float(grid[i])
+    if 0 < i < grid.size - 1:
+        res = minimize_scalar(lambda v: float(np.log10(law.loss(10.0**v, C))),
+                              bounds=(float(grid[i - 1]), float(grid[i + 1])), method="bounded",
+                              options={"xatol": 1e-6})
+        u = float(res.x)
+    N = 10.0**u
+    edge = i in (0, grid.size - 1)
+    return SizeChoice(C, N, float(law.predict(N, C)), False, edge, not inside, None)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from scalerl.scaling.cross_model import CrossModelFit, fit_cross_model
+from scalerl.scaling.cross_model import CrossModelFit, SizeChoice, fit_cross_model
 from scalerl.scaling.io import Curve
 from scalerl.scaling.report import num, table
 from scalerl.scaling.validation import CurveError
@@ -115,7 +115,8 @@ def validate_largest(runs: Sequence[SizedRun]) -> Validation:
 
 
 def render(law: CrossModelFit, runs: Sequence[SizedRun], x_name: str, y_name: str,
-           predictions: Sequence[tuple[float, float, float]], validation: Validation | None) -> str:
+           predictions: Sequence[tuple[float, float, float]], validation: Validation | None,
+           choices: Sequence[SizeChoice] = ()) -> str:
     lines = [
         "cross-model law (Tan et al. 2025, arXiv 2509.25300): L = 1 - pass = 10^E0(N) X^-k(N),",
         f"  k(N) = k_max N / (N + N0), E0(N) = k(N) (c0 + r log10 N); X = {x_name}, pass = {y_name}",
@@ -144,8 +145,36 @@ def render(law: CrossModelFit, runs: Sequence[SizedRun], x_name: str, y_name: st
         lines.append(f"validation: fitted without N = {num(v.held_out_size, 3)}, predicted its {v.n_points} "
                      f"points with mean abs error {v.mae:.3f} (max {v.max_abs:.3f}) in pass rate, "
                      f"RMSE(log10 L) {v.rmse_log10:.3f}")
+    lines += [size_choice_text(c, law, x_name) for c in choices]
     return "\n".join(lines)
 
 
-__all__ = ["SIZE_COLUMN", "SizedRun", "Validation", "law_input", "parse_size", "render", "sized_runs",
-           "validate_largest"]
+def size_choice_text(c: SizeChoice, law: CrossModelFit, x_name: str) -> str:
+    """`scalerl fit-cross --budget`'s answer: the size, its predicted pass rate, the caveats."""
+    where = (f"among {len(c.candidates)} candidate sizes" if c.candidates is not None else
+             f"over the fitted sizes {num(min(law.sizes), 3)}-{num(max(law.sizes), 3)}")
+    notes = []
+    if c.extrapolated:
+        notes.append("outside the fitted sizes: an extrapolation")
+    if c.at_edge:
+        notes.append("on the edge of the fitted sizes: the law's optimum may lie beyond it "
+                     "(--sizes to compare larger or smaller ones)")
+    if c.budget_outside:
+        notes.append(f"the budget lies outside the fitted {x_name} range "
+                     f"{num(law.x_range[0], 3)}-{num(law.x_range[1], 3)}")
+    head = (f"compute-optimal size at {x_name} = {num(c.budget, 4)} ({where}): N = {num(c.N, 3)}, "
+            f"predicted pass rate {c.pass_rate:.4f}" + (f"  ({'; '.join(notes)})" if notes else ""))
+    if c.candidates is None:
+        return head
+    def note(n: float, p: float) -> str:
+        parts = [] if min(law.sizes) <= n <= max(law.sizes) else ["extrapolation"]
+        if p < 0:  # L > 1: the budget lies before this size's pivot X* = 10^c0 N^r
+            parts.append("budget below its pivot 10^c0 N^r (L > 1)")
+        return "; ".join(parts)
+
+    rows = [[num(n, 3), f"{p:.4f}", "yes" if n == c.N else "", note(n, p)] for n, p in c.candidates]
+    return head + "\n" + table(["N", "predicted pass", "best", "note"], rows)
+
+
+__all__ = ["SIZE_COLUMN", "SizedRun", "Validation", "law_input", "parse_size", "render", "size_choice_text",
+           "sized_runs", "validate_largest"]

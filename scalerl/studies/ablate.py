@@ -25,6 +25,15 @@ from scalerl.scaling.io import DEFAULT_X
 from scalerl.scaling.report import jsonable, run_to_dict, table
 from scalerl.studies.fitting import FitSettings, RunFit, StudyFits, analyze_study
 from scalerl.studies.isocompute import BudgetChoice, choices_markdown, choices_text, compute_optimal
+from scalerl.studies.isocompute_recipe import (
+    NStarStudy,
+    Recipe,
+    law_markdown,
+    law_text,
+    n_star_study,
+    recipe,
+    variant_shapes,
+)
 from scalerl.studies.prune import PruneController, prune_report, prune_text
 from scalerl.studies.report import (
     PREDICTION_HEADER,
@@ -174,7 +183,9 @@ def render_plan(plan: AblationPlan) -> str:
 
 
 def summary_dict(plan: AblationPlan, settings: FitSettings, outcomes: list[RunOutcome], fits: StudyFits,
-                 plot: Path | None, choices: list[BudgetChoice] | None = None) -> dict[str, Any]:
+                 plot: Path | None, choices: list[BudgetChoice] | None = None,
+                 nstar: NStarStudy | None = None,
+                 recipes: list[Recipe | None] | None = None) -> dict[str, Any]:
     by_name = {f.name: f for f in fits.runs}
 
     def run_entry(o: RunOutcome) -> dict[str, Any]:
@@ -203,12 +214,15 @@ def summary_dict(plan: AblationPlan, settings: FitSettings, outcomes: list[RunOu
         "not_fitted": [f.name for f in fits.runs if f.analysis is None and f.name not in failed],
         "notes": list(fits.notes),
         "compute_optimal": None if choices is None else [c.to_dict() for c in choices],
+        "n_star": None if nstar is None else nstar.to_dict(),
+        "recipes": [None if r is None else r.to_dict() for r in recipes or []],
         "files": {"report": REPORT_FILE, "plot": None if plot is None else plot.name},
     })  # type: ignore[return-value]
 
 
 def report_markdown(plan: AblationPlan, settings: FitSettings, outcomes: list[RunOutcome], fits: StudyFits,
-                    plot: Path | None, choices: list[BudgetChoice] | None = None) -> str:
+                    plot: Path | None, choices: list[BudgetChoice] | None = None,
+                    nstar: NStarStudy | None = None, recipes: list[Recipe | None] | None = None) -> str:
     failed = [o for o in outcomes if o.status == "failed"]
     title = STUDY_TITLES[plan.kind] + (f": {plan.coupled}" if plan.coupled else "")
     lines = [
@@ -234,6 +248,9 @@ def report_markdown(plan: AblationPlan, settings: FitSettings, outcomes: list[Ru
     if choices is not None:
         lines += ["", "## Compute-optimal choice per budget (IsoCompute)", "",
                   choices_markdown(choices, _x_name(fits))]
+    if nstar is not None:
+        lines += ["", "## The n*(C) law and the IsoCompute recipe", "",
+                  law_markdown(nstar, recipes or [], _x_name(fits))]
     pred = prediction_rows(fits.runs)
     if pred:
         lines += ["", "## Extrapolation to each run's last evaluation", "",
@@ -244,6 +261,14 @@ def report_markdown(plan: AblationPlan, settings: FitSettings, outcomes: list[Ru
     if fits.notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in fits.notes]
     return "\n".join(lines) + "\n"
+
+
+def _n_and_b(plan: AblationPlan) -> dict[str, tuple[int, int]]:
+    """Each variant's generations per prompt and prompts per step (its first run's config)."""
+    out: dict[str, tuple[int, int]] = {}
+    for s in plan.specs:
+        out.setdefault(s.group, (s.config.generation.n, s.config.pipeline.prompts_per_step))
+    return out
 
 
 def _x_name(fits: StudyFits) -> str:
@@ -265,7 +290,8 @@ def run_ablation(
     """Prepare the shared model, run, fit, write the outputs, print the table. 1 if a run failed.
 
     Grid and coupled studies add the compute-optimal variant per budget (`budgets`, else spread
-    over the study's compute range)."""
+    over the study's compute range); those whose variants differ in generations per prompt add the
+    n*(C) law and, for each of `budgets`, the IsoCompute recipe (`scalerl.studies.isocompute_recipe`)."""
     stream = out or sys.stdout
     claim_output_dir(plan.study_dir, ABLATE_KIND, "--output-dir")  # new, empty or an earlier study's
     specs = with_model(plan.specs, shared_model(plan.base_config, say=say))
@@ -284,18 +310,22 @@ def run_ablation(
         controller, {s.name: s.config.max_steps for s in specs})
     fits = analyze_study(run_fits, settings, order=[v.name for v in plan.variants])
     choices = None if plan.kind == "loo" else compute_optimal(fits, budgets)
+    nstar = None if plan.kind == "loo" else n_star_study(fits, variant_shapes(fits, _n_and_b(plan)))
+    recipes = [] if nstar is None else [recipe(nstar, b) for b in budgets or []]
     plot = write_plot(fits, plan.study_dir / PLOT_FILE)
-    report = report_markdown(plan, settings, outcomes, fits, plot, choices)
+    report = report_markdown(plan, settings, outcomes, fits, plot, choices, nstar, recipes)
     if pruning is not None:
         report += "\n## Pruning by forecast\n\n```\n" + prune_text(pruning) + "\n```\n"
     write_atomic(plan.study_dir / REPORT_FILE, report)
-    summary = summary_dict(plan, settings, outcomes, fits, plot, choices)
+    summary = summary_dict(plan, settings, outcomes, fits, plot, choices, nstar, recipes)
     summary["prune"] = jsonable(pruning)
     write_json_atomic(plan.study_dir / SUMMARY_FILE, summary)
     failed = [o for o in outcomes if o.status == "failed"]
     parts = [fig7_text(fits), "", legend_text(fits, settings), "", per_run_text(fits, settings)]
     if choices is not None:
         parts += ["", choices_text(choices, _x_name(fits))]
+    if nstar is not None:
+        parts += ["", law_text(nstar, recipes, _x_name(fits))]
     if pruning is not None:
         parts += ["", prune_text(pruning)]
     if failed:

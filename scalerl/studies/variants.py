@@ -13,7 +13,8 @@ Grid: the cartesian product of values for chosen keys (`--grid pipeline.k=1,4,8 
 Coupled axes (ScaleRL Sec. 5, and the IsoCompute work): named presets that move several keys
 together so the comparison is the one the paper makes (`COUPLED_AXES`): generations per prompt
 at a fixed total batch (n x B constant), the batch size, the generation length (with the
-length-control budgets scaled along).
+length-control budgets scaled along), and data reuse (Tan et al. 2025: a fixed total of prompts
+drawn from D_total / tau unique ones).
 """
 
 from __future__ import annotations
@@ -411,6 +412,24 @@ def _generation_length(base: RunConfig, length: int) -> list[tuple[str, Any]]:
             ("generation.length_control.overlong_cache", max(1, round(lc.overlong_cache * f)))]
 
 
+def total_prompts(base: RunConfig) -> int:
+    """D_total of a run: the prompt slots of its batches, max_steps x prompts_per_step (dynamic
+    sampling's refills draw more, and are counted as `refill_prompts` in the run's rows)."""
+    return base.max_steps * base.pipeline.prompts_per_step
+
+
+def _data_reuse(base: RunConfig, tau: int) -> list[tuple[str, Any]]:
+    """Tan et al. 2025's data reuse: D_total fixed, D_unique = D_total / tau unique prompts."""
+    total = total_prompts(base)
+    if tau < 1:
+        raise InputError(f"reuse factor {tau}: must be >= 1")
+    if total % tau:
+        raise InputError(f"reuse factor {tau}: does not divide the total prompts D_total = {total} "
+                         f"(max_steps={base.max_steps} x pipeline.prompts_per_step="
+                         f"{base.pipeline.prompts_per_step})")
+    return [("data.max_train_prompts", total // tau)]
+
+
 COUPLED_AXES: dict[str, CoupledAxis] = {
     axis.name: axis
     for axis in (
@@ -438,6 +457,15 @@ COUPLED_AXES: dict[str, CoupledAxis] = {
             lambda base: _scaled_values(base.generation.max_new_tokens),
             _generation_length,
             lambda base, n: f"len{n}",
+        ),
+        CoupledAxis(
+            "data_reuse",
+            "data reuse tau at a fixed total of prompts D_total = max_steps x prompts_per_step: each run "
+            "trains on D_unique = D_total / tau unique prompts (data.max_train_prompts; Tan et al. 2025: "
+            "D_total = tau x D_unique, performance insensitive to tau up to ~25)", "tau",
+            lambda base: [t for t in (1, 2, 4, 8) if total_prompts(base) % t == 0],
+            _data_reuse,
+            lambda base, tau: f"tau{tau}-U{total_prompts(base) // tau}",
         ),
     )
 }
