@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from scalerl.pipeline.staleness import StalenessController, StalenessError
+from scalerl.pipeline.staleness import ADMISSIONS, Admission, StalenessController, StalenessError
 from scalerl.rollout.emulated import LengthModel
 
 Mode = Literal["sync", "ppo_offpolicy", "pipeline"]
@@ -78,6 +78,9 @@ class SimConfig:
     # "group": a group's n samples go to one engine (`ThreadedEnginePool`, one request of n);
     # "sample": each sample to the least-loaded engine (finer, what per-sample requests allow).
     placement: Literal["group", "sample"] = "group"
+    # `pipeline` only: the controller's admission rule (`staleness.py`): "bounded" (worst-case
+    # completion order) or "deadline" (per-group deadlines; the trainer waits for needed groups).
+    admission: Admission = "bounded"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -100,6 +103,10 @@ class SimConfig:
             raise ValueError(f"slowdowns: {len(self.slowdowns)} values for {self.num_engines} engines")
         if any(not s > 0 for s in self.slowdowns):
             raise ValueError(f"slowdowns: must be > 0, got {self.slowdowns}")
+        if self.admission not in ADMISSIONS:
+            raise ValueError(f"admission: expected one of {ADMISSIONS}, got {self.admission!r}")
+        if self.admission != "bounded" and self.mode != "pipeline":
+            raise ValueError(f"admission: {self.admission!r} is a pipeline rule; {self.mode} runs rounds")
         if self.placement not in ("group", "sample"):
             raise ValueError(f"placement: expected 'group' or 'sample', got {self.placement!r}")
 
@@ -162,6 +169,16 @@ class SimResult:
     def trainer_idle_frac(self) -> float:
         return 1.0 - self.trainer_busy_s / self.seconds
 
+    def lag_percentile(self, lags: Counter[int], q: float) -> int:
+        """The smallest lag L with at least a fraction `q` of the mass at lags <= L."""
+        total = sum(lags.values())
+        seen = 0
+        for lag in sorted(lags):
+            seen += lags[lag]
+            if seen >= q * total:
+                return lag
+        return 0
+
     def lag_mean(self, lags: Counter[int]) -> float:
         total = sum(lags.values())
         return sum(lag * c for lag, c in lags.items()) / total if total else 0.0
@@ -206,6 +223,7 @@ class _Engine:
         self.waiting: deque[_Sample] = deque()
         self.inbox: list[_Sample] = []
         self.new_version: int | None = None  # weights that arrived, applied at the next boundary
+
         self.event = 0  # number of the scheduled event; older heap entries are stale
         self.busy_s = 0.0
         self.slot_s = 0.0  # sequence-seconds in flight
@@ -299,7 +317,9 @@ class Simulation:
         ]
         self.update_s = [s * c.weight_update_s for s in slowdowns]
         self.transfer_s = [s * c.weight_transfer_s for s in slowdowns]
-        self.controller = StalenessController(c.max_lag, c.prompts_per_step, train_version=0)
+        self.controller = StalenessController(c.max_lag, c.prompts_per_step, train_version=0,
+                                              admission=c.admission)
+
         self.now = 0.0
         # (time, order, kind, engine, event number or, for "weights", the version)
         self._heap: list[tuple[float, int, str, int, int]] = []
@@ -388,14 +408,24 @@ class Simulation:
     # ------------------------------------------------------------------------------ trainer side
     def _batch_ready(self) -> bool:
         c = self.cfg
-        if c.mode == "pipeline" or self.round_steps > 0:
+        if c.mode == "pipeline":
+            return self.controller.select_batch([g.admit_version for g in self.queue]) is not None
+        if self.round_steps > 0:
             return len(self.queue) >= c.prompts_per_step
         # A round's first step waits for the whole round (`RoundBatches.next_batch` -> `fill`).
         return len(self.queue) >= c.updates_per_round * c.prompts_per_step
 
     def _start_step(self) -> None:
         c = self.cfg
-        batch = [self.queue.popleft() for _ in range(c.prompts_per_step)]
+        if c.mode == "pipeline":
+            pick = self.controller.select_batch([g.admit_version for g in self.queue])
+            if pick is None:
+                raise RuntimeError("simulation bug: a step started without a valid batch")
+            chosen = set(pick)
+            batch = [g for i, g in enumerate(self.queue) if i in chosen]
+            self.queue = deque(g for i, g in enumerate(self.queue) if i not in chosen)
+        else:
+            batch = [self.queue.popleft() for _ in range(c.prompts_per_step)]
         self.controller.consume([g.admit_version for g in batch], self.trainer_version)
         self.groups_consumed += len(batch)
         tokens = 0
@@ -411,6 +441,7 @@ class Simulation:
                     self.result_token_lags[self.trainer_version - version] += count
                 tokens += sample.length
                 self.truncated += sample.truncated
+
         self.samples += c.prompts_per_step * c.n
         self.tokens += tokens
         seconds = c.train_step_s + c.train_token_s * tokens

@@ -37,14 +37,42 @@ when the engine's weights lag the trainer by more than `k` versions.
 With `k = 0` and weights loaded before each round the same rule admits exactly one batch per round
 (`sync`); with `k - 1` it admits `k` batches per round (`ppo_offpolicy`), so the lag assertion in
 `consume()` checks every mode.
+
+Deadline admission (`admission="deadline"`, pipeline mode). Rule (I) assumes the worst completion
+order for the oldest group, so one long group holds `v_min` down and throttles every admission
+behind it (the generators idle). The deadline rule gives each group its own deadline `d = v + k`
+(the last version it may be trained at) and keeps instead the feasibility condition of
+earliest-deadline-first scheduling with `B` groups per step:
+
+Invariant (D):  `N(x) <= (x + k - u + 1) * B`  for every version `x`,
+
+where `N(x)` counts the outstanding groups admitted at a version `<= x` (their deadlines are
+`<= x + k`; the steps `u .. x + k` take `(x + k - u + 1) * B` groups). (I) implies (D)
+(`N(x) <= O`), so (D) admits at least as much. It holds whatever the completion order *provided the
+trainer takes the right groups*: the step at `u` must contain at least
+`need(x) = N(x) - (x + k - u) * B` groups admitted at `<= x`, for every `x` (`needed()`; (D) keeps
+each `<= B`). Then (D) survives the step (at most `(x + k - u) * B` groups `<= x` are left, the
+capacity of the steps after it), and the bound holds: a group of version `v` still outstanding at
+`u = v + k` has `need(v) = N(v) >= 1`, so this step takes it, with lag exactly `k`.
+`select_batch()` returns the B oldest queued groups when they meet every `need(x)` (if any B
+queued groups do, the oldest do) and None otherwise: the trainer then waits for the needed groups
+to finish. So a long group stalls the trainer at its deadline instead of stalling admissions for
+its whole life; no sample is cut or dropped. `consume()` checks every batch against `need(x)` and
+raises on one that breaks (D). An admission of `m` groups at `v_e` keeps (D) iff
+`m <= (x + k - u + 1) * B - N(x)` for `x = v_e` and every outstanding version above it
+(`capacity()`).
 """
 
 from __future__ import annotations
 
 import threading
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
+
+Admission = Literal["bounded", "deadline"]
+ADMISSIONS: tuple[Admission, ...] = ("bounded", "deadline")
 
 
 class StalenessError(RuntimeError):
@@ -64,13 +92,17 @@ class StalenessController:
         batch_size: int,
         train_version: int = 0,
         on_change: Callable[[], None] | None = None,
+        admission: Admission = "bounded",
     ) -> None:
+        if admission not in ADMISSIONS:
+            raise ValueError(f"admission: expected one of {ADMISSIONS}, got {admission!r}")
         if max_lag < 0:
             raise ValueError(f"max_lag: must be >= 0, got {max_lag}")
         if batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
         self.max_lag = int(max_lag)
         self.batch_size = int(batch_size)
+        self.admission: Admission = admission
         self._next_train_version = int(train_version)
         self._versions: Counter[int] = Counter()
         self._outstanding = 0
@@ -96,7 +128,31 @@ class StalenessController:
     def set_on_change(self, callback: Callable[[], None] | None) -> None:
         self._on_change = callback
 
+    @property
+    def deadline_rule(self) -> bool:
+        """True for the per-group deadline rule (D), False for the worst-case rule (I)."""
+        return self.admission == "deadline"
+
+    def _cumulative_locked(self) -> list[tuple[int, int]]:
+        """(x, N(x)) for every outstanding version x, ascending."""
+        out, total = [], 0
+        for v in sorted(self._versions):
+            total += self._versions[v]
+            out.append((v, total))
+        return out
+
+    def _deadline_capacity_locked(self, engine_version: int) -> int:
+        k, b, u = self.max_lag, self.batch_size, self._next_train_version
+        below = sum(n for v, n in self._versions.items() if v <= engine_version)
+        room = (engine_version + k - u + 1) * b - below
+        for x, n_x in self._cumulative_locked():
+            if x > engine_version:
+                room = min(room, (x + k - u + 1) * b - n_x)
+        return max(0, room)
+
     def _capacity_locked(self, engine_version: int) -> int:
+        if self.deadline_rule:
+            return self._deadline_capacity_locked(engine_version)
         oldest = min(self._versions) if self._versions else engine_version
         floor_version = min(oldest, engine_version)
         slack_batches = floor_version + self.max_lag - self._next_train_version + 1
@@ -106,6 +162,37 @@ class StalenessController:
         """How many groups may be admitted now at `engine_version` without risking the bound."""
         with self._lock:
             return self._capacity_locked(engine_version)
+
+    def _needed_locked(self, train_version: int | None = None) -> list[tuple[int, int]]:
+        k, b = self.max_lag, self.batch_size
+        u = self._next_train_version if train_version is None else train_version
+        return [(x, n_x - (x + k - u) * b) for x, n_x in self._cumulative_locked() if n_x > (x + k - u) * b]
+
+    def needed(self) -> list[tuple[int, int]]:
+        """Deadline rule: `(x, need(x))` with `need(x) > 0`: the step at the next train version must
+        take at least `need(x)` groups admitted at a version `<= x` (module docstring)."""
+        with self._lock:
+            return self._needed_locked()
+
+    def select_batch(self, queued_versions: Sequence[int]) -> list[int] | None:
+        """Indices (into `queued_versions`, the admission versions of the finished groups in queue
+        order) of the B groups the next step takes, or None when no valid batch is queued yet.
+
+        `bounded`: the first B (completion order). `deadline`: the B oldest (by version, then
+        queue order), valid only if they meet every `need(x)`; they do whenever any valid choice
+        exists, because taking older groups never lowers a count of groups `<= x`.
+        """
+        b = self.batch_size
+        if len(queued_versions) < b:
+            return None
+        if not self.deadline_rule:
+            return list(range(b))
+        chosen = sorted(range(len(queued_versions)), key=lambda i: (queued_versions[i], i))[:b]
+        picked = sorted(queued_versions[i] for i in chosen)
+        for x, need in self.needed():
+            if bisect_right(picked, x) < need:
+                return None
+        return sorted(chosen)
 
     def admit(self, engine_version: int, count: int = 1) -> None:
         """Record `count` admissions at `engine_version`; more than `capacity()` is an error."""
@@ -160,6 +247,16 @@ class StalenessController:
                     f"group admitted at version {train_version - worst} trained at version {train_version}: "
                     f"lag {worst} > max_lag {self.max_lag}"
                 )
+            if self.deadline_rule:
+                # The batch must meet every need(x), or (D) cannot hold after the step (module docstring).
+                taken = sorted(admit_versions)
+                for x, need in self._needed_locked(train_version):
+                    if bisect_right(taken, x) < need:
+                        got = bisect_right(taken, x)
+                        raise StalenessError(
+                            f"the step at version {train_version} took {got} group(s) admitted at <= {x}, "
+                            f"{need} needed: the rest could not all be trained within max_lag {self.max_lag}"
+                        )
             for v in admit_versions:
                 self._release_locked(v)
             self._next_train_version = train_version + 1
