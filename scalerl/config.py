@@ -525,6 +525,14 @@ class PipelineConfig(Section):
     decode_steps_per_train_step: int = Field(
         0, ge=0, description="interleaved schedule: simulated optimizer-step time, in engine steps"
     )
+    # `pipeline` only: the admission rule that keeps every group within k versions
+    # (scalerl/pipeline/staleness.py, docs/pipeline.md). "bounded": a prompt starts only if the lag
+    # bound holds whatever order groups finish in (a long group throttles admissions for its whole
+    # life). "deadline": each group has its own deadline (admission version + k); more groups start
+    # and the trainer takes the oldest first, waiting at a deadline for a group still generating.
+    admission: Literal["bounded", "deadline"] = Field(
+        "bounded", description="pipeline mode: admission rule (bounded: worst case; deadline: per group)"
+    )
 
     @property
     def max_lag(self) -> int:
@@ -536,6 +544,10 @@ class PipelineConfig(Section):
         if self.decode_steps_per_train_step and self.schedule != "interleaved":
             raise CrossKeyError(("decode_steps_per_train_step", "schedule"),
                                 "needs schedule: interleaved")
+        # The round modes admit exactly k x B groups per round whatever the rule: a deadline rule
+        # there would be silently ignored.
+        if self.admission != "bounded" and self.off_policy != "pipeline":
+            raise CrossKeyError(("admission", "off_policy"), "needs off_policy: pipeline")
         return self
 
 

@@ -28,7 +28,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from scalerl.pipeline.generator import Generator
-from scalerl.pipeline.interfaces import GroupQueue, ReadyGroup, SleepingChannel, Trainer, WeightChannel
+from scalerl.pipeline.interfaces import (
+    GroupQueue,
+    ReadyGroup,
+    Selector,
+    SleepingChannel,
+    Trainer,
+    WeightChannel,
+)
 from scalerl.pipeline.preemption import Interrupted
 from scalerl.rollout.protocol import Completion, Engine, GenerationRequest
 
@@ -95,6 +102,12 @@ class _Batches:
         self._published = trainer.version
         self.should_stop: Callable[[], bool] = lambda: False
         self._restored = False
+        # Which queued groups make the next batch: FIFO under the bounded rule; under the deadline
+        # rule the oldest, once they include every group the step needs (`staleness.py`).
+        controller = generator.controller
+        self.select: Selector | None = None
+        if controller.deadline_rule:
+            self.select = lambda items: controller.select_batch([it.admit_version for it in items])
 
     def _check_stop(self, where: str) -> None:
         if self.should_stop():
@@ -198,7 +211,7 @@ class PipelineBatches(_Batches):
         while True:
             self.generator.check()
             self._check_stop("waiting for a batch")
-            items = self.queue.get_batch(self.batch_size, timeout=self.poll_s)
+            items = self.queue.get_batch(self.batch_size, timeout=self.poll_s, select=self.select)
             if items is not None:
                 return items
             if self.generator.starved(self.batch_size):
@@ -304,7 +317,9 @@ class InterleavedBatches(_Batches):
         while True:
             if not self.trainer_busy:
                 if len(self.queue) >= self.batch_size:
-                    return self.queue.get_batch(self.batch_size, timeout=0)
+                    items = self.queue.get_batch(self.batch_size, timeout=0, select=self.select)
+                    if items is not None:
+                        return items
                 if self.generator.starved(self.batch_size):
                     return None
             self._check_stop("between two ticks")

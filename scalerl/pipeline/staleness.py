@@ -58,9 +58,13 @@ capacity of the steps after it), and the bound holds: a group of version `v` sti
 queued groups do, the oldest do) and None otherwise: the trainer then waits for the needed groups
 to finish. So a long group stalls the trainer at its deadline instead of stalling admissions for
 its whole life; no sample is cut or dropped. `consume()` checks every batch against `need(x)` and
-raises on one that breaks (D). An admission of `m` groups at `v_e` keeps (D) iff
-`m <= (x + k - u + 1) * B - N(x)` for `x = v_e` and every outstanding version above it
-(`capacity()`).
+raises on one that breaks (D).
+
+Under (D) groups are admitted only at an engine version `v_e` no older than any outstanding
+group (otherwise `capacity()` is 0 until the engine catches up), so `N(v_e) = O` and `m` groups
+keep (D) iff `m <= (v_e + k - u + 1) * B - O`: the bounded capacity with `v_e` in place of
+`min(v_min, v_e)`. Admissions then never raise `need(x)` below the newest version, so a batch the
+trainer has picked stays valid while the generator keeps admitting.
 """
 
 from __future__ import annotations
@@ -142,13 +146,15 @@ class StalenessController:
         return out
 
     def _deadline_capacity_locked(self, engine_version: int) -> int:
-        k, b, u = self.max_lag, self.batch_size, self._next_train_version
-        below = sum(n for v, n in self._versions.items() if v <= engine_version)
-        room = (engine_version + k - u + 1) * b - below
-        for x, n_x in self._cumulative_locked():
-            if x > engine_version:
-                room = min(room, (x + k - u + 1) * b - n_x)
-        return max(0, room)
+        if self._versions and max(self._versions) > engine_version:
+            # An engine behind an outstanding group's version (a pool member that fell back): new
+            # groups would be older than queued ones and could invalidate a batch the trainer has
+            # already picked, so admission waits until the engine catches up.
+            return 0
+        # Every outstanding group is then <= engine_version: (D) at x = engine_version is the only
+        # condition an admission can break, and N(engine_version) = O.
+        slack_batches = engine_version + self.max_lag - self._next_train_version + 1
+        return max(0, slack_batches * self.batch_size - self._outstanding)
 
     def _capacity_locked(self, engine_version: int) -> int:
         if self.deadline_rule:

@@ -192,18 +192,18 @@ def test_deadline_consume_rejects_a_batch_that_leaves_a_group_behind() -> None:
         c.consume([1, 1], 1)
 
 
-def test_deadline_capacity_counts_every_later_version() -> None:
-    """Admitting at an engine version below an outstanding one counts toward that one's (D)."""
+def test_deadline_admission_waits_for_an_engine_behind_an_outstanding_group() -> None:
+    """(D) with all outstanding groups <= v_e: capacity (v_e + k - u + 1) * B - O; an engine older
+    than an outstanding group admits nothing until it catches up."""
     k, b = 2, 2
     c = StalenessController(k, b, train_version=3, admission="deadline")
     c.admit(3, 6)  # x = 3: (3 + 2 - 3 + 1) * 2 = 6
     assert c.capacity(3) == 0
-    # At x = 2: (2 + 2 - 3 + 1) * 2 - 0 = 4, but x = 3 then holds 10 > 6: nothing fits.
-    assert c.capacity(2) == 0
+    assert c.capacity(2) == 0  # behind the version-3 groups
     c.consume([3, 3], 3)
     c.settle(4)
-    # x = 2: (2 + 2 - 4 + 1) * 2 = 2; x = 3: (3 + 2 - 4 + 1) * 2 - 4 = 0 -> 0.
-    assert c.capacity(2) == 0
+    assert c.capacity(2) == 0  # (2 + 2 - 4 + 1) * 2 - 4 = -2 even without the version check
+    assert c.capacity(3) == 0  # (3 + 2 - 4 + 1) * 2 - 4 = 0
     assert c.capacity(4) == 2  # x = 4: (4 + 2 - 4 + 1) * 2 - 4 = 2
 
 
