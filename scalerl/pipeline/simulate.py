@@ -415,17 +415,23 @@ class Simulation:
         # A round's first step waits for the whole round (`RoundBatches.next_batch` -> `fill`).
         return len(self.queue) >= c.updates_per_round * c.prompts_per_step
 
+    def _take_batch(self) -> list[_Group]:
+        """The B groups of the next step: those `select_batch` picks (pipeline: FIFO under the
+        bounded rule, the oldest under the deadline rule), or the round's first B."""
+        c = self.cfg
+        if c.mode != "pipeline":
+            return [self.queue.popleft() for _ in range(c.prompts_per_step)]
+        pick = self.controller.select_batch([g.admit_version for g in self.queue])
+        if pick is None:
+            raise RuntimeError("simulation bug: a step started without a valid batch")
+        chosen = set(pick)
+        batch = [g for i, g in enumerate(self.queue) if i in chosen]
+        self.queue = deque(g for i, g in enumerate(self.queue) if i not in chosen)
+        return batch
+
     def _start_step(self) -> None:
         c = self.cfg
-        if c.mode == "pipeline":
-            pick = self.controller.select_batch([g.admit_version for g in self.queue])
-            if pick is None:
-                raise RuntimeError("simulation bug: a step started without a valid batch")
-            chosen = set(pick)
-            batch = [g for i, g in enumerate(self.queue) if i in chosen]
-            self.queue = deque(g for i, g in enumerate(self.queue) if i not in chosen)
-        else:
-            batch = [self.queue.popleft() for _ in range(c.prompts_per_step)]
+        batch = self._take_batch()
         self.controller.consume([g.admit_version for g in batch], self.trainer_version)
         self.groups_consumed += len(batch)
         tokens = 0
