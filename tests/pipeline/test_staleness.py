@@ -205,6 +205,11 @@ def test_deadline_admission_waits_for_an_engine_behind_an_outstanding_group() ->
     assert c.capacity(2) == 0  # (2 + 2 - 4 + 1) * 2 - 4 = -2 even without the version check
     assert c.capacity(3) == 0  # (3 + 2 - 4 + 1) * 2 - 4 = 0
     assert c.capacity(4) == 2  # x = 4: (4 + 2 - 4 + 1) * 2 - 4 = 2
+    # Without the version check an engine at 2 could admit here: (2 + 2 - 3 + 1) * 2 - 2 = 2.
+    d = StalenessController(k, b, train_version=3, admission="deadline")
+    d.admit(3, 2)
+    assert d.capacity(3) == 4
+    assert d.capacity(2) == 0
 
 
 def _simulate_deadline(k: int, b: int, steps: int, seed: int, drop_p: float) -> tuple[int, int]:
