@@ -41,7 +41,8 @@ def base_config(args: argparse.Namespace) -> SimConfig:
     overrides = {
         name: value
         for name, value in (("num_engines", args.engines), ("steps", args.steps), ("seed", args.seed),
-                            ("placement", args.placement), ("max_new_tokens", args.max_new_tokens))
+                            ("placement", args.placement), ("max_new_tokens", args.max_new_tokens),
+                            ("max_outstanding_groups", args.max_outstanding))
         if value is not None
     }
     return replace(cfg, **overrides)
@@ -49,8 +50,10 @@ def base_config(args: argparse.Namespace) -> SimConfig:
 
 def run(cfg: SimConfig, mode: str, k: int, admission: str = "bounded") -> SimResult:
     steps = cfg.steps if mode != "ppo_offpolicy" else max(k, cfg.steps - cfg.steps % k)
-    admission = admission if mode == "pipeline" else "bounded"
-    result = simulate(replace(cfg, mode=mode, k=k, steps=steps, admission=admission))  # type: ignore[arg-type]
+    pipeline = mode == "pipeline"
+    result = simulate(replace(cfg, mode=mode, k=k, steps=steps,  # type: ignore[arg-type]
+                              admission=admission if pipeline else "bounded",
+                              max_outstanding_groups=cfg.max_outstanding_groups if pipeline else 0))
     bound = result.config.max_lag
     if max(result.sample_lags) > bound or max(result.token_lags) > bound:
         raise AssertionError(f"{mode} k={k}: a trained sample lags more than {bound} versions")
@@ -59,7 +62,8 @@ def run(cfg: SimConfig, mode: str, k: int, admission: str = "bounded") -> SimRes
 
 def name(r: SimResult) -> str:
     c = r.config
-    return c.mode if c.admission == "bounded" else f"{c.mode}/{c.admission}"
+    out = c.mode if c.admission == "bounded" else f"{c.mode}/{c.admission}"
+    return out + (f"/cap{c.max_outstanding_groups}" if c.max_outstanding_groups else "")
 
 
 def percentiles(r: SimResult) -> str:
@@ -105,6 +109,8 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help=f"also sweep k over {SWEEP}")
     parser.add_argument("--admission", choices=("bounded", "deadline"), default="bounded",
                         help="the pipeline's admission rule (pipeline.admission; default bounded)")
+    parser.add_argument("--max-outstanding", type=int, default=None,
+                        help="pipeline.max_outstanding_groups of the pipeline runs (default 0: no cap)")
     parser.add_argument("--compare-admission", action="store_true",
                         help=f"only the pipeline, bounded vs deadline admission, k over {SWEEP}")
     args = parser.parse_args()
@@ -147,18 +153,24 @@ def main() -> None:
 
 
 def compare_admission(cfg: SimConfig) -> None:
-    """The pipeline under both admission rules, k sweep: throughput, idle, lag percentiles."""
-    print("pipeline, bounded vs deadline admission (lag percentiles p10/p50/p90/p99/max of trained samples):")
+    """The pipeline under both admission rules (and the deadline rule with the outstanding groups
+    capped at what the engines hold at once), k sweep: throughput, idle, lag percentiles."""
+    engines_hold = cfg.num_engines * cfg.slots // cfg.n
+    print("pipeline, bounded vs deadline admission (lag percentiles p10/p50/p90/p99/max of trained samples; "
+          f"cap = {engines_hold} groups, what the engines hold at once):")
     for kk in SWEEP:
         b, d = run(cfg, "pipeline", kk, "bounded"), run(cfg, "pipeline", kk, "deadline")
-        for r in (b, d):
-            print(f"k={kk:<2d} {r.config.admission:>8}  {r.samples_per_s:6.2f} samples/s  "
+        capped = run(replace(cfg, max_outstanding_groups=max(engines_hold, cfg.prompts_per_step)), "pipeline",
+                     kk, "deadline")
+        for r in (b, d, capped):
+            rule = r.config.admission + ("+cap" if r.config.max_outstanding_groups else "")
+            print(f"k={kk:<2d} {rule:>12}  {r.samples_per_s:6.2f} samples/s  "
                   f"gen idle {100 * max(0.0, r.generator_idle_frac):5.1f}%  "
                   f"trainer idle {100 * r.trainer_idle_frac:5.1f}%  occupancy {100 * r.occupancy:5.1f}%  "
                   f"lag mean {r.lag_mean(r.sample_lags):5.2f} pct {percentiles(r):>12}  "
                   f"token lag {r.lag_mean(r.token_lags):5.2f}", flush=True)
-        gain = d.samples_per_s / b.samples_per_s
-        print(f"k={kk:<2d} deadline / bounded: samples/s x{gain:.2f}", flush=True)
+        print(f"k={kk:<2d} deadline / bounded: samples/s x{d.samples_per_s / b.samples_per_s:.2f}  "
+              f"deadline+cap / bounded: x{capped.samples_per_s / b.samples_per_s:.2f}", flush=True)
 
 
 if __name__ == "__main__":

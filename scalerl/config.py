@@ -533,6 +533,12 @@ class PipelineConfig(Section):
     admission: Literal["bounded", "deadline"] = Field(
         "bounded", description="pipeline mode: admission rule (bounded: worst case; deadline: per group)"
     )
+    # `pipeline` only: at most this many groups admitted and not yet trained (generating, being
+    # scored or queued); 0 = no cap beyond the admission rule. With `deadline`, set it to about the
+    # groups the engines hold at once (engines x slots / n): lower lag for a little throughput.
+    max_outstanding_groups: int = Field(
+        0, ge=0, description="pipeline mode: cap on admitted, untrained groups (0 = none; else >= B)"
+    )
 
     @property
     def max_lag(self) -> int:
@@ -548,6 +554,12 @@ class PipelineConfig(Section):
         # there would be silently ignored.
         if self.admission != "bounded" and self.off_policy != "pipeline":
             raise CrossKeyError(("admission", "off_policy"), "needs off_policy: pipeline")
+        # A round needs k x B groups at once, and any step needs B.
+        if self.max_outstanding_groups and self.off_policy != "pipeline":
+            raise CrossKeyError(("max_outstanding_groups", "off_policy"), "needs off_policy: pipeline")
+        if self.max_outstanding_groups and self.max_outstanding_groups < self.prompts_per_step:
+            raise CrossKeyError(("max_outstanding_groups", "prompts_per_step"),
+                                f"must be 0 or >= prompts_per_step ({self.prompts_per_step})")
         return self
 
 

@@ -196,7 +196,8 @@ class Driver:
         self.channel = c.channel if c.channel is not None else EngineWeightChannel(c.engine)
         max_lag = pipe.k if pipe.off_policy == "pipeline" else self._updates_per_round() - 1
         self.controller = StalenessController(max_lag, self.batch_size, train_version=c.trainer.version,
-                                              admission=pipe.admission)
+                                              admission=pipe.admission,
+                                              max_outstanding=pipe.max_outstanding_groups)
         threshold = success_threshold(settings.rewards)
         shaping = LengthShaping.from_generation(gen, threshold, version=lambda: c.trainer.version)
         self.group_scorer = GroupScorer(

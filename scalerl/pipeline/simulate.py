@@ -81,6 +81,7 @@ class SimConfig:
     # `pipeline` only: the controller's admission rule (`staleness.py`): "bounded" (worst-case
     # completion order) or "deadline" (per-group deadlines; the trainer waits for needed groups).
     admission: Admission = "bounded"
+    max_outstanding_groups: int = 0  # `pipeline.max_outstanding_groups` (0: no cap)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -105,6 +106,10 @@ class SimConfig:
             raise ValueError(f"slowdowns: must be > 0, got {self.slowdowns}")
         if self.admission not in ADMISSIONS:
             raise ValueError(f"admission: expected one of {ADMISSIONS}, got {self.admission!r}")
+        if self.max_outstanding_groups and (self.mode != "pipeline"
+                                            or self.max_outstanding_groups < self.prompts_per_step):
+            raise ValueError(f"max_outstanding_groups: 0 or >= prompts_per_step in pipeline mode, got "
+                             f"{self.max_outstanding_groups} ({self.mode}, B={self.prompts_per_step})")
         if self.admission != "bounded" and self.mode != "pipeline":
             raise ValueError(f"admission: {self.admission!r} is a pipeline rule; {self.mode} runs rounds")
         if self.placement not in ("group", "sample"):
@@ -318,7 +323,8 @@ class Simulation:
         self.update_s = [s * c.weight_update_s for s in slowdowns]
         self.transfer_s = [s * c.weight_transfer_s for s in slowdowns]
         self.controller = StalenessController(c.max_lag, c.prompts_per_step, train_version=0,
-                                              admission=c.admission)
+                                              admission=c.admission,
+                                              max_outstanding=c.max_outstanding_groups)
 
         self.now = 0.0
         # (time, order, kind, engine, event number or, for "weights", the version)

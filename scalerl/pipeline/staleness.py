@@ -65,6 +65,12 @@ group (otherwise `capacity()` is 0 until the engine catches up), so `N(v_e) = O`
 keep (D) iff `m <= (v_e + k - u + 1) * B - O`: the bounded capacity with `v_e` in place of
 `min(v_min, v_e)`. Admissions then never raise `need(x)` below the newest version, so a batch the
 trainer has picked stays valid while the generator keeps admitting.
+
+`max_outstanding` (0: none) caps `O` on top of either rule. A cap only lowers admissions, so it
+keeps (I) and (D); with the deadline rule it bounds the over-subscription (e.g. to the groups the
+engines hold at once), which lowers the lag of trained groups at some cost in throughput. A cap of
+at least `B` never deadlocks: admission blocks on it only while `O >= B` groups are outstanding,
+and the trainer can take a batch once they finish.
 """
 
 from __future__ import annotations
@@ -97,7 +103,11 @@ class StalenessController:
         train_version: int = 0,
         on_change: Callable[[], None] | None = None,
         admission: Admission = "bounded",
+        max_outstanding: int = 0,
     ) -> None:
+        if max_outstanding and max_outstanding < batch_size:
+            raise ValueError(
+                f"max_outstanding: must be 0 (no cap) or >= batch_size {batch_size}, got {max_outstanding}")
         if admission not in ADMISSIONS:
             raise ValueError(f"admission: expected one of {ADMISSIONS}, got {admission!r}")
         if max_lag < 0:
@@ -107,6 +117,9 @@ class StalenessController:
         self.max_lag = int(max_lag)
         self.batch_size = int(batch_size)
         self.admission: Admission = admission
+        # A cap on outstanding groups (0: none) on top of either rule: the over-subscription the
+        # deadline rule may reach is then bounded, e.g. by the groups the engines can hold at once.
+        self.max_outstanding = int(max_outstanding)
         self._next_train_version = int(train_version)
         self._versions: Counter[int] = Counter()
         self._outstanding = 0
@@ -158,11 +171,15 @@ class StalenessController:
 
     def _capacity_locked(self, engine_version: int) -> int:
         if self.deadline_rule:
-            return self._deadline_capacity_locked(engine_version)
-        oldest = min(self._versions) if self._versions else engine_version
-        floor_version = min(oldest, engine_version)
-        slack_batches = floor_version + self.max_lag - self._next_train_version + 1
-        return max(0, slack_batches * self.batch_size - self._outstanding)
+            room = self._deadline_capacity_locked(engine_version)
+        else:
+            oldest = min(self._versions) if self._versions else engine_version
+            floor_version = min(oldest, engine_version)
+            slack_batches = floor_version + self.max_lag - self._next_train_version + 1
+            room = max(0, slack_batches * self.batch_size - self._outstanding)
+        if self.max_outstanding:
+            room = min(room, max(0, self.max_outstanding - self._outstanding))
+        return room
 
     def capacity(self, engine_version: int) -> int:
         """How many groups may be admitted now at `engine_version` without risking the bound."""

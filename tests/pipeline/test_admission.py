@@ -24,9 +24,10 @@ from .test_modes import build, check_accounting, make_config
 
 
 def run(admission: str, schedule: str, k: int, b: int, train_ticks: int = 0, steps: int = 30,
-        **engine_kw: Any) -> tuple[Driver, Any, FakeTrainer]:
+        cap: int = 0, **engine_kw: Any) -> tuple[Driver, Any, FakeTrainer]:
     cfg = make_config("pipeline", k, b, steps=steps, schedule=schedule, train_ticks=train_ticks)
     cfg.pipeline.admission = admission  # type: ignore[assignment]
+    cfg.pipeline.max_outstanding_groups = cap
     engine = FakeEngine(**{"max_batch_size": 32, "long_tail": 0.2, "max_len": 80, **engine_kw})
     trainer = FakeTrainer(engine, step_time=(0.0, 0.002) if schedule == "threaded" else (0.0, 0.0))
     source = FakeSource()
@@ -65,6 +66,17 @@ def test_deadline_threaded_keeps_the_bound_under_random_speeds(k: int, b: int) -
     assert all(len(groups) == b for _, groups in trainer.batches)
 
 
+def test_max_outstanding_groups_caps_the_driver() -> None:
+    """The cap reaches the real driver: no step row ever shows more outstanding groups than it,
+    while the uncapped deadline run does hold more; the bound is kept either way."""
+    _, free, _ = run("deadline", "interleaved", 4, 2, train_ticks=20)
+    capped, rows, _ = run("deadline", "interleaved", 4, 2, train_ticks=20, cap=3)
+    assert capped.controller.max_outstanding == 3
+    # The step row is taken after the batch left: at most cap - B groups are still outstanding.
+    assert max(row["outstanding_groups"] for _, row in rows.steps) <= 3 - 2
+    assert max(row["outstanding_groups"] for _, row in free.steps) > 1
+
+
 def test_deadline_needs_the_pipeline_mode() -> None:
     assert PipelineConfig().admission == "bounded"
     assert PipelineConfig(admission="deadline").admission == "deadline"
@@ -72,6 +84,11 @@ def test_deadline_needs_the_pipeline_mode() -> None:
         PipelineConfig(off_policy="ppo_offpolicy", admission="deadline")
     with pytest.raises(ValidationError):
         PipelineConfig(admission="later")
+    assert PipelineConfig(max_outstanding_groups=8, prompts_per_step=8).max_outstanding_groups == 8
+    with pytest.raises(ValidationError, match="max_outstanding_groups: must be 0 or >= prompts_per_step"):
+        PipelineConfig(max_outstanding_groups=4, prompts_per_step=8)
+    with pytest.raises(ValidationError, match="max_outstanding_groups: needs off_policy: pipeline"):
+        PipelineConfig(off_policy="sync", max_outstanding_groups=8, prompts_per_step=8)
 
 
 def _item(ticket: int, version: int) -> ReadyGroup:

@@ -298,3 +298,48 @@ def test_deadline_capacity_dominates_the_bounded_one(k: int, b: int) -> None:
         u += 1
         c.settle(u)
     assert more > 0
+
+
+def test_max_outstanding_caps_admission_under_both_rules() -> None:
+    for admission in ("bounded", "deadline"):
+        c = StalenessController(8, 4, admission=admission, max_outstanding=10)
+        assert c.capacity(0) == 10  # the rule alone: (0 + 8 - 0 + 1) * 4 = 36
+        c.admit(0, 7)
+        assert c.capacity(0) == 3
+        with pytest.raises(StalenessError, match="exceeds the capacity 3"):
+            c.admit(0, 4)
+        c.consume([0, 0, 0, 0], 0)
+        c.settle(1)
+        assert c.capacity(1) == 7  # 10 - 3 (the rules alone: 33 deadline, 29 bounded)
+    with pytest.raises(ValueError, match="max_outstanding"):
+        StalenessController(2, 4, max_outstanding=3)  # below B: a step could never fill
+
+
+@pytest.mark.parametrize("cap", [2, 3, 8])
+def test_capped_deadline_rule_keeps_the_bound_and_the_cap(cap: int) -> None:
+    k, b = 4, 2
+    rng = random.Random(cap)
+    c = StalenessController(k, b, admission="deadline", max_outstanding=cap)
+    generating: list[int] = []
+    finished: list[int] = []
+    u = trained = 0
+    for _ in range(300):
+        room = c.capacity(u)
+        c.admit(u, room)
+        generating += [u] * room
+        assert c.outstanding == len(generating) + len(finished) <= cap
+        generating.sort(reverse=True)
+        finished += [generating.pop(0) for _ in range(rng.randint(0, max(0, len(generating) - 1)))]
+        pick = c.select_batch(finished)
+        if pick is None and rng.random() < 0.5:
+            finished, generating = finished + generating, []
+            pick = c.select_batch(finished)
+        if pick is not None:
+            batch = [finished[i] for i in pick]
+            assert all(u - v <= k for v in batch)
+            c.consume(batch, u)
+            finished = [v for i, v in enumerate(finished) if i not in set(pick)]
+            trained += b
+            u += 1
+            c.settle(u)
+    assert trained > 100  # never deadlocked
