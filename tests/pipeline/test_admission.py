@@ -48,7 +48,7 @@ def test_deadline_key_changes_the_interleaved_run(train_ticks: int) -> None:
     """Same seed, same engine: the deadline rule needs fewer generator ticks (engine steps plus idle
     ticks) for the same 30 steps and idles less."""
     bounded, _, _ = run("bounded", "interleaved", 2, 2, train_ticks)
-    deadline, _, trainer = run("deadline", "interleaved", 2, 2, train_ticks)
+    deadline, _, _ = run("deadline", "interleaved", 2, 2, train_ticks)
     assert isinstance(deadline.batches, InterleavedBatches) and deadline.batches.select is not None
     assert isinstance(bounded.batches, InterleavedBatches) and bounded.batches.select is None
     assert deadline.controller.admission == "deadline"
