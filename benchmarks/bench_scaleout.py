@@ -23,7 +23,7 @@ import argparse
 import time
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scalerl.assembly.sections import driver_settings
@@ -309,6 +309,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--admission", choices=("bounded", "deadline"), default="bounded",
                         help="pipeline.admission of the pipeline runs (default bounded)")
+    parser.add_argument("--trainer-speedup", type=float, default=1.0,
+                        help="divide the emulated trainer's times by this (default 1: 0.05 s + 100 us/token)")
     parser.add_argument("--compare-admission", action="store_true",
                         help="only the pipeline, bounded then deadline admission, 1/2/4 engines")
     parser.add_argument("--ray", action="store_true",
@@ -326,12 +328,16 @@ def main() -> None:
     args.k = args.k or (2 if args.quick else 4)
     if args.steps % args.k:
         parser.error(f"--steps must be a multiple of --k={args.k} (whole ppo_offpolicy rounds)")
-    args.devices = Devices()
+    if not args.trainer_speedup > 0:
+        parser.error(f"--trainer-speedup: must be > 0, got {args.trainer_speedup}")
+    base = Devices()
+    args.devices = replace(base, train_step_s=base.train_step_s / args.trainer_speedup,
+                           train_token_s=base.train_token_s / args.trainer_speedup)
     d = args.devices
     print(f"emulated devices: decode step {1e3 * d.step_s:.1f} ms + {1e3 * d.token_s:.2f} ms per sequence, "
           f"{d.slots} slots per engine, weight load {1e3 * d.update_s:.0f} ms; lengths lognormal (median "
-          f"{d.length.median:.0f}) capped at {d.max_new_tokens}; trainer {d.train_step_s:.2f} s + "
-          f"{1e6 * d.train_token_s:.0f} us per token; B={args.batch} x n={args.n}, "
+          f"{d.length.median:.0f}) capped at {d.max_new_tokens}; trainer {d.train_step_s:.3g} s + "
+          f"{1e6 * d.train_token_s:.1f} us per token; B={args.batch} x n={args.n}, "
           f"{args.steps} steps per run")
 
     modes = (("sync", 1), ("ppo_offpolicy", args.k), ("pipeline", args.k))
