@@ -1,8 +1,11 @@
 """Discrete-event simulation of the RL pipeline at scale: the real admission rule, modelled devices.
 
-What is real: `StalenessController` (`staleness.py`, unmodified) decides every admission and checks
-every consumed batch, with the calls the `Generator` and the `Driver` make (`capacity` at the
-engines' version, `admit`, `consume` at the start of a step, `settle` after it); groups go whole to
+What is real: `StalenessController` (`staleness.py`, the pipeline's class with the admission rule
+and cap of `SimConfig.admission` / `max_outstanding_groups`, as `pipeline.admission` /
+`pipeline.max_outstanding_groups` configure a run) decides every admission, picks every batch and
+checks it, with the calls the `Generator`, the batch sources and the `Driver` make (`capacity` at
+the engines' version, `admit`, `select_batch` on the queued groups, `consume` at the start of a
+step, `settle` after it); groups go whole to
 the least-loaded engine (or, `placement="sample"`, each sample does) and the engines' version is
 their minimum, as in `engine_pool.py`; the
 three schedules follow `modes.py`:
@@ -10,8 +13,9 @@ three schedules follow `modes.py`:
 * `sync` / `ppo_offpolicy` k: a round loads the trainer's weights into every engine, admits what
   the controller allows (k x B groups, max_lag k - 1), generates until all k x B are done, then the
   trainer takes k steps on mini-batches of B in completion order while the engines idle.
-* `pipeline` k: engines never wait for the trainer; the trainer takes the first B finished groups
-  whenever it is free; after every step the new weights go to every engine in flight (they arrive
+* `pipeline` k: engines never wait for the trainer; the trainer takes the B finished groups
+  `select_batch` picks (the first B under the bounded rule, the oldest valid B under the deadline
+  rule) whenever it is free; after every step the new weights go to every engine in flight (they arrive
   after `weight_transfer_s`, each engine applies them at its next decode-step boundary, pausing
   `weight_update_s`; sequences continue, their later tokens carry the new version); admission
   control (max_lag k) throttles the engines.
