@@ -381,6 +381,9 @@ class Driver:
         row["train_version"] = float(train_version)
         row["queue_groups"] = float(len(self.queue))
         row["outstanding_groups"] = float(self.controller.outstanding)
+        # 1 when the trainer had B groups queued but waited for a group at its deadline
+        # (`pipeline.admission: deadline`; always 0 under the bounded rule).
+        row["deadline_wait"] = float(self.batches.deadline_wait)
         return row
 
     def run(self) -> RunResult:

@@ -47,8 +47,11 @@ def run(admission: str, schedule: str, k: int, b: int, train_ticks: int = 0, ste
 def test_deadline_key_changes_the_interleaved_run(train_ticks: int) -> None:
     """Same seed, same engine: the deadline rule needs fewer generator ticks (engine steps plus idle
     ticks) for the same 30 steps and idles less."""
-    bounded, _, _ = run("bounded", "interleaved", 2, 2, train_ticks)
-    deadline, _, _ = run("deadline", "interleaved", 2, 2, train_ticks)
+    bounded, bounded_rows, _ = run("bounded", "interleaved", 2, 2, train_ticks)
+    deadline, rows, _ = run("deadline", "interleaved", 2, 2, train_ticks)
+    # The cost shows in the step rows: some batches waited for a group at its deadline.
+    assert sum(row["deadline_wait"] for _, row in rows.steps) > 0
+    assert all(row["deadline_wait"] == 0 for _, row in bounded_rows.steps)
     assert isinstance(deadline.batches, InterleavedBatches) and deadline.batches.select is not None
     assert isinstance(bounded.batches, InterleavedBatches) and bounded.batches.select is None
     assert deadline.controller.admission == "deadline"
@@ -61,6 +64,7 @@ def test_deadline_key_changes_the_interleaved_run(train_ticks: int) -> None:
 @pytest.mark.parametrize("k,b", [(1, 2), (2, 3), (4, 2)])
 def test_deadline_threaded_keeps_the_bound_under_random_speeds(k: int, b: int) -> None:
     driver, rows, trainer = run("deadline", "threaded", k, b, steps=25, step_sleep=(0.0, 0.002), seed=k)
+    assert {row["deadline_wait"] for _, row in rows.steps} <= {0.0, 1.0}
     assert isinstance(driver.batches, PipelineBatches) and driver.batches.select is not None
     assert max(row["version_lag_max"] for _, row in rows.steps) <= k
     assert all(len(groups) == b for _, groups in trainer.batches)
