@@ -23,7 +23,7 @@ import argparse
 import time
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scalerl.assembly.sections import driver_settings
@@ -109,7 +109,8 @@ def _config(args: argparse.Namespace, mode: str, k: int) -> RunConfig:
         "max_steps": args.steps,
         "generation": {"n": args.n, "max_new_tokens": args.devices.max_new_tokens, "seed": args.seed,
                        "length_control": {"kind": "none"}},
-        "pipeline": {"off_policy": mode, "k": k, "prompts_per_step": args.batch},
+        "pipeline": {"off_policy": mode, "k": k, "prompts_per_step": args.batch,
+                     "admission": args.admission if mode == "pipeline" else "bounded"},
         "algorithm": {"zero_variance_filter": False},
         "eval": {"at_start": False},
         "logging": {"progress": False},
@@ -123,7 +124,7 @@ def _simulated(args: argparse.Namespace, mode: str, k: int, engines: int) -> tup
                     num_engines=engines, slots=d.slots, max_new_tokens=d.max_new_tokens, length=d.length,
                     decode_step_s=d.step_s, decode_token_s=d.token_s, train_step_s=d.train_step_s,
                     train_token_s=d.train_token_s, weight_transfer_s=0.0, weight_update_s=d.update_s,
-                    seed=args.seed)
+                    seed=args.seed, admission=args.admission if mode == "pipeline" else "bounded")
     r = simulate(cfg)
     return r.samples_per_s, r.generator_idle_frac
 
@@ -306,6 +307,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="B: prompts per step")
     parser.add_argument("--n", type=int, default=4, help="samples per prompt")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--admission", choices=("bounded", "deadline"), default="bounded",
+                        help="pipeline.admission of the pipeline runs (default bounded)")
+    parser.add_argument("--trainer-speedup", type=float, default=1.0,
+                        help="divide the emulated trainer's times by this (default 1: 0.05 s + 100 us/token)")
+    parser.add_argument("--compare-admission", action="store_true",
+                        help="only the pipeline, bounded then deadline admission, 1/2/4 engines")
     parser.add_argument("--ray", action="store_true",
                         help="also run every row with the engines as Ray actors, and the weight-sync table")
     parser.add_argument("--weight-sync-only", action="store_true",
@@ -321,15 +328,22 @@ def main() -> None:
     args.k = args.k or (2 if args.quick else 4)
     if args.steps % args.k:
         parser.error(f"--steps must be a multiple of --k={args.k} (whole ppo_offpolicy rounds)")
-    args.devices = Devices()
+    if not args.trainer_speedup > 0:
+        parser.error(f"--trainer-speedup: must be > 0, got {args.trainer_speedup}")
+    base = Devices()
+    args.devices = replace(base, train_step_s=base.train_step_s / args.trainer_speedup,
+                           train_token_s=base.train_token_s / args.trainer_speedup)
     d = args.devices
     print(f"emulated devices: decode step {1e3 * d.step_s:.1f} ms + {1e3 * d.token_s:.2f} ms per sequence, "
           f"{d.slots} slots per engine, weight load {1e3 * d.update_s:.0f} ms; lengths lognormal (median "
-          f"{d.length.median:.0f}) capped at {d.max_new_tokens}; trainer {d.train_step_s:.2f} s + "
-          f"{1e6 * d.train_token_s:.0f} us per token; B={args.batch} x n={args.n}, "
+          f"{d.length.median:.0f}) capped at {d.max_new_tokens}; trainer {d.train_step_s:.3g} s + "
+          f"{1e6 * d.train_token_s:.1f} us per token; B={args.batch} x n={args.n}, "
           f"{args.steps} steps per run")
 
     modes = (("sync", 1), ("ppo_offpolicy", args.k), ("pipeline", args.k))
+    if args.compare_admission:
+        compare_admission(args)
+        return
     if args.weight_sync_only:
         main_ray(args, modes, {})
         return
@@ -359,6 +373,28 @@ def main() -> None:
         print(f"{mode:>14} k={k}: {scaled}")
     if args.ray:
         main_ray(args, modes, runs)
+
+
+def compare_admission(args: argparse.Namespace) -> None:
+    """The pipeline with 1, 2, 4 engines under each admission rule, and its scaling over engines."""
+    runs: dict[tuple[str, int], Run] = {}
+    for admission in ("bounded", "deadline"):
+        args.admission = admission
+        for count in ENGINE_COUNTS:
+            r = runs[(admission, count)] = run_local(args, "pipeline", args.k, count)
+            print(f"engines={count} pipeline/{admission:<8} k={args.k}: {r.steps} steps in "
+                  f"{r.seconds:6.2f}s  {r.samples_per_s:7.2f} samples/s  idle {100 * r.idle:5.1f}%  "
+                  f"lag mean {r.lag_mean:.2f} max {r.lag_max}  |  simulated {r.sim_samples_per_s:7.2f} "
+                  f"samples/s  idle {100 * max(0.0, r.sim_idle):5.1f}%", flush=True)
+    print("\nscaling over engines (samples/s relative to 1 engine of the same rule; fraction of linear):")
+    for admission in ("bounded", "deadline"):
+        one = runs[(admission, 1)].samples_per_s
+        print(f"pipeline/{admission:<8}: " + "  ".join(
+            f"{c} engines x{runs[(admission, c)].samples_per_s / one:.2f} "
+            f"({runs[(admission, c)].samples_per_s / one / c:.2f})" for c in ENGINE_COUNTS[1:]))
+    for count in ENGINE_COUNTS:
+        gain = runs[("deadline", count)].samples_per_s / runs[("bounded", count)].samples_per_s
+        print(f"engines={count}: deadline/bounded samples/s x{gain:.2f}")
 
 
 def main_ray(args: argparse.Namespace, modes: Any, local: dict[tuple[str, int], Run]) -> None:

@@ -16,6 +16,8 @@ between modes; `--sweep` adds the k sweep of PPO-off-policy-k and PipelineRL-k (
     python benchmarks/simulate_scale.py             # paper scale (a few seconds per mode)
     python benchmarks/simulate_scale.py --sweep     # + k in 1, 2, 4, 8, 16
     python benchmarks/simulate_scale.py --quick     # small smoke run (CI)
+    python benchmarks/simulate_scale.py --admission deadline            # the pipeline's deadline rule
+    python benchmarks/simulate_scale.py --compare-admission             # bounded vs deadline, k sweep
 """
 
 from __future__ import annotations
@@ -39,25 +41,40 @@ def base_config(args: argparse.Namespace) -> SimConfig:
     overrides = {
         name: value
         for name, value in (("num_engines", args.engines), ("steps", args.steps), ("seed", args.seed),
-                            ("placement", args.placement), ("max_new_tokens", args.max_new_tokens))
+                            ("placement", args.placement), ("max_new_tokens", args.max_new_tokens),
+                            ("max_outstanding_groups", args.max_outstanding))
         if value is not None
     }
     return replace(cfg, **overrides)
 
 
-def run(cfg: SimConfig, mode: str, k: int) -> SimResult:
+def run(cfg: SimConfig, mode: str, k: int, admission: str = "bounded") -> SimResult:
     steps = cfg.steps if mode != "ppo_offpolicy" else max(k, cfg.steps - cfg.steps % k)
-    result = simulate(replace(cfg, mode=mode, k=k, steps=steps))  # type: ignore[arg-type]
+    pipeline = mode == "pipeline"
+    result = simulate(replace(cfg, mode=mode, k=k, steps=steps,  # type: ignore[arg-type]
+                              admission=admission if pipeline else "bounded",
+                              max_outstanding_groups=cfg.max_outstanding_groups if pipeline else 0))
     bound = result.config.max_lag
     if max(result.sample_lags) > bound or max(result.token_lags) > bound:
         raise AssertionError(f"{mode} k={k}: a trained sample lags more than {bound} versions")
     return result
 
 
+def name(r: SimResult) -> str:
+    c = r.config
+    out = c.mode if c.admission == "bounded" else f"{c.mode}/{c.admission}"
+    return out + (f"/cap{c.max_outstanding_groups}" if c.max_outstanding_groups else "")
+
+
+def percentiles(r: SimResult) -> str:
+    lags = r.sample_lags
+    return "/".join(str(r.lag_percentile(lags, q)) for q in (0.1, 0.5, 0.9, 0.99)) + f"/{max(lags)}"
+
+
 def row(r: SimResult) -> str:
     c = r.config
     lag_max = max(r.sample_lags)
-    return (f"{c.mode:>14} k={c.k:<2d} {r.steps:4d} steps {r.seconds:8.0f}s  "
+    return (f"{name(r):>17} k={c.k:<2d} {r.steps:4d} steps {r.seconds:8.0f}s  "
             f"{r.samples_per_s:7.2f} samples/s  {r.tokens_per_s:9.0f} tok/s  "
             f"gen idle {100 * r.generator_idle_frac:5.1f}%  occupancy {100 * r.occupancy:5.1f}%  "
             f"weight loads {100 * r.update_frac:4.1f}%  trainer idle {100 * r.trainer_idle_frac:5.1f}%  "
@@ -69,12 +86,12 @@ def lag_distribution(r: SimResult) -> str:
     total = sum(r.sample_lags.values())
     lags = range(r.config.k + 1)
     shares = "  ".join(f"{lag}: {100 * r.sample_lags.get(lag, 0) / total:4.1f}%" for lag in lags)
-    return f"{r.config.mode:>14} k={r.config.k:<2d} {shares}"
+    return f"{name(r):>17} k={r.config.k:<2d} {shares}"
 
 
 def ratio(a: SimResult, b: SimResult) -> str:
     idle = a.generator_idle_frac / b.generator_idle_frac if b.generator_idle_frac else float("nan")
-    return (f"{a.config.mode} k={a.config.k} / {b.config.mode} k={b.config.k}: "
+    return (f"{name(a)} k={a.config.k} / {name(b)} k={b.config.k}: "
             f"samples/s x{a.samples_per_s / b.samples_per_s:.2f}  generator idle x{idle:.2f}")
 
 
@@ -90,6 +107,12 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=None, help="length cap (default 12288)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--sweep", action="store_true", help=f"also sweep k over {SWEEP}")
+    parser.add_argument("--admission", choices=("bounded", "deadline"), default="bounded",
+                        help="the pipeline's admission rule (pipeline.admission; default bounded)")
+    parser.add_argument("--max-outstanding", type=int, default=None,
+                        help="pipeline.max_outstanding_groups of the pipeline runs (default 0: no cap)")
+    parser.add_argument("--compare-admission", action="store_true",
+                        help=f"only the pipeline, bounded vs deadline admission, k over {SWEEP}")
     args = parser.parse_args()
     k = args.k or (4 if args.quick else 8)
     cfg = base_config(args)
@@ -102,16 +125,19 @@ def main() -> None:
           f"per sequence in flight; train step {cfg.train_step_s:.1f} s + {1e6 * cfg.train_token_s:.2f} us "
           f"per token; "
           f"weights {cfg.weight_transfer_s:.1f} s transfer + {cfg.weight_update_s:.1f} s load\n")
+    if args.compare_admission:
+        compare_admission(cfg)
+        return
 
     modes = ("sync", "ppo_offpolicy", "pipeline")
-    results = {mode: run(cfg, mode, 1 if mode == "sync" else k) for mode in modes}
+    results = {mode: run(cfg, mode, 1 if mode == "sync" else k, args.admission) for mode in modes}
     for r in results.values():
         print(row(r), flush=True)
     print("\nversion lag of trained samples (share per lag):")
     for r in results.values():
         print(lag_distribution(r))
     sync, ppo, pipe = results["sync"], results["ppo_offpolicy"], results["pipeline"]
-    print(f"\npipeline max lag {max(pipe.sample_lags)} <= k={k}: OK")
+    print(f"\n{name(pipe)} max lag {max(pipe.sample_lags)} <= k={k}: OK")
     print("\nratios:")
     for a, b in ((pipe, ppo), (pipe, sync), (ppo, sync)):
         print(ratio(a, b))
@@ -119,11 +145,32 @@ def main() -> None:
     if args.sweep:
         print("\nk sweep (samples/s; generator idle; mean sample lag):")
         for kk in SWEEP:
-            p, o = run(cfg, "pipeline", kk), run(cfg, "ppo_offpolicy", kk)
+            p, o = run(cfg, "pipeline", kk, args.admission), run(cfg, "ppo_offpolicy", kk)
             print(f"k={kk:<2d}  pipeline {p.samples_per_s:7.2f}  idle {100 * p.generator_idle_frac:5.1f}%  "
                   f"lag {p.lag_mean(p.sample_lags):5.2f}   ppo_offpolicy {o.samples_per_s:7.2f}  "
                   f"idle {100 * o.generator_idle_frac:5.1f}%  lag {o.lag_mean(o.sample_lags):5.2f}   "
                   f"pipeline / ppo x{p.samples_per_s / o.samples_per_s:.2f}", flush=True)
+
+
+def compare_admission(cfg: SimConfig) -> None:
+    """The pipeline under both admission rules (and the deadline rule with the outstanding groups
+    capped at what the engines hold at once), k sweep: throughput, idle, lag percentiles."""
+    engines_hold = cfg.num_engines * cfg.slots // cfg.n
+    print("pipeline, bounded vs deadline admission (lag percentiles p10/p50/p90/p99/max of trained samples; "
+          f"cap = {engines_hold} groups, what the engines hold at once):")
+    for kk in SWEEP:
+        b, d = run(cfg, "pipeline", kk, "bounded"), run(cfg, "pipeline", kk, "deadline")
+        capped = run(replace(cfg, max_outstanding_groups=max(engines_hold, cfg.prompts_per_step)), "pipeline",
+                     kk, "deadline")
+        for r in (b, d, capped):
+            rule = r.config.admission + ("+cap" if r.config.max_outstanding_groups else "")
+            print(f"k={kk:<2d} {rule:>12}  {r.samples_per_s:6.2f} samples/s  "
+                  f"gen idle {100 * max(0.0, r.generator_idle_frac):5.1f}%  "
+                  f"trainer idle {100 * r.trainer_idle_frac:5.1f}%  occupancy {100 * r.occupancy:5.1f}%  "
+                  f"lag mean {r.lag_mean(r.sample_lags):5.2f} pct {percentiles(r):>12}  "
+                  f"token lag {r.lag_mean(r.token_lags):5.2f}", flush=True)
+        print(f"k={kk:<2d} deadline / bounded: samples/s x{d.samples_per_s / b.samples_per_s:.2f}  "
+              f"deadline+cap / bounded: x{capped.samples_per_s / b.samples_per_s:.2f}", flush=True)
 
 
 if __name__ == "__main__":

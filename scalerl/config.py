@@ -530,6 +530,20 @@ class PipelineConfig(Section):
     decode_steps_per_train_step: int = Field(
         0, ge=0, description="interleaved schedule: simulated optimizer-step time, in engine steps"
     )
+    # `pipeline` only: the admission rule that keeps every group within k versions
+    # (scalerl/pipeline/staleness.py, docs/pipeline.md). "bounded": a prompt starts only if the lag
+    # bound holds whatever order groups finish in (a long group throttles admissions for its whole
+    # life). "deadline": each group has its own deadline (admission version + k); more groups start
+    # and the trainer takes the oldest first, waiting at a deadline for a group still generating.
+    admission: Literal["bounded", "deadline"] = Field(
+        "bounded", description="pipeline mode: admission rule (bounded: worst case; deadline: per group)"
+    )
+    # `pipeline` only: at most this many groups admitted and not yet trained (generating, being
+    # scored or queued); 0 = no cap beyond the admission rule. With `deadline`, set it to about the
+    # groups the engines hold at once (engines x slots / n): lower lag for a little throughput.
+    max_outstanding_groups: int = Field(
+        0, ge=0, description="pipeline mode: cap on admitted, untrained groups (0 = none; else >= B)"
+    )
 
     @property
     def max_lag(self) -> int:
@@ -541,6 +555,16 @@ class PipelineConfig(Section):
         if self.decode_steps_per_train_step and self.schedule != "interleaved":
             raise CrossKeyError(("decode_steps_per_train_step", "schedule"),
                                 "needs schedule: interleaved")
+        # The round modes admit exactly k x B groups per round whatever the rule: a deadline rule
+        # there would be silently ignored.
+        if self.admission != "bounded" and self.off_policy != "pipeline":
+            raise CrossKeyError(("admission", "off_policy"), "needs off_policy: pipeline")
+        # A round needs k x B groups at once, and any step needs B.
+        if self.max_outstanding_groups and self.off_policy != "pipeline":
+            raise CrossKeyError(("max_outstanding_groups", "off_policy"), "needs off_policy: pipeline")
+        if self.max_outstanding_groups and self.max_outstanding_groups < self.prompts_per_step:
+            raise CrossKeyError(("max_outstanding_groups", "prompts_per_step"),
+                                f"must be 0 or >= prompts_per_step ({self.prompts_per_step})")
         return self
 
 

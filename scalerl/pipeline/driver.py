@@ -195,7 +195,9 @@ class Driver:
         self.queue = c.queue if c.queue is not None else LocalGroupQueue()
         self.channel = c.channel if c.channel is not None else EngineWeightChannel(c.engine)
         max_lag = pipe.k if pipe.off_policy == "pipeline" else self._updates_per_round() - 1
-        self.controller = StalenessController(max_lag, self.batch_size, train_version=c.trainer.version)
+        self.controller = StalenessController(max_lag, self.batch_size, train_version=c.trainer.version,
+                                              admission=pipe.admission,
+                                              max_outstanding=pipe.max_outstanding_groups)
         threshold = success_threshold(settings.rewards)
         shaping = LengthShaping.from_generation(gen, threshold, version=lambda: c.trainer.version)
         self.group_scorer = GroupScorer(
@@ -379,6 +381,9 @@ class Driver:
         row["train_version"] = float(train_version)
         row["queue_groups"] = float(len(self.queue))
         row["outstanding_groups"] = float(self.controller.outstanding)
+        # 1 when the trainer had B groups queued but waited for a group at its deadline
+        # (`pipeline.admission: deadline`; always 0 under the bounded rule).
+        row["deadline_wait"] = float(self.batches.deadline_wait)
         return row
 
     def run(self) -> RunResult:

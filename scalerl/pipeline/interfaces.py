@@ -61,14 +61,23 @@ class ReadyGroup:
     group: ScoredGroup
 
 
+# Picks a batch among the queued groups (oldest first): indices, or None while none is valid
+# (`StalenessController.select_batch` under the deadline rule).
+Selector = Callable[[Sequence[ReadyGroup]], "list[int] | None"]
+
+
 @runtime_checkable
 class GroupQueue(Protocol):
     """Scored groups from the generator side to the trainer side (FIFO)."""
 
     def put(self, item: ReadyGroup) -> None: ...
 
-    def get_batch(self, n: int, timeout: float | None = None) -> list[ReadyGroup] | None:
-        """Exactly `n` items, or None if they did not all arrive within `timeout` (nothing taken)."""
+    def get_batch(
+        self, n: int, timeout: float | None = None, select: Selector | None = None
+    ) -> list[ReadyGroup] | None:
+        """Exactly `n` items, or None if they did not all arrive within `timeout` (nothing taken).
+        FIFO, or with `select` the `n` items it picks (indices into the queued items, oldest first;
+        None while no valid batch is queued: the call keeps waiting)."""
         ...
 
     def __len__(self) -> int: ...

@@ -15,7 +15,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from scalerl.pipeline.interfaces import ReadyGroup
+from scalerl.pipeline.interfaces import ReadyGroup, Selector
 from scalerl.rollout.fingerprint import SyncFigures, channel_metrics, timed_verify
 from scalerl.rollout.probe import ProbeFigures, SyncProbe, probe_engine
 from scalerl.rollout.protocol import Engine
@@ -36,17 +36,32 @@ class LocalGroupQueue:
             self._items.append(item)
             self._cond.notify_all()
 
-    def get_batch(self, n: int, timeout: float | None = None) -> list[ReadyGroup] | None:
+    def get_batch(
+        self, n: int, timeout: float | None = None, select: Selector | None = None
+    ) -> list[ReadyGroup] | None:
+        """The first `n` items (FIFO), or with `select` the items it picks (indices into the queue,
+        in queue order; None: no valid batch yet, wait), once available; None after `timeout`."""
         if n < 1:
             raise ValueError(f"n: must be >= 1, got {n}")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while len(self._items) < n:
+            while True:
+                if select is None:
+                    pick = list(range(n)) if len(self._items) >= n else None
+                else:
+                    pick = select(list(self._items)) if len(self._items) >= n else None
+                if pick is not None:
+                    break
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return None
                 self._cond.wait(remaining)
-            return [self._items.popleft() for _ in range(n)]
+            if len(pick) != n or len(set(pick)) != n:
+                raise ValueError(f"select: expected {n} distinct indices, got {pick}")
+            chosen = set(pick)
+            items = list(self._items)
+            self._items = deque(it for i, it in enumerate(items) if i not in chosen)
+            return [items[i] for i in sorted(chosen)]
 
     def __len__(self) -> int:
         with self._cond:

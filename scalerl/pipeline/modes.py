@@ -28,7 +28,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from scalerl.pipeline.generator import Generator
-from scalerl.pipeline.interfaces import GroupQueue, ReadyGroup, SleepingChannel, Trainer, WeightChannel
+from scalerl.pipeline.interfaces import (
+    GroupQueue,
+    ReadyGroup,
+    Selector,
+    SleepingChannel,
+    Trainer,
+    WeightChannel,
+)
 from scalerl.pipeline.preemption import Interrupted
 from scalerl.rollout.protocol import Completion, Engine, GenerationRequest
 
@@ -47,6 +54,7 @@ class BatchSource(Protocol):
     def close(self) -> None: ...
 
     should_stop: Callable[[], bool]
+    deadline_wait: bool
 
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -95,6 +103,15 @@ class _Batches:
         self._published = trainer.version
         self.should_stop: Callable[[], bool] = lambda: False
         self._restored = False
+        # Which queued groups make the next batch: FIFO under the bounded rule; under the deadline
+        # rule the oldest, once they include every group the step needs (`staleness.py`).
+        controller = generator.controller
+        self.select: Selector | None = None
+        if controller.deadline_rule:
+            self.select = lambda items: controller.select_batch([it.admit_version for it in items])
+        # Whether the last `next_batch()` found B groups queued but no valid batch among them, i.e.
+        # the trainer waited for a group at its deadline (the deadline rule's cost, a step row field).
+        self.deadline_wait = False
 
     def _check_stop(self, where: str) -> None:
         if self.should_stop():
@@ -195,12 +212,14 @@ class PipelineBatches(_Batches):
         self.generator.start()
 
     def next_batch(self) -> list[ReadyGroup] | None:
+        self.deadline_wait = False
         while True:
             self.generator.check()
             self._check_stop("waiting for a batch")
-            items = self.queue.get_batch(self.batch_size, timeout=self.poll_s)
+            items = self.queue.get_batch(self.batch_size, timeout=self.poll_s, select=self.select)
             if items is not None:
                 return items
+            self.deadline_wait |= len(self.queue) >= self.batch_size
             if self.generator.starved(self.batch_size):
                 return None
 
@@ -301,10 +320,14 @@ class InterleavedBatches(_Batches):
             )
 
     def next_batch(self) -> list[ReadyGroup] | None:
+        self.deadline_wait = False
         while True:
             if not self.trainer_busy:
                 if len(self.queue) >= self.batch_size:
-                    return self.queue.get_batch(self.batch_size, timeout=0)
+                    items = self.queue.get_batch(self.batch_size, timeout=0, select=self.select)
+                    if items is not None:
+                        return items
+                    self.deadline_wait = True
                 if self.generator.starved(self.batch_size):
                     return None
             self._check_stop("between two ticks")

@@ -1,8 +1,11 @@
 """Discrete-event simulation of the RL pipeline at scale: the real admission rule, modelled devices.
 
-What is real: `StalenessController` (`staleness.py`, unmodified) decides every admission and checks
-every consumed batch, with the calls the `Generator` and the `Driver` make (`capacity` at the
-engines' version, `admit`, `consume` at the start of a step, `settle` after it); groups go whole to
+What is real: `StalenessController` (`staleness.py`, the pipeline's class with the admission rule
+and cap of `SimConfig.admission` / `max_outstanding_groups`, as `pipeline.admission` /
+`pipeline.max_outstanding_groups` configure a run) decides every admission, picks every batch and
+checks it, with the calls the `Generator`, the batch sources and the `Driver` make (`capacity` at
+the engines' version, `admit`, `select_batch` on the queued groups, `consume` at the start of a
+step, `settle` after it); groups go whole to
 the least-loaded engine (or, `placement="sample"`, each sample does) and the engines' version is
 their minimum, as in `engine_pool.py`; the
 three schedules follow `modes.py`:
@@ -10,8 +13,9 @@ three schedules follow `modes.py`:
 * `sync` / `ppo_offpolicy` k: a round loads the trainer's weights into every engine, admits what
   the controller allows (k x B groups, max_lag k - 1), generates until all k x B are done, then the
   trainer takes k steps on mini-batches of B in completion order while the engines idle.
-* `pipeline` k: engines never wait for the trainer; the trainer takes the first B finished groups
-  whenever it is free; after every step the new weights go to every engine in flight (they arrive
+* `pipeline` k: engines never wait for the trainer; the trainer takes the B finished groups
+  `select_batch` picks (the first B under the bounded rule, the oldest valid B under the deadline
+  rule) whenever it is free; after every step the new weights go to every engine in flight (they arrive
   after `weight_transfer_s`, each engine applies them at its next decode-step boundary, pausing
   `weight_update_s`; sequences continue, their later tokens carry the new version); admission
   control (max_lag k) throttles the engines.
@@ -45,7 +49,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from scalerl.pipeline.staleness import StalenessController, StalenessError
+from scalerl.pipeline.staleness import ADMISSIONS, Admission, StalenessController, StalenessError
 from scalerl.rollout.emulated import LengthModel
 
 Mode = Literal["sync", "ppo_offpolicy", "pipeline"]
@@ -78,6 +82,10 @@ class SimConfig:
     # "group": a group's n samples go to one engine (`ThreadedEnginePool`, one request of n);
     # "sample": each sample to the least-loaded engine (finer, what per-sample requests allow).
     placement: Literal["group", "sample"] = "group"
+    # `pipeline` only: the controller's admission rule (`staleness.py`): "bounded" (worst-case
+    # completion order) or "deadline" (per-group deadlines; the trainer waits for needed groups).
+    admission: Admission = "bounded"
+    max_outstanding_groups: int = 0  # `pipeline.max_outstanding_groups` (0: no cap)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -100,6 +108,14 @@ class SimConfig:
             raise ValueError(f"slowdowns: {len(self.slowdowns)} values for {self.num_engines} engines")
         if any(not s > 0 for s in self.slowdowns):
             raise ValueError(f"slowdowns: must be > 0, got {self.slowdowns}")
+        if self.admission not in ADMISSIONS:
+            raise ValueError(f"admission: expected one of {ADMISSIONS}, got {self.admission!r}")
+        if self.max_outstanding_groups and (self.mode != "pipeline"
+                                            or self.max_outstanding_groups < self.prompts_per_step):
+            raise ValueError(f"max_outstanding_groups: 0 or >= prompts_per_step in pipeline mode, got "
+                             f"{self.max_outstanding_groups} ({self.mode}, B={self.prompts_per_step})")
+        if self.admission != "bounded" and self.mode != "pipeline":
+            raise ValueError(f"admission: {self.admission!r} is a pipeline rule; {self.mode} runs rounds")
         if self.placement not in ("group", "sample"):
             raise ValueError(f"placement: expected 'group' or 'sample', got {self.placement!r}")
 
@@ -162,6 +178,16 @@ class SimResult:
     def trainer_idle_frac(self) -> float:
         return 1.0 - self.trainer_busy_s / self.seconds
 
+    def lag_percentile(self, lags: Counter[int], q: float) -> int:
+        """The smallest lag L with at least a fraction `q` of the mass at lags <= L."""
+        total = sum(lags.values())
+        seen = 0
+        for lag in sorted(lags):
+            seen += lags[lag]
+            if seen >= q * total:
+                return lag
+        return 0
+
     def lag_mean(self, lags: Counter[int]) -> float:
         total = sum(lags.values())
         return sum(lag * c for lag, c in lags.items()) / total if total else 0.0
@@ -206,6 +232,7 @@ class _Engine:
         self.waiting: deque[_Sample] = deque()
         self.inbox: list[_Sample] = []
         self.new_version: int | None = None  # weights that arrived, applied at the next boundary
+
         self.event = 0  # number of the scheduled event; older heap entries are stale
         self.busy_s = 0.0
         self.slot_s = 0.0  # sequence-seconds in flight
@@ -299,7 +326,10 @@ class Simulation:
         ]
         self.update_s = [s * c.weight_update_s for s in slowdowns]
         self.transfer_s = [s * c.weight_transfer_s for s in slowdowns]
-        self.controller = StalenessController(c.max_lag, c.prompts_per_step, train_version=0)
+        self.controller = StalenessController(c.max_lag, c.prompts_per_step, train_version=0,
+                                              admission=c.admission,
+                                              max_outstanding=c.max_outstanding_groups)
+
         self.now = 0.0
         # (time, order, kind, engine, event number or, for "weights", the version)
         self._heap: list[tuple[float, int, str, int, int]] = []
@@ -388,14 +418,30 @@ class Simulation:
     # ------------------------------------------------------------------------------ trainer side
     def _batch_ready(self) -> bool:
         c = self.cfg
-        if c.mode == "pipeline" or self.round_steps > 0:
+        if c.mode == "pipeline":
+            return self.controller.select_batch([g.admit_version for g in self.queue]) is not None
+        if self.round_steps > 0:
             return len(self.queue) >= c.prompts_per_step
         # A round's first step waits for the whole round (`RoundBatches.next_batch` -> `fill`).
         return len(self.queue) >= c.updates_per_round * c.prompts_per_step
 
+    def _take_batch(self) -> list[_Group]:
+        """The B groups of the next step: those `select_batch` picks (pipeline: FIFO under the
+        bounded rule, the oldest under the deadline rule), or the round's first B."""
+        c = self.cfg
+        if c.mode != "pipeline":
+            return [self.queue.popleft() for _ in range(c.prompts_per_step)]
+        pick = self.controller.select_batch([g.admit_version for g in self.queue])
+        if pick is None:
+            raise RuntimeError("simulation bug: a step started without a valid batch")
+        chosen = set(pick)
+        batch = [g for i, g in enumerate(self.queue) if i in chosen]
+        self.queue = deque(g for i, g in enumerate(self.queue) if i not in chosen)
+        return batch
+
     def _start_step(self) -> None:
         c = self.cfg
-        batch = [self.queue.popleft() for _ in range(c.prompts_per_step)]
+        batch = self._take_batch()
         self.controller.consume([g.admit_version for g in batch], self.trainer_version)
         self.groups_consumed += len(batch)
         tokens = 0
@@ -411,6 +457,7 @@ class Simulation:
                     self.result_token_lags[self.trainer_version - version] += count
                 tokens += sample.length
                 self.truncated += sample.truncated
+
         self.samples += c.prompts_per_step * c.n
         self.tokens += tokens
         seconds = c.train_step_s + c.train_token_s * tokens

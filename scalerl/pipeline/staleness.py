@@ -37,14 +37,52 @@ when the engine's weights lag the trainer by more than `k` versions.
 With `k = 0` and weights loaded before each round the same rule admits exactly one batch per round
 (`sync`); with `k - 1` it admits `k` batches per round (`ppo_offpolicy`), so the lag assertion in
 `consume()` checks every mode.
+
+Deadline admission (`admission="deadline"`, pipeline mode). Rule (I) assumes the worst completion
+order for the oldest group, so one long group holds `v_min` down and throttles every admission
+behind it (the generators idle). The deadline rule gives each group its own deadline `d = v + k`
+(the last version it may be trained at) and keeps instead the feasibility condition of
+earliest-deadline-first scheduling with `B` groups per step:
+
+Invariant (D):  `N(x) <= (x + k - u + 1) * B`  for every version `x`,
+
+where `N(x)` counts the outstanding groups admitted at a version `<= x` (their deadlines are
+`<= x + k`; the steps `u .. x + k` take `(x + k - u + 1) * B` groups). (I) implies (D)
+(`N(x) <= O`), so (D) admits at least as much. It holds whatever the completion order *provided the
+trainer takes the right groups*: the step at `u` must contain at least
+`need(x) = N(x) - (x + k - u) * B` groups admitted at `<= x`, for every `x` (`needed()`; (D) keeps
+each `<= B`). Then (D) survives the step (at most `(x + k - u) * B` groups `<= x` are left, the
+capacity of the steps after it), and the bound holds: a group of version `v` still outstanding at
+`u = v + k` has `need(v) = N(v) >= 1`, so this step takes it, with lag exactly `k`.
+`select_batch()` returns the B oldest queued groups when they meet every `need(x)` (if any B
+queued groups do, the oldest do) and None otherwise: the trainer then waits for the needed groups
+to finish. So a long group stalls the trainer at its deadline instead of stalling admissions for
+its whole life; no sample is cut or dropped. `consume()` checks every batch against `need(x)` and
+raises on one that breaks (D).
+
+Under (D) groups are admitted only at an engine version `v_e` no older than any outstanding
+group (otherwise `capacity()` is 0 until the engine catches up), so `N(v_e) = O` and `m` groups
+keep (D) iff `m <= (v_e + k - u + 1) * B - O`: the bounded capacity with `v_e` in place of
+`min(v_min, v_e)`. Admissions then never raise `need(x)` below the newest version, so a batch the
+trainer has picked stays valid while the generator keeps admitting.
+
+`max_outstanding` (0: none) caps `O` on top of either rule. A cap only lowers admissions, so it
+keeps (I) and (D); with the deadline rule it bounds the over-subscription (e.g. to the groups the
+engines hold at once), which lowers the lag of trained groups at some cost in throughput. A cap of
+at least `B` never deadlocks: admission blocks on it only while `O >= B` groups are outstanding,
+and the trainer can take a batch once they finish.
 """
 
 from __future__ import annotations
 
 import threading
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
+
+Admission = Literal["bounded", "deadline"]
+ADMISSIONS: tuple[Admission, ...] = ("bounded", "deadline")
 
 
 class StalenessError(RuntimeError):
@@ -64,13 +102,24 @@ class StalenessController:
         batch_size: int,
         train_version: int = 0,
         on_change: Callable[[], None] | None = None,
+        admission: Admission = "bounded",
+        max_outstanding: int = 0,
     ) -> None:
+        if max_outstanding and max_outstanding < batch_size:
+            raise ValueError(
+                f"max_outstanding: must be 0 (no cap) or >= batch_size {batch_size}, got {max_outstanding}")
+        if admission not in ADMISSIONS:
+            raise ValueError(f"admission: expected one of {ADMISSIONS}, got {admission!r}")
         if max_lag < 0:
             raise ValueError(f"max_lag: must be >= 0, got {max_lag}")
         if batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
         self.max_lag = int(max_lag)
         self.batch_size = int(batch_size)
+        self.admission: Admission = admission
+        # A cap on outstanding groups (0: none) on top of either rule: the over-subscription the
+        # deadline rule may reach is then bounded, e.g. by the groups the engines can hold at once.
+        self.max_outstanding = int(max_outstanding)
         self._next_train_version = int(train_version)
         self._versions: Counter[int] = Counter()
         self._outstanding = 0
@@ -96,16 +145,77 @@ class StalenessController:
     def set_on_change(self, callback: Callable[[], None] | None) -> None:
         self._on_change = callback
 
-    def _capacity_locked(self, engine_version: int) -> int:
-        oldest = min(self._versions) if self._versions else engine_version
-        floor_version = min(oldest, engine_version)
-        slack_batches = floor_version + self.max_lag - self._next_train_version + 1
+    @property
+    def deadline_rule(self) -> bool:
+        """True for the per-group deadline rule (D), False for the worst-case rule (I)."""
+        return self.admission == "deadline"
+
+    def _cumulative_locked(self) -> list[tuple[int, int]]:
+        """(x, N(x)) for every outstanding version x, ascending."""
+        out, total = [], 0
+        for v in sorted(self._versions):
+            total += self._versions[v]
+            out.append((v, total))
+        return out
+
+    def _deadline_capacity_locked(self, engine_version: int) -> int:
+        if self._versions and max(self._versions) > engine_version:
+            # An engine behind an outstanding group's version (a pool member that fell back): new
+            # groups would be older than queued ones and could invalidate a batch the trainer has
+            # already picked, so admission waits until the engine catches up.
+            return 0
+        # Every outstanding group is then <= engine_version: (D) at x = engine_version is the only
+        # condition an admission can break, and N(engine_version) = O.
+        slack_batches = engine_version + self.max_lag - self._next_train_version + 1
         return max(0, slack_batches * self.batch_size - self._outstanding)
+
+    def _capacity_locked(self, engine_version: int) -> int:
+        if self.deadline_rule:
+            room = self._deadline_capacity_locked(engine_version)
+        else:
+            oldest = min(self._versions) if self._versions else engine_version
+            floor_version = min(oldest, engine_version)
+            slack_batches = floor_version + self.max_lag - self._next_train_version + 1
+            room = max(0, slack_batches * self.batch_size - self._outstanding)
+        if self.max_outstanding:
+            room = min(room, max(0, self.max_outstanding - self._outstanding))
+        return room
 
     def capacity(self, engine_version: int) -> int:
         """How many groups may be admitted now at `engine_version` without risking the bound."""
         with self._lock:
             return self._capacity_locked(engine_version)
+
+    def _needed_locked(self, train_version: int | None = None) -> list[tuple[int, int]]:
+        k, b = self.max_lag, self.batch_size
+        u = self._next_train_version if train_version is None else train_version
+        return [(x, n_x - (x + k - u) * b) for x, n_x in self._cumulative_locked() if n_x > (x + k - u) * b]
+
+    def needed(self) -> list[tuple[int, int]]:
+        """Deadline rule: `(x, need(x))` with `need(x) > 0`: the step at the next train version must
+        take at least `need(x)` groups admitted at a version `<= x` (module docstring)."""
+        with self._lock:
+            return self._needed_locked()
+
+    def select_batch(self, queued_versions: Sequence[int]) -> list[int] | None:
+        """Indices (into `queued_versions`, the admission versions of the finished groups in queue
+        order) of the B groups the next step takes, or None when no valid batch is queued yet.
+
+        `bounded`: the first B (completion order). `deadline`: the B oldest (by version, then
+        queue order), valid only if they meet every `need(x)`; they do whenever any valid choice
+        exists, because taking older groups never lowers a count of groups `<= x`.
+        """
+        b = self.batch_size
+        if len(queued_versions) < b:
+            return None
+        if not self.deadline_rule:
+            return list(range(b))
+        chosen = sorted(range(len(queued_versions)), key=lambda i: (queued_versions[i], i))[:b]
+        picked = sorted(queued_versions[i] for i in chosen)
+        for x, need in self.needed():
+            if bisect_right(picked, x) < need:
+                return None
+        return sorted(chosen)
 
     def admit(self, engine_version: int, count: int = 1) -> None:
         """Record `count` admissions at `engine_version`; more than `capacity()` is an error."""
@@ -160,6 +270,16 @@ class StalenessController:
                     f"group admitted at version {train_version - worst} trained at version {train_version}: "
                     f"lag {worst} > max_lag {self.max_lag}"
                 )
+            if self.deadline_rule:
+                # The batch must meet every need(x), or (D) cannot hold after the step (module docstring).
+                taken = sorted(admit_versions)
+                for x, need in self._needed_locked(train_version):
+                    if bisect_right(taken, x) < need:
+                        got = bisect_right(taken, x)
+                        raise StalenessError(
+                            f"the step at version {train_version} took {got} group(s) admitted at <= {x}, "
+                            f"{need} needed: the rest could not all be trained within max_lag {self.max_lag}"
+                        )
             for v in admit_versions:
                 self._release_locked(v)
             self._next_train_version = train_version + 1

@@ -329,6 +329,26 @@ def test_simulate_scale_quick(cache_dir: Path) -> None:
         assert float(r[1]) == pytest.approx(rows[a]["sps"] / rows[b]["sps"], rel=0.01, abs=0.006)
 
 
+@pytest.mark.timeout(180)
+def test_simulate_scale_compare_admission_quick(cache_dir: Path) -> None:
+    out = run_script("simulate_scale.py", "--quick", "--compare-admission", cache_dir=cache_dir, timeout=150)
+    row = (r"^k={k}\s+{rule}\s+({N}) samples/s\s+gen idle\s+({N})%\s+trainer idle\s+({N})%\s+"
+           r"occupancy\s+({N})%\s+lag mean\s+({N}) pct\s+(\d+)/(\d+)/(\d+)/(\d+)/(\d+)\s+token lag\s+({N})$")
+    for k in (1, 2, 4, 8, 16):
+        got = {}
+        for rule in ("bounded", "deadline", r"deadline\+cap"):
+            m = match(row.format(k=k, rule=rule, N="{N}"), out)
+            pct = [int(m[i]) for i in range(6, 11)]
+            assert pct == sorted(pct) and pct[-1] <= k  # percentiles ordered, the bound kept
+            assert float(m[5]) <= pct[-1]
+            got[rule] = (positive(m[1]), float(m[2]))
+        if k >= 2:  # the deadline rule idles the generators less than the bounded one
+            assert got["deadline"][1] <= got["bounded"][1]
+        r = match(rf"^k={k}\s+deadline / bounded: samples/s x({{N}})\s+deadline\+cap / bounded: x({{N}})$",
+                  out)
+        assert float(r[1]) == pytest.approx(got["deadline"][0] / got["bounded"][0], rel=0.01, abs=0.006)
+
+
 @pytest.mark.timeout(240)
 def test_bench_scaleout_quick(cache_dir: Path) -> None:
     out = run_script("bench_scaleout.py", "--quick", cache_dir=cache_dir, timeout=210)
