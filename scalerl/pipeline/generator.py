@@ -264,6 +264,7 @@ class Generator:
                         completions=scored.completions,
                         rewards=rewards,
                         correct=scored.correct,
+                        reward_parts=scored.parts,
                     )
                     self.queue.put(ReadyGroup(group.ticket, group.admit_version, kept))
                 else:

@@ -115,6 +115,8 @@ def ready_group_to_plain(item: ReadyGroup) -> dict[str, Any]:
         "rewards": list(g.rewards),
         "correct": None if g.correct is None else list(g.correct),
         "old_logprobs": None if g.old_logprobs is None else [list(r) for r in g.old_logprobs],
+        "reward_parts": (None if g.reward_parts is None
+                         else [None if p is None else dict(p) for p in g.reward_parts]),
     }
 
 
@@ -125,5 +127,6 @@ def ready_group_from_plain(d: Mapping[str, Any]) -> ReadyGroup:
         rewards=list(d["rewards"]),
         correct=None if d["correct"] is None else list(d["correct"]),
         old_logprobs=None if d["old_logprobs"] is None else [list(r) for r in d["old_logprobs"]],
+        reward_parts=d.get("reward_parts"),  # absent in snapshots written before it was kept
     )
     return ReadyGroup(int(d["ticket"]), int(d["admit_version"]), group)

@@ -156,6 +156,14 @@ class IntervalMeter:
         return out
 
 
+def _reward_fn(parts: Sequence[Mapping[str, float] | None] | None, s: int) -> dict[str, object]:
+    """`reward_fn`: each reward function's unweighted score of sample `s` (`rewards.functions`; a
+    function that gave None or failed on it is absent); nothing for a run without functions."""
+    if parts is None or parts[s] is None:
+        return {}
+    return {"reward_fn": {name: float(v) for name, v in parts[s].items()}}
+
+
 def sample_rows(items: Sequence[ReadyGroup], train_version: int, decode: Callable[[list[int]], str],
                 limit: int) -> list[dict[str, object]]:
     """Up to `limit` of the step's trained samples as readable rows (`logging.samples_every`).
@@ -175,7 +183,8 @@ def sample_rows(items: Sequence[ReadyGroup], train_version: int, decode: Callabl
             "prompt_id": record.id, "task": record.task, "sample": s,
             "prompt": record.prompt if record.prompt is not None else record.messages,
             "response": decode(list(completion.token_ids)),
-            "reward": float(group.rewards[s]), "correct": bool(group.is_correct[s]),
+            "reward": float(group.rewards[s]), **_reward_fn(group.reward_parts, s),
+            "correct": bool(group.is_correct[s]),
             "finish_reason": completion.finish_reason, "tokens": len(completion.token_ids),
             "start_version": int(completion.start_version),
             "lag": int(train_version - completion.start_version), "versions": versions,

@@ -46,7 +46,7 @@ import math
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -269,6 +269,7 @@ class SampleScore:
     reward: float
     failed: bool
     detail: str = ""
+    parts: dict[str, float] = field(default_factory=dict)  # function name -> its unweighted score
 
 
 class RewardFunctions:
@@ -340,6 +341,7 @@ class RewardFunctions:
         totals = [0.0] * n
         scored = [0] * n
         failed: list[str] = [""] * n
+        parts: list[dict[str, float]] = [{} for _ in range(n)]
         for f in self.functions:
             if not f.scores(record.task):
                 continue
@@ -359,14 +361,15 @@ class RewardFunctions:
                 elif v is not None:
                     totals[i] += f.weight * v
                     scored[i] += 1
+                    parts[i][f.name] = v
         out = []
         for i in range(n):
             if failed[i]:
-                out.append(SampleScore(0.0, True, failed[i]))
+                out.append(SampleScore(0.0, True, failed[i], parts[i]))
             elif not scored[i]:
                 out.append(SampleScore(0.0, True, "no reward function scored this sample (all None)"))
             else:
-                out.append(SampleScore(totals[i], False))
+                out.append(SampleScore(totals[i], False, "", parts[i]))
         return out
 
     def figures(self) -> dict[str, float]:

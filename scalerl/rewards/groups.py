@@ -19,7 +19,7 @@ import logging
 import math
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -52,7 +52,9 @@ class Scorer(Protocol):
 
 log = logging.getLogger(__name__)
 FAILURE_STATUSES = frozenset({"error", "timeout"})
-_Result = tuple[float, bool, bool]  # one sample's (reward, correct, failed)
+# one sample's (reward, correct, failed, parts): `parts` the verdict's per-function scores
+# (`rewards.functions`), None for a verifier that has none
+_Result = tuple[float, bool, bool, Mapping[str, float] | None]
 
 
 @dataclass
@@ -66,6 +68,7 @@ class ScoredBatch:
     correct: list[bool]
     failures: int
     failed: list[bool] | None = None  # per sample, in sample order
+    parts: list[Mapping[str, float] | None] | None = None  # per sample: each reward function's score
 
 
 class _Pending:
@@ -76,6 +79,7 @@ class _Pending:
         self.rewards: list[float] = [0.0] * len(completions)
         self.correct: list[bool] = [False] * len(completions)
         self.failed: list[bool] = [False] * len(completions)
+        self.parts: list[Mapping[str, float] | None] = [None] * len(completions)
         self.left = len(completions)
 
 
@@ -131,8 +135,8 @@ class GroupScorer:
         if first:
             log.warning("verifier failed: %s", message)
 
-    def _score_one(self, record: PromptRecord, completion: Completion) -> tuple[float, bool, bool]:
-        """(reward, correct, failed) of one sample."""
+    def _score_one(self, record: PromptRecord, completion: Completion) -> _Result:
+        """(reward, correct, failed, parts) of one sample."""
         try:
             # A scorer that reads the completion itself (trajectories: the answer turn, or the
             # environment's own score) rather than its decoded text.
@@ -143,32 +147,35 @@ class GroupScorer:
                 verdict = self.scorer.score(record, self.decode(completion.token_ids))
         except Exception as err:  # a verifier bug or crash is counted and scored as a failure
             self._note_failure(f"{type(err).__name__}: {err} (prompt {record.id!r})")
-            return self.failure_reward, False, True
+            return self.failure_reward, False, True, None
         return self._judged(record, verdict)
 
-    def _judged(self, record: PromptRecord, verdict: float | Verdict) -> tuple[float, bool, bool]:
+    def _judged(self, record: PromptRecord, verdict: float | Verdict) -> _Result:
+        parts: Mapping[str, float] | None = None
         if isinstance(verdict, (int, float)):
             reward = float(verdict)
             correct = reward > self.success_threshold
         else:
             reward = float(verdict.reward)
             correct = bool(verdict.correct)
+            parts = getattr(verdict, "parts", None)
             if getattr(verdict, "status", "ok") in FAILURE_STATUSES:
                 detail = getattr(verdict, "detail", "")
                 self._note_failure(f"status {verdict.status!r}: {detail} (prompt {record.id!r})")
-                return reward, correct, True
+                return reward, correct, True, parts
         if not math.isfinite(reward):
             # A NaN reward would turn every advantage of the batch (batch normalisation) into NaN.
             self._note_failure(f"non-finite reward {reward!r} (prompt {record.id!r})")
-            return self.failure_reward, False, True
-        return reward, correct, False
+            return self.failure_reward, False, True, parts
+        return reward, correct, False, parts
 
-    def _finish_sample(self, pending: _Pending, index: int, result: tuple[float, bool, bool]) -> None:
-        reward, correct, failed = result
+    def _finish_sample(self, pending: _Pending, index: int, result: _Result) -> None:
+        reward, correct, failed, parts = result
         with self._lock:
             pending.rewards[index] = reward
             pending.correct[index] = correct and not failed
             pending.failed[index] = failed
+            pending.parts[index] = parts
             pending.left -= 1
             if pending.left:
                 return
@@ -184,6 +191,7 @@ class GroupScorer:
                     correct=list(pending.correct),
                     failures=n_failed,
                     failed=list(pending.failed),
+                    parts=list(pending.parts) if any(p is not None for p in pending.parts) else None,
                 )
             )
             self._ready_cond.notify_all()
@@ -196,7 +204,7 @@ class GroupScorer:
             getattr(self.scorer, "score_group", None))
 
     def _score_group(self, record: PromptRecord, completions: list[Completion]) -> list[_Result]:
-        """(reward, correct, failed) of each sample of a group scored in one call."""
+        """(reward, correct, failed, parts) of each sample of a group scored in one call."""
         try:
             texts = [self.decode(c.token_ids) for c in completions]
             verdicts = self.scorer.score_group(record, texts)  # type: ignore[attr-defined]
@@ -205,7 +213,7 @@ class GroupScorer:
                                  f"{len(completions)} samples")
         except Exception as err:
             self._note_failure(f"{type(err).__name__}: {err} (prompt {record.id!r})")
-            return [(self.failure_reward, False, True)] * len(completions)
+            return [(self.failure_reward, False, True, None)] * len(completions)
         return [self._judged(record, v) for v in verdicts]
 
     def _finish_group(self, pending: _Pending, future: Future[list[_Result]]) -> None:
@@ -235,12 +243,12 @@ class GroupScorer:
             if self._executor is None:
                 self._finish_sample(pending, i, self._score_one(record, completion))
             else:
-                future: Future[tuple[float, bool, bool]] = self._executor.submit(
+                future: Future[_Result] = self._executor.submit(
                     self._score_one, record, completion
                 )
                 future.add_done_callback(lambda f, i=i: self._on_done(pending, i, f))
 
-    def _on_done(self, pending: _Pending, index: int, future: Future[tuple[float, bool, bool]]) -> None:
+    def _on_done(self, pending: _Pending, index: int, future: Future[_Result]) -> None:
         # `close()` cancels the samples still queued when a run stops (a slow code sandbox leaves
         # many); their groups are abandoned, counted, and must not raise in the pool's callback.
         if future.cancelled():

@@ -64,6 +64,8 @@ class RewardOutcome:
     status: Status
     detail: str
     task: str = ""
+    # rewards.functions: each function's unweighted score of this sample (None: not scored by functions)
+    parts: Mapping[str, float] | None = None
 
 
 class RewardRouter:
@@ -243,8 +245,8 @@ class RewardRouter:
         assert self.functions is not None
         cfg = self.config
         threshold = 0.5 * (cfg.correct_reward + cfg.incorrect_reward)
-        return [RewardOutcome(cfg.failure_reward, False, "error", s.detail, record.task) if s.failed
-                else RewardOutcome(s.reward, s.reward > threshold, "ok", "", record.task)
+        return [RewardOutcome(cfg.failure_reward, False, "error", s.detail, record.task, s.parts) if s.failed
+                else RewardOutcome(s.reward, s.reward > threshold, "ok", "", record.task, s.parts)
                 for s in self.functions.score_group(record, texts, tally)]
 
     def _model_group(self, rm: RewardModel, record: PromptRecord,

@@ -40,8 +40,8 @@ def scalars(row: Mapping[str, Any]) -> dict[str, float]:
 
 
 #: The columns of the samples table (`scalerl.pipeline.stats.sample_rows`), in the order shown.
-SAMPLE_COLUMNS: tuple[str, ...] = ("prompt_id", "task", "sample", "reward", "correct", "lag",
-                                   "tokens", "finish_reason", "prompt", "response")
+SAMPLE_COLUMNS: tuple[str, ...] = ("prompt_id", "task", "sample", "reward", "reward_fn", "correct",
+                                   "lag", "tokens", "finish_reason", "prompt", "response")
 
 
 def sample_cells(row: Mapping[str, Any]) -> list[Any]:

@@ -9,7 +9,7 @@ takes a subset (kept groups, a micro-batch) and trims the padding columns the su
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -26,7 +26,9 @@ class ScoredGroup:
     `rewards[i]` is the (possibly shaped) reward the advantage is computed from; `correct[i]` the
     verifier's verdict, kept apart so pass rates are not distorted by shaping (defaults to
     `reward > 0`). `old_logprobs[i]`, when set, are the trainer's recomputed log-probs of sample
-    `i` (pi_old for the importance ratio, see `Trainer.attach_old_logprobs`).
+    `i` (pi_old for the importance ratio, see `Trainer.attach_old_logprobs`). `reward_parts[i]`,
+    when the run has `rewards.functions`, maps each function's name to its unweighted score of
+    sample `i` (what `logging.samples_every` shows; the loss never reads it).
     """
 
     record: PromptRecord
@@ -34,6 +36,7 @@ class ScoredGroup:
     rewards: list[float]
     correct: list[bool] | None = None
     old_logprobs: list[list[float]] | None = None
+    reward_parts: list[Mapping[str, float] | None] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.completions)
@@ -43,6 +46,9 @@ class ScoredGroup:
             raise ValueError(f"rewards: {len(self.rewards)} rewards for {n} completions ({self.record.id!r})")
         if self.correct is not None and len(self.correct) != n:
             raise ValueError(f"correct: {len(self.correct)} flags for {n} completions ({self.record.id!r})")
+        if self.reward_parts is not None and len(self.reward_parts) != n:
+            raise ValueError(f"reward_parts: {len(self.reward_parts)} entries for {n} completions "
+                             f"({self.record.id!r})")
         if self.old_logprobs is not None:
             if len(self.old_logprobs) != n:
                 raise ValueError(f"old_logprobs: {len(self.old_logprobs)} rows for {n} completions")

@@ -9,13 +9,17 @@ import pytest
 import torch
 
 from scalerl.data.records import PromptRecord
+from scalerl.pipeline.interfaces import ReadyGroup
 from scalerl.pipeline.snapshot import (
     completion_from_plain,
     completion_to_plain,
     engine_state_from_plain,
     engine_state_to_plain,
+    ready_group_from_plain,
+    ready_group_to_plain,
 )
 from scalerl.rollout.protocol import Completion
+from scalerl.training.batch import ScoredGroup
 
 RECORD = PromptRecord(id="p1", task="math", prompt="1+1=", answer="2", metadata={"level": 1}, source="f:3")
 
@@ -53,3 +57,14 @@ def test_completion_round_trips_with_its_record(tmp_path: Path) -> None:
                    metadata={"prompt_id": "p1", "record": RECORD})
     back = completion_from_plain(_load(tmp_path, completion_to_plain(c)))  # type: ignore[arg-type]
     assert back == c and isinstance(back.metadata["record"], PromptRecord)
+
+
+def test_ready_group_round_trips_with_its_reward_parts(tmp_path: Path) -> None:
+    """A queued group keeps each sample's per-function scores across a resume (samples rows show them)."""
+    cs = [Completion("r", i, [1], [5], [-0.1], [0], [True], "stop", 0) for i in range(2)]
+    group = ScoredGroup(RECORD, cs, [1.5, 0.0], [True, False], None,
+                        [{"length_reward": 0.5, "has_digit": 1.0}, None])
+    back = ready_group_from_plain(_load(tmp_path, ready_group_to_plain(ReadyGroup(4, 2, group))))  # type: ignore[arg-type]
+    assert (back.ticket, back.admit_version) == (4, 2)
+    assert back.group.reward_parts == [{"length_reward": 0.5, "has_digit": 1.0}, None]
+    assert back.group.rewards == [1.5, 0.0] and back.group.correct == [True, False]

@@ -50,6 +50,30 @@ def test_trl_style_function_trains_a_short_run(tiny_model: Path, tmp_path: Path)
         assert row["reward_mean"] == pytest.approx(2.0 * mean)
 
 
+def test_samples_show_each_functions_score(tiny_model: Path, tmp_path: Path) -> None:
+    """`logging.samples_every` rows carry `reward_fn`: each function's unweighted score of that
+    sample's own text, which the row's reward is the weighted sum of (checked by recomputing both
+    functions here on the logged response)."""
+    fn_file = tmp_path / "two_rewards.py"
+    fn_file.write_text("def length_reward(prompts, completions, **kwargs):\n"
+                       "    return [min(len(c), 40) / 40 for c in completions]\n"
+                       "def has_digit(prompts, completions, **kwargs):\n"
+                       "    return [float(any(ch.isdigit() for ch in c)) for c in completions]\n")
+    config = _config(tiny_model, tmp_path, [{"fn": f"{fn_file}:length_reward", "weight": 2.0},
+                                            {"fn": f"{fn_file}:has_digit", "weight": 0.5}])
+    raw = yaml.safe_load(config.read_text())
+    raw["logging"].update(samples_every=1, samples_per_step=4)
+    config.write_text(yaml.safe_dump(raw))
+    assert main(["train", "--recipe", "base", "-c", str(config)]) == 0
+    samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 3 * 4
+    for row in samples:
+        text = row["response"]
+        length, digit = min(len(text), 40) / 40, float(any(ch.isdigit() for ch in text))
+        assert row["reward_fn"] == pytest.approx({"length_reward": length, "has_digit": digit})
+        assert row["reward"] == pytest.approx(2.0 * length + 0.5 * digit)
+
+
 def test_bad_fn_path_exits_2_naming_the_key(
     tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -79,17 +79,19 @@ def test_wandb_sink_logs_samples_as_a_table_at_their_step(monkeypatch, tmp_path)
     sink = WandbSink(tmp_path, "proj", "name")
     chat = [{"role": "user", "content": "2+2?"}]
     rows = [{"prompt_id": "p1", "task": "math", "sample": 1, "reward": 1.0, "correct": True, "lag": 2,
+             "reward_fn": {"exact": 1.0},
              "tokens": 7, "finish_reason": "stop", "prompt": chat, "response": "4 | four\n", "extra": 0},
             {"prompt_id": "p2", "sample": 0, "reward": 0.0, "prompt": "Compute 1+1", "response": ""}]
     sink.log_samples(6, rows)
     [(data, step)] = runs[0].logged
     assert step == 6 and list(data) == ["samples"]
     table = data["samples"]
-    assert table.columns == ["prompt_id", "task", "sample", "reward", "correct", "lag", "tokens",
+    assert table.columns == ["prompt_id", "task", "sample", "reward", "reward_fn", "correct", "lag", "tokens",
                              "finish_reason", "prompt", "response"]
     assert table.data == [
-        ["p1", "math", 1, 1.0, True, 2, 7, "stop", '[{"role": "user", "content": "2+2?"}]', "4 | four\n"],
-        ["p2", None, 0, 0.0, None, None, None, None, "Compute 1+1", ""],
+        ["p1", "math", 1, 1.0, '{"exact": 1.0}', True, 2, 7, "stop", '[{"role": "user", "content": "2+2?"}]',
+         "4 | four\n"],
+        ["p2", None, 0, 0.0, None, None, None, None, None, "Compute 1+1", ""],
     ]
 
 
