@@ -143,7 +143,7 @@ def probe_real_shape(shape_name: str, layers: int, length: int, probe_repeats: i
     print(f"probe at the {shape_name} shape ({layers} layers, vocabulary {shape.vocab:,}, "
           f"{params / 1e6:.1f}M params): trainer {trainer_s * 1e3:.1f} ms + engine {engine_s * 1e3:.1f} ms "
           f"= {probe_s * 1e3:.1f} ms against a trainer step of {SAMPLES} x ({PROMPT_TOKENS} + {length}) "
-          f"tokens {step_s:.2f} s: {100 * probe_s / step_s:.2f}% of a step; gap float32 {gap:.2g} nats, "
+          f"tokens {step_s:.4f} s: {100 * probe_s / step_s:.2f}% of a step; gap float32 {gap:.2g} nats, "
           f"bf16 autocast vs float32 {bf16_gap:.2g} nats")
 
 
