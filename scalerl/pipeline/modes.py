@@ -105,9 +105,9 @@ class _Batches:
         self._restored = False
         # Which queued groups make the next batch: FIFO under the bounded rule; under the deadline
         # rule the oldest, once they include every group the step needs (`staleness.py`).
-        controller = getattr(generator, "controller", None)  # None: a round without a generator
+        controller = generator.controller
         self.select: Selector | None = None
-        if controller is not None and controller.deadline_rule:
+        if controller.deadline_rule:
             self.select = lambda items: controller.select_batch([it.admit_version for it in items])
         # Whether the last `next_batch()` found B groups queued but no valid batch among them, i.e.
         # the trainer waited for a group at its deadline (the deadline rule's cost, a step row field).

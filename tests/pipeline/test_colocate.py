@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -162,7 +163,9 @@ def test_evaluation_wakes_and_sleeps_the_engine_again() -> None:
     channel.release()
     from scalerl.pipeline.modes import RoundBatches
 
-    batches = RoundBatches(None, None, channel, LoggingTrainer(log), 2, 1)  # type: ignore[arg-type]
+    # no generation in this round: a generator stand-in whose controller runs the bounded rule
+    generator = SimpleNamespace(controller=SimpleNamespace(deadline_rule=False))
+    batches = RoundBatches(generator, None, channel, LoggingTrainer(log), 2, 1)  # type: ignore[arg-type]
     batches.generator = type("G", (), {"engine": engine})()  # only its engine is used here
     from scalerl.rollout.protocol import GenerationRequest
 
