@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerl.assembly.backend import Backend
-from scalerl.assembly.forecast import ForecastingSink, StopAfterEval
+from scalerl.assembly.forecast import ForecastingSink, StopAfterEval, stop_requested
 from scalerl.assembly.local import local_backend
 from scalerl.assembly.resolved import write_resolved
 from scalerl.assembly.sections import (
@@ -261,6 +261,7 @@ def _build_training(
         params=params, evaluator=evaluator, metrics=metrics,
         checkpoint=backend.checkpoint if checkpoints else None, meter=meter, channel=backend.channel,
         stop_after_eval=StopAfterEval(config.forecast, run_path, live),
+        stop_after_step=stop_requested(run_path),
         collapse=(CollapseDetector(config.rollback, len(split.heldout), config.eval.k,
                                    history=rollbacks or RollbackHistory())
                   if config.rollback.enabled else None),

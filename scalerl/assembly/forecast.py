@@ -5,21 +5,22 @@
 joined just before it, and a new fit starts once it is written. `StopAfterEval` is the driver's
 `stop_after_eval` hook: `forecast_known` when `forecast.stop_when_known` is set and the newest
 forecast pins A that tightly (unflagged), `pruned` when a study wrote `stop_request.json` into
-the run folder (`scalerl.studies.prune`). The driver never imports the scaling package: this
+the run folder (`scalerl.studies.prune`); `stop_requested` is the `stop_after_step` hook that
+honours that request between evaluations too. The driver never imports the scaling package: this
 root hands it the hook.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from scalerl.config import ForecastConfig
 from scalerl.scaling.live import LiveForecast
 
-#: written by a study's controller into a run folder: the run stops at its next evaluation
+#: written by a study's controller into a run folder: the run stops after its next step
 STOP_REQUEST_FILE = "stop_request.json"
 FORECAST_KNOWN = "forecast_known"
 PRUNED = "pruned"
@@ -60,6 +61,16 @@ def read_stop_request(run_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else {}
 
 
+def stop_requested(run_dir: Path) -> Callable[[int], str | None]:
+    """The driver's `stop_after_step` hook: `pruned` once a study wrote its stop request (one stat
+    per step), so a pruned run does not train on to its next evaluation."""
+
+    def hook(step: int) -> str | None:
+        return PRUNED if read_stop_request(run_dir) is not None else None
+
+    return hook
+
+
 class StopAfterEval:
     """The driver's `stop_after_eval` hook (see the module docstring)."""
 
@@ -79,4 +90,4 @@ class StopAfterEval:
 
 
 __all__ = ["FORECAST_KNOWN", "PRUNED", "STOP_REQUEST_FILE", "ForecastingSink", "StopAfterEval",
-           "read_stop_request"]
+           "read_stop_request", "stop_requested"]

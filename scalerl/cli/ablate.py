@@ -31,8 +31,8 @@ that fails is reported and the study continues; the exit status is 1 if any run 
 is then fitted on the first half of its compute (`--fit-fraction`) and the study writes
 `summary.json`, `report.md` (the Fig. 7 table) and `curves.png` (every fit, and the fixed-A view).
 
-`--prune` stops a run early, through `stop_request.json` in its folder (honoured at its next
-evaluation), once its live forecast of A lies below the leader's lower bound by more than
+`--prune` stops a run early, through `stop_request.json` in its folder (honoured after its next
+step), once its live forecast of A lies below the leader's lower bound by more than
 `--prune-margin` (default 0.02) or is settled (interval < 2 x forecast.a_width); the report says
 when each run stopped, why, and the compute saved (`scalerl.studies.prune`).
 """

@@ -19,8 +19,9 @@ itself, `snapshot()` also saves everything in flight (`snapshot.py`), and a resu
 (`resume_snapshot=`) continues exactly as the uninterrupted run would have.
 
 After each scheduled evaluation `Components.stop_after_eval(step)` may end the run there with
-its reason (`forecast_known`: the live forecast pinned A; `pruned`: a study stopped the variant);
-the run then writes its last checkpoint (it has just evaluated) and records the reason.
+its reason (`forecast_known`: the live forecast pinned A; `pruned`: a study stopped the variant),
+and after every other step `Components.stop_after_step(step)` (`pruned` only); the run then
+evaluates if it has not just done so, writes its last checkpoint and records the reason.
 
 Rollback on collapse: with `Components.collapse` (a `collapse.CollapseDetector`) each step row and
 evaluation is shown to the detector, each checkpoint marked stable or not in its state, and every
@@ -113,6 +114,10 @@ class Components:
     # "pruned"), or None to go on. The composition root wires it (the live forecast, a study's
     # stop request); the driver only honours it: the run stops with that reason and checkpoints.
     stop_after_eval: Callable[[int], str | None] | None = None
+    # Asked after every other step (no evaluation scheduled there): a reason to stop now, or None.
+    # The root wires a study's stop request here, so a pruned run stops at its next step instead of
+    # training on to its next evaluation; the run then evaluates once more and checkpoints.
+    stop_after_step: Callable[[int], str | None] | None = None
     # The collapse detector (`collapse.py`), built by the root when `rollback.enabled`.
     collapse: CollapseDetector | None = None
 
@@ -440,7 +445,11 @@ class Driver:
                     result.stop_reason = "rollback"
                     break
                 if self.c.evaluator is not None and self.step % cfg.eval.every == 0:
-                    asked = self.c.stop_after_eval(self.step) if self.c.stop_after_eval is not None else None
+                    hook = self.c.stop_after_eval
+                else:  # the last step ends the run anyway (with its own stop reason)
+                    hook = self.c.stop_after_step if self.step < cfg.max_steps else None
+                if hook is not None:
+                    asked = hook(self.step)
                     if asked is not None:
                         result.stop_reason = self._stopped_by = asked
                         break

@@ -4,7 +4,7 @@ While the study's runs train (one after another, or side by side as Ray tasks), 
 polls every run folder's `metrics.jsonl` for its newest live forecast (`forecast_A`,
 `forecast_A_lo`, `forecast_A_hi`, `forecast_status` on the eval rows: `scalerl.scaling.live`)
 and stops a run, by writing `stop_request.json` into its folder (the run's driver honours it at
-its next evaluation: `stopped_by: pruned`), when its unflagged forecast says either
+its next step: `stopped_by: pruned`), when its unflagged forecast says either
 
 * `below_leader`: its whole A interval lies below the leader's lower bound by more than the seed
   margin, `A_hi + margin < A_lo(leader)` (the leader: the run whose newest unflagged forecast has

@@ -15,10 +15,10 @@ from .test_kill_resume import tiny_run_config
 from .test_train_cli import tiny_model  # noqa: F401  (the module's warm-started tiny model fixture)
 
 
-def _config(model: Path, run_dir: Path, tmp_path: Path, max_steps: int) -> Path:
+def _config(model: Path, run_dir: Path, tmp_path: Path, max_steps: int, eval_every: int = 1) -> Path:
     cfg = tiny_run_config(str(model), run_dir)
     cfg.max_steps = max_steps
-    cfg.eval.every = 1
+    cfg.eval.every = eval_every
     cfg.checkpoint.every = 0
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
@@ -92,6 +92,34 @@ def test_a_stop_request_written_mid_run_stops_it_at_its_next_evaluation(
     monkeypatch.setattr(forecast.ForecastingSink, "log_eval", log_eval)
     assert main(["train", "--recipe", "base", "-c", str(_config(tiny_model, run_dir, tmp_path, 9))]) == 0
     assert max(r["step"] for r in _rows(run_dir)) == 2  # asked right after its step-2 evaluation
+    assert (run_dir / "checkpoints" / "step_000002").is_dir()
+    stops = [json.loads(line) for line in (run_dir / "sessions.jsonl").read_text().splitlines()]
+    assert stops[-1]["stop_reason"] == "pruned"
+
+
+def test_a_stop_request_between_evaluations_stops_the_run_after_that_step(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    """A pruned variant does not train on to its next evaluation: the request written while step 2
+    is logged (evaluations every 4 steps) stops the run after step 2, which then evaluates once and
+    checkpoints there."""
+    from scalerl.assembly import forecast
+
+    run_dir = tmp_path / "run"
+    logged = forecast.ForecastingSink.log_step
+
+    def log_step(self: forecast.ForecastingSink, step: int, metrics: dict) -> object:
+        row = logged(self, step, metrics)
+        if step == 2:
+            (run_dir / forecast.STOP_REQUEST_FILE).write_text('{"reason": "below_leader"}')
+        return row
+
+    monkeypatch.setattr(forecast.ForecastingSink, "log_step", log_step)
+    config = _config(tiny_model, run_dir, tmp_path, 9, eval_every=4)
+    assert main(["train", "--recipe", "base", "-c", str(config)]) == 0
+    rows = _rows(run_dir)
+    assert max(r["step"] for r in rows if r["kind"] == "step") == 2
+    assert [r["step"] for r in rows if r["kind"] == "eval"] == [0, 2]  # at start, then the stop's
     assert (run_dir / "checkpoints" / "step_000002").is_dir()
     stops = [json.loads(line) for line in (run_dir / "sessions.jsonl").read_text().splitlines()]
     assert stops[-1]["stop_reason"] == "pruned"
