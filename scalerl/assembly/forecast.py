@@ -13,6 +13,7 @@ root hands it the hook.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,28 @@ class ForecastingSink:
         self.sink.log_samples(step, rows)
 
 
+#: Observers of this process's runs, called with a run's folder just before the run asks whether
+#: to stop after an evaluation (`StopAfterEval`). A study whose runs train in this process registers
+#: its prune controller here (`scalerl.studies.prune`), so the decision on the row just logged is
+#: taken before the run goes on: the run stops at that evaluation, whatever the controller's
+#: polling interval and however fast the run's steps are.
+_EVAL_OBSERVERS: list[Callable[[Path], None]] = []
+_OBSERVERS_LOCK = threading.Lock()
+
+
+def observe_evaluations(observer: Callable[[Path], None]) -> Callable[[], None]:
+    """Register `observer` (see `_EVAL_OBSERVERS`); returns the function that unregisters it."""
+    with _OBSERVERS_LOCK:
+        _EVAL_OBSERVERS.append(observer)
+
+    def remove() -> None:
+        with _OBSERVERS_LOCK:
+            if observer in _EVAL_OBSERVERS:
+                _EVAL_OBSERVERS.remove(observer)
+
+    return remove
+
+
 def read_stop_request(run_dir: Path) -> dict[str, Any] | None:
     """The stop request in `run_dir` (its JSON object; `{}` when unreadable: a request all the
     same, half-written by its controller), or None."""
@@ -80,6 +103,10 @@ class StopAfterEval:
         self.live = live
 
     def __call__(self, step: int) -> str | None:
+        with _OBSERVERS_LOCK:
+            observers = list(_EVAL_OBSERVERS)
+        for observer in observers:
+            observer(self.run_dir)
         if read_stop_request(self.run_dir) is not None:
             return PRUNED
         if self.live is not None and self.stop_when_known is not None:
@@ -90,4 +117,4 @@ class StopAfterEval:
 
 
 __all__ = ["FORECAST_KNOWN", "PRUNED", "STOP_REQUEST_FILE", "ForecastingSink", "StopAfterEval",
-           "read_stop_request", "stop_requested"]
+           "observe_evaluations", "read_stop_request", "stop_requested"]

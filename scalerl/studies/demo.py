@@ -156,6 +156,11 @@ class DemoResult:
     def error(self) -> float:
         return self.predicted - self.observed
 
+    @property
+    def last3(self) -> float:
+        """Mean of the last three evaluations: the run's end with one evaluation's noise averaged."""
+        return float(self.analysis.curve.y[-3:].mean())
+
 
 def fit_demo(run_dir: Path, x: str, fraction: float, n_boot: int, seconds: float = 0.0) -> DemoResult:
     """Fit the run's curve on `x <= fraction x final x` and predict the final evaluation."""
@@ -303,7 +308,7 @@ def run_demo(
         "x": a.curve.x_name,
         "fit_fraction": result.fraction,
         "final": {"x": p.compute, "predicted": p.reward, "band": [p.obs_lo, p.obs_hi],
-                  "observed": result.observed, "error": result.error,
+                  "observed": result.observed, "error": result.error, "last3": result.last3,
                   "within_paper_tolerance": abs(result.error) <= PAPER_TOLERANCE},
         "fit": run_to_dict(a),
         "seconds": result.seconds,
@@ -329,19 +334,41 @@ class SeedRow:
     C_mid: float
     reliable: bool
     held_out_mae: float | None
+    last3: float | None = None  # mean of the last three evaluations (None: an older summary)
+    band: tuple[float, float] | None = None  # the prediction's band for a new evaluation
 
     @property
     def error(self) -> float:
         return self.predicted - self.observed
 
+    @property
+    def error_last3(self) -> float | None:
+        return None if self.last3 is None else self.predicted - self.last3
+
+    @property
+    def in_band(self) -> bool | None:
+        return None if self.band is None else self.band[0] <= self.observed <= self.band[1]
+
+    def meets_bar(self) -> bool | None:
+        """The first-half bar (issue 43): an unflagged fit within +-0.02 of the mean of the last
+        three evaluations; a flagged fit's band contains the final point. None: not measurable."""
+        if self.reliable:
+            e = self.error_last3
+            return None if e is None else abs(e) <= PAPER_TOLERANCE + 1e-9
+        return self.in_band
+
 
 def seed_row(summary: dict[str, Any]) -> SeedRow:
     fit, final = summary["fit"], summary["final"]
     held = fit.get("held_out") or {}
+    band = final.get("band")
+    ok_band = isinstance(band, list) and len(band) == 2 and all(isinstance(b, (int, float)) for b in band)
     return SeedRow(seed=int(summary["seed"]), predicted=float(final["predicted"]),
                    observed=float(final["observed"]), A=float(fit["A"]), B=float(fit["B"]),
                    C_mid=float(fit["C_mid"]), reliable=bool(fit["diagnostics"]["reliable"]),
-                   held_out_mae=held.get("mae"))
+                   held_out_mae=held.get("mae"),
+                   last3=None if final.get("last3") is None else float(final["last3"]),
+                   band=(float(band[0]), float(band[1])) if ok_band else None)
 
 
 def seed_spread_summary(rows: list[SeedRow]) -> dict[str, Any]:
@@ -363,6 +390,9 @@ def seed_spread_summary(rows: list[SeedRow]) -> dict[str, Any]:
         "within_0.02": sum(abs(e) <= PAPER_TOLERANCE + 1e-9 for e in err),
         "within_0.03": sum(abs(e) <= 0.03 + 1e-9 for e in err),
         "flagged": sum(not r.reliable for r in rows),
+        # The first-half bar: unflagged within +-0.02 of the last three's mean, flagged in band.
+        "bar_met": sum(r.meets_bar() is True for r in rows),
+        "bar_measured": sum(r.meets_bar() is not None for r in rows),
         "A": spread([r.A for r in rows]),
         "B": spread([r.B for r in rows]),
     }
@@ -371,20 +401,31 @@ def seed_spread_summary(rows: list[SeedRow]) -> dict[str, Any]:
 def render_seeds(rows: list[SeedRow], stats: dict[str, Any]) -> str:
     from scalerl.scaling.report import table
 
-    body = [[str(r.seed), f"{r.predicted:.3f}", f"{r.observed:.3f}", f"{r.error:+.3f}",
-             "-" if r.held_out_mae is None else f"{r.held_out_mae:.3f}", num(r.A), num(r.B, 3),
-             num(r.C_mid, 3), "ok" if r.reliable else "FLAGGED"] for r in rows]
+    def opt(v: float | None, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    def bar(r: SeedRow) -> str:
+        met = r.meets_bar()
+        return "-" if met is None else ("met" if met else "MISSED")
+
+    body = [[str(r.seed), f"{r.predicted:.3f}", f"{r.observed:.3f}", f"{r.error:+.3f}", opt(r.last3, ".3f"),
+             opt(r.error_last3, "+.3f"), "-" if r.band is None else f"[{r.band[0]:.3f}, {r.band[1]:.3f}]",
+             opt(r.held_out_mae, ".3f"), num(r.A), num(r.B, 3), num(r.C_mid, 3),
+             "ok" if r.reliable else "FLAGGED", bar(r)] for r in rows]
     n = stats["n_seeds"]
     a, b = stats["A"], stats["B"]
     margin = "" if a["margin"] is None else f" +-{a['margin']:.3f}"
     bmargin = "" if b["margin"] is None else f" +-{b['margin']:.3f}"
     return "\n".join([
-        table(["seed", "predicted", "observed", "error", "MAE later", "A", "B", "C_mid", "fit"], body),
+        table(["seed", "predicted", "observed", "error", "last 3", "error (3)", "band", "MAE later", "A", "B",
+               "C_mid", "fit", "bar"], body),
         "",
         f"{n} seed(s): final-point error {stats['error']['min']:+.3f} to {stats['error']['max']:+.3f} "
         f"(mean abs {stats['mean_abs_error']:.3f}); within +-{PAPER_TOLERANCE} on {stats['within_0.02']} "
         f"of {n}, "
         f"within +-0.03 on {stats['within_0.03']} of {n}; {stats['flagged']} flagged fit(s)",
+        f"first-half bar (unflagged: within +-{PAPER_TOLERANCE} of the mean of the last three evaluations; "
+        f"flagged: the final point inside the band): met on {stats['bar_met']} of {stats['bar_measured']}",
         f"A = {a['mean']:.3f}{margin}, B = {b['mean']:.3f}{bmargin} over the seeds (margin: the largest "
         "deviation of a seed from the mean; the paper's is about +-0.02 on A from 3 seeds)",
     ])

@@ -3,8 +3,11 @@
 While the study's runs train (one after another, or side by side as Ray tasks), `PruneController`
 polls every run folder's `metrics.jsonl` for its newest live forecast (`forecast_A`,
 `forecast_A_lo`, `forecast_A_hi`, `forecast_status` on the eval rows: `scalerl.scaling.live`)
-and stops a run, by writing `stop_request.json` into its folder (the run's driver honours it at
-its next step: `stopped_by: pruned`), when its unflagged forecast says either
+and stops a run, by writing `stop_request.json` into its folder, when its unflagged forecast says
+either of the two below. A run training in this process is decided at the evaluation whose row
+carries the forecast, before it asks whether to stop (`assembly.forecast.observe_evaluations`), so
+it stops there; a run elsewhere (a Ray task) is decided by the polling thread and honours the
+request after its next step (`stopped_by: pruned` in both):
 
 * `below_leader`: its whole A interval lies below the leader's lower bound by more than the seed
   margin, `A_hi + margin < A_lo(leader)` (the leader: the run whose newest unflagged forecast has
@@ -29,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from scalerl.assembly.forecast import STOP_REQUEST_FILE, read_stop_request
+from scalerl.assembly.forecast import STOP_REQUEST_FILE, observe_evaluations, read_stop_request
 from scalerl.atomic import write_json_atomic
 from scalerl.scaling.compare import PAPER_SEED_MARGIN_A
 from scalerl.scaling.compute_needed import DEFAULT_HALF_WIDTH
@@ -134,9 +137,20 @@ class PruneController:
         self.pruned: dict[str, PrunedRun] = {}
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # the polling thread and the runs' own threads both poll
+        self._unobserve: Any = None
 
     def poll(self) -> list[PrunedRun]:
         """Read every run's newest forecast; request the stop of those that may stop. The new requests."""
+        with self._lock:
+            return self._poll()
+
+    def _observe(self, run_dir: Path) -> None:
+        """A run of this process is about to ask whether to stop after an evaluation: decide now."""
+        if Path(run_dir) in self.runs.values():
+            self.poll()
+
+    def _poll(self) -> list[PrunedRun]:
         rows = {name: read_rows(d / METRICS_FILE) for name, d in self.runs.items()}
         forecasts = [f for name, r in rows.items() if (f := latest_forecast(name, r, self.x)) is not None]
         # Each run's newest unflagged forecast competes for the lead: a last evaluation whose fit
@@ -164,11 +178,17 @@ class PruneController:
             self.poll()
 
     def start(self) -> PruneController:
+        # Runs in this process are decided at their evaluation (`assembly.forecast`); runs elsewhere
+        # (Ray tasks) by the polling thread, within `interval_s` of their row.
+        self._unobserve = observe_evaluations(self._observe)
         self._thread = threading.Thread(target=self._loop, name="scalerl-prune", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        if self._unobserve is not None:
+            self._unobserve()
+            self._unobserve = None
         self._halt.set()
         if self._thread is not None:
             self._thread.join()

@@ -111,3 +111,31 @@ def test_bad_settings_are_refused(tmp_path: Path) -> None:
         PruneController({}, margin=-1)
     with pytest.raises(ValueError, match="a_width"):
         PruneController({}, a_width=0)
+
+
+def test_a_run_in_this_process_is_decided_at_the_evaluation_it_just_logged(tmp_path: Path) -> None:
+    """The controller's polling thread never gets a turn here (interval 1 h): the run's own
+    stop-after-evaluation hook lets it decide on the rows just logged, and the run stops there.
+    After `stop()` the controller no longer observes."""
+    from scalerl.assembly.forecast import PRUNED, StopAfterEval
+    from scalerl.config import ForecastConfig
+
+    runs = {
+        "leader": make_run(tmp_path, "leader", [(0.70, 0.68, 0.73, "ok")]),
+        "loser": make_run(tmp_path, "loser", [(0.50, 0.45, 0.55, "ok")]),
+        "other": make_run(tmp_path, "other", [(0.69, 0.66, 0.72, "ok")]),
+    }
+    (tmp_path / "elsewhere").mkdir()
+    outsider = make_run(tmp_path / "elsewhere", "loser", [(0.10, 0.05, 0.15, "ok")])
+    c = PruneController({"leader": runs["leader"], "loser": runs["loser"]}, margin=0.02, a_width=0.01,
+                        interval_s=3600).start()
+    try:
+        assert StopAfterEval(ForecastConfig(), runs["leader"], None)(4) is None
+        assert StopAfterEval(ForecastConfig(), outsider, None)(4) is None  # not this study's run
+        assert StopAfterEval(ForecastConfig(), runs["loser"], None)(4) == PRUNED
+    finally:
+        c.stop()
+    assert set(c.pruned) == {"loser"}
+    late = PruneController({"other": runs["other"], "leader": runs["leader"]}, margin=0.2, a_width=0.4)
+    assert StopAfterEval(ForecastConfig(), runs["other"], None)(4) is None  # never started: not observing
+    assert late.pruned == {}

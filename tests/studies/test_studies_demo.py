@@ -162,6 +162,29 @@ def test_seed_spread_closed_form() -> None:
     assert "within +-0.02 on 2 of 3" in text and "FLAGGED" in text and "A = 0.693 +-0.033" in text
 
 
+def test_first_half_bar_unflagged_against_the_last_three_flagged_against_the_band() -> None:
+    """Issue 43's bar per seed: an unflagged fit within +-0.02 of the mean of the last three
+    evaluations (not the last one alone), a flagged fit's band holding the final point."""
+    def row(predicted: float, observed: float, last3: float, band: list[float], ok: bool) -> demo.SeedRow:
+        s = _summary(0, predicted, observed, 0.7, 1.0, ok)
+        s["final"].update(last3=last3, band=band)
+        return demo.seed_row(s)
+
+    rows = [
+        row(0.700, 0.730, 0.715, [0.66, 0.74], True),   # 0.030 from the last point, 0.015 from the last 3
+        row(0.700, 0.700, 0.675, [0.66, 0.74], True),   # 0.025 from the last 3: missed
+        row(0.800, 0.720, 0.720, [0.70, 0.90], False),  # flagged, final inside its band
+        row(0.800, 0.690, 0.690, [0.70, 0.90], False),  # flagged, final below its band: missed
+    ]
+    assert [r.meets_bar() for r in rows] == [True, False, True, False]
+    assert rows[0].error_last3 == pytest.approx(-0.015)
+    stats = demo.seed_spread_summary(rows)
+    assert (stats["bar_met"], stats["bar_measured"]) == (2, 4)
+    text = demo.render_seeds(rows, stats)
+    assert "met on 2 of 4" in text and text.count("MISSED") == 2
+    assert demo.seed_row(_summary(0, 0.6, 0.6, 0.7, 1.0, True)).meets_bar() is None  # an older summary
+
+
 def test_seeds_runs_each_seed_in_its_own_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[int, Path]] = []
 

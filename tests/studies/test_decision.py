@@ -1,0 +1,97 @@
+"""The decision study (`scalerl.studies.decision`): the truth from full runs, compare's early
+calls on runs cut at a fraction of the budget, and the score, on curves whose answer is known."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from scalerl.scaling.analysis import FitOptions
+from scalerl.scaling.io import Curve
+from scalerl.studies import decision
+
+GRID = np.geomspace(1e10, 1e12, 21)
+
+
+def sigmoid(c: np.ndarray, A: float, B: float, c_mid: float, r0: float = 0.3) -> np.ndarray:
+    # ScaleRL eq. 1 written out: R0 + (A - R0) / (1 + (C_mid / C)^B)
+    return r0 + (A - r0) / (1.0 + (c_mid / c) ** B)
+
+
+def curve(label: str, y: np.ndarray) -> Curve:
+    n = y.size
+    return Curve(label=label, source=f"{label}.csv", x_name="flops", y_name="val_pass_rate", x=GRID.copy(),
+                 y=np.asarray(y, dtype=float), lines=np.arange(2, n + 2),
+                 extra={"step": np.arange(n, dtype=float) * 7})
+
+
+def seeds(name: str, y: np.ndarray, rng: np.random.Generator, sd: float = 0.008) -> list[Curve]:
+    return [curve(f"{name}-seed{i}", y + rng.normal(0, sd, y.size)) for i in range(3)]
+
+
+def test_welch_p_is_the_closed_form() -> None:
+    x, y = [0.71, 0.73, 0.72], [0.66, 0.69, 0.64]
+    mx, my = np.mean(x), np.mean(y)
+    vx, vy = np.var(x, ddof=1) / 3, np.var(y, ddof=1) / 3
+    t = (mx - my) / math.sqrt(vx + vy)
+    df = (vx + vy) ** 2 / (vx**2 / 2 + vy**2 / 2)  # Welch-Satterthwaite, n - 1 = 2 each
+    p = 2 * stats.t.sf(abs(t), df)
+    assert decision.welch_p(x, y) == pytest.approx(p, rel=1e-9)
+    assert decision.welch_p([0.5, 0.5], [0.5, 0.5]) == 1.0 and decision.welch_p([0.5, 0.5], [0.6, 0.6]) == 0.0
+
+
+def test_level_at_is_the_mean_of_the_last_three_evaluations_within_the_budget() -> None:
+    c = curve("r", np.linspace(0.3, 0.7, GRID.size))
+    assert decision.level_at(c, GRID[10]) == pytest.approx(np.mean(c.y[8:11]))
+    cut = decision.cut(c, GRID[5])
+    assert cut.x.size == 6 and cut.extra["step"].size == 6 and cut.lines.size == 6
+    assert float(cut.x.max()) <= GRID[5]
+
+
+def test_separated_recipes_are_decided_and_ties_are_not() -> None:
+    rng = np.random.default_rng(7)
+    good = sigmoid(GRID, 0.70, 1.5, 1e11)
+    curves = {
+        "good": seeds("good", good, rng),
+        "same": seeds("same", good, rng),
+        "poor": seeds("poor", sigmoid(GRID, 0.45, 1.5, 1e11), rng),
+    }
+    out = decision.study(curves, [0.5], FitOptions(n_boot=200))
+    truth, calls = out["truth"], out["calls"][0.5]
+    assert not truth[("good", "same")].separated
+    assert truth[("good", "poor")].leader == "good" and truth[("same", "poor")].leader == "same"
+    assert not calls[("good", "same")].decided
+    assert calls[("good", "poor")].decided and calls[("good", "poor")].leader == "good"
+    s = out["scores"][0]
+    assert (s.pairs, s.separated, s.decided, s.correct, s.wrong, s.decided_ties) == (3, 2, 2, 2, 0, 0)
+    assert s.meets()
+
+
+def test_a_recipe_that_falls_after_the_cut_is_a_confident_wrong_call() -> None:
+    """The early call sees nothing past the cut: a recipe ahead until 60% of the budget and then
+    falling is called ahead at 50% (a wrong call the score counts) and is behind in the truth."""
+    rng = np.random.default_rng(3)
+    steady = sigmoid(GRID, 0.60, 1.5, 1e11)
+    late = sigmoid(GRID, 0.75, 1.5, 1e11)
+    fall = GRID > 0.6 * GRID[-1]
+    late[fall] = 0.40
+    curves = {"steady": seeds("steady", steady, rng), "late": seeds("late", late, rng)}
+    out = decision.study(curves, [0.5], FitOptions(n_boot=200))
+    assert out["truth"][("steady", "late")].leader == "steady"
+    call = out["calls"][0.5][("steady", "late")]
+    assert call.decided and call.leader == "late"
+    s = out["scores"][0]
+    assert (s.decided, s.correct, s.wrong) == (1, 0, 1) and not s.meets()
+
+
+def test_bad_fractions_and_a_single_recipe_are_refused() -> None:
+    rng = np.random.default_rng(0)
+    one = {"a": seeds("a", sigmoid(GRID, 0.7, 1.5, 1e11), rng)}
+    with pytest.raises(decision.CurveError, match="two recipes"):
+        decision.study(one, [0.5], FitOptions(n_boot=50))
+    two = {**one, "b": seeds("b", sigmoid(GRID, 0.7, 1.5, 1e11), rng)}
+    with pytest.raises(decision.CurveError, match="fractions"):
+        decision.study(two, [1.5], FitOptions(n_boot=50))
