@@ -2,8 +2,8 @@
 and score its answers against where the full runs end (`scalerl.studies.decision`).
 
     python benchmarks/decision_study.py \\
-        --recipe scalerl=runs/dec/main/scalerl-seed0,runs/dec/main/scalerl-seed1,runs/dec/main/scalerl-seed2 \\
-        --recipe gspo=runs/dec/main/gspo-seed0,... --fractions 0.25,0.5
+        --recipe scalerl=runs/dec/scalerl-seed0,runs/dec/scalerl-seed1,runs/dec/scalerl-seed2 \\
+        --recipe gspo=runs/dec/gspo-seed0,... --fractions 0.25,0.5
     python benchmarks/decision_study.py --recipe scalerl=ref/scalerl.csv --recipe gspo=ref/gspo.csv ...
 
 Each `--recipe NAME=PATH[,PATH...]` names one recipe and its seeds: scalerl run folders, or CSV
@@ -21,14 +21,14 @@ Exit status: 0 when every fraction meets the bar, 1 when one does not, 2 on bad 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from scalerl.scaling.analysis import FitOptions
-from scalerl.scaling.io import Curve, read_curves
+from scalerl.scaling.io import Curve, read_curves, write_curves_csv
 from scalerl.scaling.validation import CurveError
 from scalerl.studies.decision import ALPHA, LEVEL, study
 
@@ -41,10 +41,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--x", default="flops", help="compute column (default flops)")
     p.add_argument("--y", default="val_pass_rate", help="reward column (default val_pass_rate)")
     p.add_argument("--fractions", default="0.25,0.5", help="fractions of the budget (default 0.25,0.5)")
-    p.add_argument("--alpha", type=float, default=ALPHA, help=f"Welch test level of the truth (default {ALPHA})")
+    p.add_argument("--alpha", type=float, default=ALPHA,
+                   help=f"Welch test level of the truth (default {ALPHA})")
     p.add_argument("--level", type=float, default=LEVEL,
                    help=f"P(ahead) a decided call needs (default {LEVEL})")
-    p.add_argument("--bootstrap", type=int, default=1000, metavar="N", help="bootstrap resamples (default 1000)")
+    p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
+                   help="bootstrap resamples (default 1000)")
     p.add_argument("--json", metavar="OUT", help="also write the result as JSON (a new file)")
     p.add_argument("--export", metavar="DIR", help="write each recipe's evaluation points to DIR/NAME.csv")
     return p.parse_args(argv)
@@ -59,7 +61,9 @@ def _recipes(specs: Sequence[str], x: str, y: str) -> dict[str, list[Curve]]:
             raise CurveError(f"--recipe {spec!r}: expected NAME=PATH[,PATH...]")
         if name in out:
             raise CurveError(f"--recipe {name!r} is given twice")
-        out[name] = [c for path in paths for c in read_curves(path.strip(), x, y)]
+        # Labels made unique per recipe: two recipes' runs are often named alike (scalerl-seed0).
+        out[name] = [replace(c, label=f"{name}/{c.label}") if not c.label.startswith(f"{name}/") else c
+                     for path in paths for c in read_curves(path.strip(), x, y)]
         if len(out[name]) < 2:
             raise CurveError(f"--recipe {name!r}: needs two or more seeds, got {len(out[name])}")
     return out
@@ -72,19 +76,11 @@ def _fresh(path: Path, flag: str) -> Path:
 
 
 def export(curves: dict[str, list[Curve]], out_dir: Path) -> list[Path]:
-    """One CSV per recipe (run, step, x, y), every file checked new before any is written."""
+    """One CSV per recipe (`scaling.io.write_curves_csv`), every file checked new before any is written."""
     targets = {name: _fresh(out_dir / f"{name}.csv", "--export") for name in curves}
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, runs in curves.items():
-        x_name, y_name = runs[0].x_name, runs[0].y_name
-        with targets[name].open("x", newline="", encoding="utf-8") as f:
-            w = csv.writer(f)
-            w.writerow(["run", "step", x_name, y_name])
-            for c in runs:
-                steps = c.extra.get("step")
-                for i in range(c.x.size):
-                    step = "" if steps is None else f"{steps[i]:g}"
-                    w.writerow([c.label, step, repr(float(c.x[i])), repr(float(c.y[i]))])
+        write_curves_csv(runs, targets[name])
     return list(targets.values())
 
 

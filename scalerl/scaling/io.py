@@ -512,6 +512,23 @@ def read_curves(path: str | Path, x: str | None = None, y: str | None = None,
                      f"one of the logs --format names: {', '.join(logs.FORMATS)})")
 
 
+def write_curves_csv(curves: Sequence[Curve], path: str | Path) -> None:
+    """Curves as one CSV that `read_csv` reads back as the same curves: a `run` column (each
+    curve's label), `step` where the curve has one, its x and y. The file must be new (mode "x": an
+    existing file is never overwritten). Small enough to ship a study's runs as reference data."""
+    if not curves:
+        raise CurveError(f"{path}: no curves to write")
+    x_name, y_name = curves[0].x_name, curves[0].y_name
+    with Path(path).open("x", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["run", "step", x_name, y_name])
+        for c in curves:
+            steps = c.extra.get("step")
+            for i in range(c.x.size):
+                step = "" if steps is None or not math.isfinite(steps[i]) else f"{steps[i]:g}"
+                w.writerow([c.label, step, repr(float(c.x[i])), repr(float(c.y[i]))])
+
+
 def read_many(paths: Sequence[str | Path], x: str | None = None, y: str | None = None,
               axis: FlopsAxis | None = None, fmt: str | None = None) -> list[Curve]:
     """Read several sources; labels are made unique by appending ``#2``, ``#3`` ... to repeats."""

@@ -130,9 +130,13 @@ def early_calls(curves: Mapping[str, Sequence[Curve]], fraction: float, c_end: f
         for c in runs:
             part = cut(c, fraction * c_end)
             try:
-                analyses.setdefault(name, []).append(analyze_curve(part, opts))
+                fitted = analyze_curve(part, opts)
             except CurveError as err:
                 notes.append(f"{c.label} at {fraction:g}: not fitted ({err})")
+                continue
+            analyses.setdefault(name, []).append(fitted)
+    if len(analyses) < 2:  # too early to fit two recipes: every pair is undecided
+        return {}, notes
     pooled = {n: p for n, a in analyses.items() if len(a) >= 2
               for p in [_pool(n, a, opts.n_boot, opts.seed)] if p is not None}
     fits = {x.curve.label: x.fit for a in analyses.values() for x in a}

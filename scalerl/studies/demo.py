@@ -26,7 +26,7 @@ from scalerl.inputs import InputError
 from scalerl.ownership import check_output_dir_owned, claim_output_dir
 from scalerl.recipes import recipe_path
 from scalerl.scaling.analysis import FitOptions, RunAnalysis, analyze_curve
-from scalerl.scaling.io import read_run_dir
+from scalerl.scaling.io import Curve, read_run_dir
 from scalerl.scaling.plot import FitPlotItem, plot_fits
 from scalerl.scaling.report import interval, jsonable, num, render_fit, run_to_dict
 from scalerl.studies.study import check_overrides
@@ -164,7 +164,14 @@ class DemoResult:
 
 def fit_demo(run_dir: Path, x: str, fraction: float, n_boot: int, seconds: float = 0.0) -> DemoResult:
     """Fit the run's curve on `x <= fraction x final x` and predict the final evaluation."""
-    curve = read_run_dir(run_dir, x=x)
+    return fit_demo_curve(read_run_dir(run_dir, x=x), fraction, n_boot, seconds, where=str(run_dir))
+
+
+def fit_demo_curve(curve: Curve, fraction: float, n_boot: int, seconds: float = 0.0,
+                   where: str | None = None) -> DemoResult:
+    """`fit_demo` on a curve read by any reader (a run folder, a CSV export of one)."""
+    run_dir = where or curve.source
+    x = curve.x_name
     end = float(curve.x[-1])
     window = fraction * end
     inside = int(((curve.x > 0) & (curve.x <= window)).sum())
@@ -371,6 +378,15 @@ def seed_row(summary: dict[str, Any]) -> SeedRow:
                    band=(float(band[0]), float(band[1])) if ok_band else None)
 
 
+def row_of(seed: int, result: DemoResult) -> SeedRow:
+    """The seed table's row of a fitted demo curve (what `seed_row` reads back from a summary)."""
+    a, p = result.analysis, result.analysis.predictions[0]
+    band = None if p.obs_lo is None or p.obs_hi is None else (float(p.obs_lo), float(p.obs_hi))
+    return SeedRow(seed=seed, predicted=p.reward, observed=result.observed, A=a.fit.A, B=a.fit.B,
+                   C_mid=a.fit.C_mid, reliable=a.fit.diagnostics.reliable,
+                   held_out_mae=None if a.held_out is None else a.held_out.mae, last3=result.last3, band=band)
+
+
 def seed_spread_summary(rows: list[SeedRow]) -> dict[str, Any]:
     """Spread over seeds of the final-point error and of A and B (margin: the largest deviation
     of a seed from the mean, the paper's "+-0.02 on A from 3 seeds", A.5)."""
@@ -458,5 +474,5 @@ def run_seeds(*, n_seeds: int, output_dir: str | Path = "runs/demo", seed: int |
     return 0
 
 
-__all__ = ["DemoSettings", "SeedRow", "demo_config", "fit_demo", "load_settings", "run_demo",
-           "run_seeds", "seed_row", "seed_spread_summary"]
+__all__ = ["DemoSettings", "SeedRow", "demo_config", "fit_demo", "fit_demo_curve", "load_settings",
+           "render_seeds", "row_of", "run_demo", "run_seeds", "seed_row", "seed_spread_summary"]

@@ -50,6 +50,8 @@ TESTED = {
     "bench_lora.py",
     "bench_endpoint.py",
     "bench_distill.py",
+    "decision_study.py",
+    "first_half_table.py",
 }
 
 
@@ -605,3 +607,47 @@ def test_bench_distill_warm_student_small(cache_dir: Path, tmp_path: Path) -> No
     assert d["curve"][0][2] == rl["curve"][0][2] == result["start_pass_rate"]
     # RL reaches its own final pass rate by its end at the latest
     assert result["to_teacher"]["rl_flops"] is not None and result["to_teacher"]["rl_flops"] <= rl["flops"]
+
+
+# ------------------------------------------------------------------------------ decisions, first half
+REF = ROOT / "tests" / "studies" / "data"
+
+
+def _run_rc(name: str, *args: str, cache_dir: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SCALERL_CACHE_DIR": str(cache_dir),
+           "MPLCONFIGDIR": str(cache_dir / "matplotlib")}
+    return subprocess.run([sys.executable, str(BENCHMARKS / name), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_decision_study_on_the_shipped_runs_exports_and_refuses_bad_input(
+    cache_dir: Path, tmp_path: Path
+) -> None:
+    recipes = [f"--recipe={r}={REF / 'decision' / (r + '.csv')}"
+               for r in ("scalerl", "gspo", "scalerl-lr3e-5", "scalerl-lr1e-5")]
+    proc = _run_rc("decision_study.py", *recipes, "--bootstrap", "300", "--export", str(tmp_path / "ex"),
+                   "--json", str(tmp_path / "d.json"), cache_dir=cache_dir)
+    assert proc.returncode == 1, proc.stderr  # the bar is not met at 50% (docs/studies.md)
+    assert match(r"^at 25%: 0 of 6 pairs decided", proc.stdout)
+    assert match(r"^at 50%: (\d) of 6 pairs decided, (\d) correct .* 0 wrong", proc.stdout)
+    data = json.loads((tmp_path / "d.json").read_text())
+    assert len(data["truth"]) == 6 and [s["fraction"] for s in data["scores"]] == [0.25, 0.5]
+    # The export reads back as the same points.
+    again = (tmp_path / "ex" / "gspo.csv").read_text().splitlines()
+    assert again[0] == "run,step,flops,val_pass_rate" and len(again) == 1 + 3 * 21
+    bad = _run_rc("decision_study.py", recipes[0], "--recipe=nope", cache_dir=cache_dir)
+    assert bad.returncode == 2 and "NAME=PATH" in bad.stderr
+    kept = (tmp_path / "d.json").read_text()
+    twice = _run_rc("decision_study.py", *recipes, "--json", str(tmp_path / "d.json"), cache_dir=cache_dir)
+    assert twice.returncode == 2 and "exists" in twice.stderr and (tmp_path / "d.json").read_text() == kept
+
+
+def test_first_half_table_on_the_shipped_seeds(cache_dir: Path, tmp_path: Path) -> None:
+    proc = _run_rc("first_half_table.py", str(REF / "first_half" / "scalerl.csv"), "--bootstrap", "300",
+                   cache_dir=cache_dir)
+    assert proc.returncode == 1, proc.stderr  # 5 of 8 meet the bar (docs/studies.md)
+    rows = re.findall(r"^(\d)\s+.*\s(ok|FLAGGED)\s+(met|MISSED)$", proc.stdout, re.M)
+    assert len(rows) == 8 and [r[1] for r in rows].count("FLAGGED") == 3
+    assert match(r"met on (\d) of 8", proc.stdout)
+    bad = _run_rc("first_half_table.py", str(tmp_path / "missing"), cache_dir=cache_dir)
+    assert bad.returncode == 2 and "missing" in bad.stderr

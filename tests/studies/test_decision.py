@@ -4,13 +4,14 @@ calls on runs cut at a fraction of the budget, and the score, on curves whose an
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats
 
 from scalerl.scaling.analysis import FitOptions
-from scalerl.scaling.io import Curve
+from scalerl.scaling.io import Curve, read_curves
 from scalerl.studies import decision
 
 GRID = np.geomspace(1e10, 1e12, 21)
@@ -76,7 +77,7 @@ def test_a_recipe_that_falls_after_the_cut_is_a_confident_wrong_call() -> None:
     rng = np.random.default_rng(3)
     steady = sigmoid(GRID, 0.60, 1.5, 1e11)
     late = sigmoid(GRID, 0.75, 1.5, 1e11)
-    fall = GRID > 0.6 * GRID[-1]
+    fall = 0.6 * GRID[-1] < GRID
     late[fall] = 0.40
     curves = {"steady": seeds("steady", steady, rng), "late": seeds("late", late, rng)}
     out = decision.study(curves, [0.5], FitOptions(n_boot=200))
@@ -95,3 +96,38 @@ def test_bad_fractions_and_a_single_recipe_are_refused() -> None:
     two = {**one, "b": seeds("b", sigmoid(GRID, 0.7, 1.5, 1e11), rng)}
     with pytest.raises(decision.CurveError, match="fractions"):
         decision.study(two, [1.5], FitOptions(n_boot=50))
+
+
+# ------------------------------------------------------------------------ the shipped reference study
+REF = Path(__file__).parent / "data"
+RECIPES = ("scalerl", "gspo", "scalerl-lr3e-5", "scalerl-lr1e-5")
+
+
+def test_the_reference_decision_study_replays_as_documented() -> None:
+    """docs/studies.md, "Do early comparisons decide?": 4 recipes x 3 RL seeds on the demo's
+    settings, their evaluation points shipped in tests/studies/data/decision/. The figures there are
+    these: nothing fits at 25%; at 50% three pairs are decided, two of them right, one a pair the
+    full runs do not separate (Welch p 0.12), and no confident wrong call."""
+    curves = {r: read_curves(REF / "decision" / f"{r}.csv", "flops", "val_pass_rate") for r in RECIPES}
+    assert all(len(c) == 3 for c in curves.values())
+    out = decision.study(curves, [0.25, 0.5], FitOptions())
+    s25, s50 = out["scores"]
+    assert (s25.decided, s25.separated) == (0, 5)
+    assert (s50.decided, s50.correct, s50.wrong, s50.decided_ties, s50.missed) == (3, 2, 0, 1, 3)
+    assert not s50.meets() and s25.meets()
+    tie = out["truth"][("scalerl", "scalerl-lr3e-5")]
+    assert not tie.separated and tie.p_value == pytest.approx(0.123, abs=0.001)
+    assert out["calls"][0.5][("scalerl", "scalerl-lr3e-5")].decided
+
+
+def test_the_reference_first_half_table_replays_as_documented() -> None:
+    """docs/studies.md, "The per-seed table of the default": 8 RL seeds of the demo, fitted on the
+    first half as `scalerl demo` fits; the bar is met on 5 of 8 (seeds 0, 5 and 6 miss it)."""
+    from scalerl.studies.demo import fit_demo_curve, row_of, seed_spread_summary
+
+    curves = read_curves(REF / "first_half" / "scalerl.csv", "flops", "val_pass_rate")
+    rows = [row_of(i, fit_demo_curve(c, 0.5, 1000)) for i, c in enumerate(curves)]
+    assert [r.seed for r in rows if not r.meets_bar()] == [0, 5, 6]
+    assert [r.seed for r in rows if not r.reliable] == [3, 4, 7]
+    stats = seed_spread_summary(rows)
+    assert (stats["bar_met"], stats["within_0.02"], stats["flagged"]) == (5, 2, 3)
