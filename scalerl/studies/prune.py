@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -138,7 +138,7 @@ class PruneController:
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # the polling thread and the runs' own threads both poll
-        self._unobserve: Any = None
+        self._unobserve: Callable[[], None] | None = None
 
     def poll(self) -> list[PrunedRun]:
         """Read every run's newest forecast; request the stop of those that may stop. The new requests."""

@@ -43,9 +43,8 @@ from scalerl.cli import main
 
 STEPS, HELDOUT, K = 30, 64, 8
 # 5e-4, not 2e-3: from the fresh-clone warm start (held-out 0.211) the off-policy modes at 2e-3 lost
-# their training reward (0.36 -> 0.03-0.14) and ended at 0.203 (ppo_offpolicy) and 0.164 (pipeline);
-# the commit that first measured 2e-3 (d3f79ab) gives the same 0.203 from this warm start, so the
-# earlier gains came from an older cached warm start, not from code since changed.
+# their training reward (0.36 -> 0.03-0.14) and ended at 0.203 (ppo_offpolicy) and 0.164 (pipeline):
+# a step too large for off-policy data at that rate.
 LR = 5e-4
 # The pipeline case's schedule (module docstring): reproducible, and as stale as k allows.
 INTERLEAVED = ("pipeline.schedule=interleaved", "pipeline.decode_steps_per_train_step=128")
