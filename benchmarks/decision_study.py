@@ -10,7 +10,9 @@ Each `--recipe NAME=PATH[,PATH...]` names one recipe and its seeds: scalerl run 
 files with a `run` column (one curve per run: what `--export` writes). The budget is the smallest
 final compute of any run; the truth per pair is Welch's t-test on the seeds' levels there (mean of
 the last three evaluations); the early call is compare's standing at the budget from the runs cut
-at each fraction, decided when P(ahead) >= `--level` and no fit of the pair is flagged. The bar
+at each fraction (each recipe's seeds grouped: their own fits' replicates together), decided when
+P(ahead) >= `--level` and no fit of the pair is flagged. `--pool` calls from each recipe's pooled
+fit instead, whose band assumes the seeds' errors independent (over-confident: docs/studies.md). The bar
 (issue 43): decided pairs >= 90% correct, no decided tie, no confident wrong call.
 
 `--export DIR` writes each recipe's evaluation points (run, step, x, y) to `DIR/NAME.csv`, small
@@ -47,6 +49,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help=f"P(ahead) a decided call needs (default {LEVEL})")
     p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
                    help="bootstrap resamples (default 1000)")
+    p.add_argument("--pool", action="store_true",
+                   help="early calls from each recipe's pooled fit (`scalerl fit --pool`)")
     p.add_argument("--json", metavar="OUT", help="also write the result as JSON (a new file)")
     p.add_argument("--export", metavar="DIR", help="write each recipe's evaluation points to DIR/NAME.csv")
     return p.parse_args(argv)
@@ -93,7 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.json:
             _fresh(Path(args.json), "--json")
         curves = _recipes(args.recipe, args.x, args.y)
-        result = study(curves, fractions, FitOptions(n_boot=args.bootstrap), args.alpha, args.level)
+        result = study(curves, fractions, FitOptions(n_boot=args.bootstrap), args.alpha, args.level,
+                       args.pool)
         if args.export:
             for path in export(curves, Path(args.export)):
                 print(f"exported {path}", file=sys.stderr)

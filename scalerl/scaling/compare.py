@@ -391,6 +391,12 @@ def prediction_caveats(recipes: Sequence[Recipe], compute: float) -> tuple[str, 
     """Caveats on predictions at ``compute``: far extrapolations and flagged fits."""
     out = []
     for r in recipes:
+        if r.pooled is not None and compute > r.pooled.max_compute:
+            # Measured in docs/studies.md ("Do early comparisons decide?"): at 2x beyond the data
+            # each recipe's seeds missed in one direction, and the pooled P(ahead) decided a tie.
+            out.append(f"{r.name} (pooled): its band assumes the seeds' extrapolation errors are "
+                       "independent; beyond the data they are shared, so the band and P(ahead) are "
+                       "over-confident (compare the seeds unpooled to rank recipes)")
         for label, f in zip(r.labels, r.fits, strict=True):
             far = extrapolation_caveat(label, f, compute)
             if far:

@@ -11,12 +11,20 @@ they will spend. This module answers it from several seeds of each recipe, run t
   at ``alpha`` (two-sided). Unseparated pairs are ties: no early answer may call them.
 * **The early call** at fraction ``f``: every run's curve is cut at ``f x C_end`` (the points
   beyond are dropped before anything is fitted), each cut run is fitted as `scalerl fit` does,
-  the seeds of a recipe are pooled (`scaling.pooled`, the `--pool` fit; each seed's own fit when
-  pooling fails), and `scaling.compare.compare` is asked for the standing at ``C_end`` (what
-  `scalerl compare --at C_end` prints). A pair is *decided* when the leader of the two is ahead
-  with probability ``>= level`` over the bootstrap replicates and neither recipe's fits are
-  flagged (compare's caveat: a flagged fit's band understates its uncertainty). Otherwise it is
-  undecided.
+  and `scaling.compare.compare` is asked for the standing at ``C_end`` (what `scalerl compare
+  --at C_end` prints) with the seeds of a recipe grouped: its replicate curves are all its seeds'
+  bootstrap replicates together, so P(ahead) carries where *a seed* of the recipe may land (each
+  fit's extrapolation error and the seed-to-seed spread), not only the noise of the mean. A pair
+  is *decided* when the leader of the two is ahead with probability ``>= level`` over those
+  replicates and neither recipe's fits are flagged (compare's caveat: a flagged fit's band
+  understates its uncertainty). Otherwise it is undecided.
+* **Why not the pooled fit** (``pool=True``, the `--pool` fit of `scaling.pooled`, each seed's own
+  fit when pooling fails): its band narrows like ``1 / sqrt(S)`` because it treats the seeds'
+  errors as independent. Extrapolation errors are not: on the shipped reference runs at 50%,
+  every seed of a recipe misses its final level in the same direction (scalerl's three seeds
+  over-predict by +0.005 to +0.022, lr 3e-5's under-predict by -0.008 to -0.022), so the pooled
+  P(ahead) calls a pair the full runs cannot separate at 1.00. ``pool=True`` keeps that call
+  reproducible (docs/studies.md).
 * **The score** per fraction: decided pairs that name the full runs' leader (correct), decided
   pairs that name the other recipe of a separated pair (a confident wrong call), decided ties
   (the full runs cannot separate them), and separated pairs left undecided (missed, not wrong).
@@ -121,7 +129,8 @@ def _pool(name: str, analyses: Sequence[RunAnalysis], n_boot: int, seed: int) ->
 
 
 def early_calls(curves: Mapping[str, Sequence[Curve]], fraction: float, c_end: float,
-                opts: FitOptions, level: float = LEVEL) -> tuple[dict[tuple[str, str], EarlyCall], list[str]]:
+                opts: FitOptions, level: float = LEVEL,
+                pool: bool = False) -> tuple[dict[tuple[str, str], EarlyCall], list[str]]:
     """Compare's call for every pair with each run cut at ``fraction x c_end`` (see the module
     docstring), and notes on what could not be fitted."""
     notes: list[str] = []
@@ -137,7 +146,7 @@ def early_calls(curves: Mapping[str, Sequence[Curve]], fraction: float, c_end: f
             analyses.setdefault(name, []).append(fitted)
     if len(analyses) < 2:  # too early to fit two recipes: every pair is undecided
         return {}, notes
-    pooled = {n: p for n, a in analyses.items() if len(a) >= 2
+    pooled = {n: p for n, a in analyses.items() if pool and len(a) >= 2
               for p in [_pool(n, a, opts.n_boot, opts.seed)] if p is not None}
     fits = {x.curve.label: x.fit for a in analyses.values() for x in a}
     boots = {x.curve.label: x.boot for a in analyses.values() for x in a if x.boot is not None}
@@ -228,8 +237,9 @@ def render(levels: Mapping[str, Sequence[float]], c_end: float, truth: Mapping[t
 
 
 def study(curves: Mapping[str, Sequence[Curve]], fractions: Sequence[float], opts: FitOptions,
-          alpha: float = ALPHA, level: float = LEVEL) -> dict[str, object]:
-    """Everything the study reports (see the module docstring)."""
+          alpha: float = ALPHA, level: float = LEVEL, pool: bool = False) -> dict[str, object]:
+    """Everything the study reports (see the module docstring; ``pool``: the early calls from
+    each recipe's pooled fit instead of its seeds' own fits)."""
     if len(curves) < 2:
         raise CurveError("the decision study needs at least two recipes")
     for f in fractions:
@@ -240,7 +250,7 @@ def study(curves: Mapping[str, Sequence[Curve]], fractions: Sequence[float], opt
     truth = truths(levels, alpha)
     calls, notes = {}, []
     for f in fractions:
-        calls[f], n = early_calls(curves, f, c_end, opts, level)
+        calls[f], n = early_calls(curves, f, c_end, opts, level, pool)
         notes.extend(n)
     scores = [score(f, truth, calls[f]) for f in fractions]
     return {"c_end": c_end, "levels": levels, "truth": truth, "calls": calls, "scores": scores,

@@ -88,3 +88,21 @@ def test_fit_pool_and_compare_recipe_cli(tmp_path: Path, capsys: pytest.CaptureF
     assert pair["A_higher"] == "good"
     assert main(["compare", "--recipe", "good=" + str(good[0]), *args]) == 2
     assert "two or more seeds" in capsys.readouterr().err
+
+
+def test_a_pooled_prediction_beyond_the_data_says_its_band_is_over_confident() -> None:
+    """Beyond the data the seeds' extrapolation errors are shared (docs/studies.md, "Do early
+    comparisons decide?"), which the pooled band's 1/sqrt(S) narrowing ignores: compare says so
+    for a pooled recipe past its data, and not inside it or for the seeds' own fits."""
+    from scalerl.scaling.compare import compare
+
+    fits = {f"r-seed{s}": fit_sigmoid(C, _seed(s, sd)) for s, sd in enumerate(NOISE)}
+    pooled = {"r": fit_pooled("r", list(fits.items()), n_boot=50, seed=0)}
+    recipes = {label: "r" for label in fits}
+    beyond, inside = 2 * C[-1], C[-1] / 2
+    with_pool = compare(fits, at=(inside, beyond), recipes=recipes, pooled=pooled, refit_fixed_A=False)
+    caveats = {s.compute: s.caveats for s in with_pool.standings}
+    assert any("r (pooled): its band assumes" in c for c in caveats[beyond])
+    assert not any("(pooled)" in c for c in caveats[inside])
+    own = compare(fits, at=(beyond,), recipes=recipes, refit_fixed_A=False)
+    assert not any("(pooled)" in c for c in own.standings[0].caveats)

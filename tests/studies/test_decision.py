@@ -106,18 +106,28 @@ RECIPES = ("scalerl", "gspo", "scalerl-lr3e-5", "scalerl-lr1e-5")
 def test_the_reference_decision_study_replays_as_documented() -> None:
     """docs/studies.md, "Do early comparisons decide?": 4 recipes x 3 RL seeds on the demo's
     settings, their evaluation points shipped in tests/studies/data/decision/. The figures there are
-    these: nothing fits at 25%; at 50% three pairs are decided, two of them right, one a pair the
-    full runs do not separate (Welch p 0.12), and no confident wrong call."""
+    these: nothing fits at 25%; at 50% two pairs are decided, both right, the pair the full runs do
+    not separate (Welch p 0.12) is left undecided, and no confident wrong call: the bar is met.
+    From the pooled fits instead (``pool=True``) that tie is decided at P 1.00: the bar is not met."""
     curves = {r: read_curves(REF / "decision" / f"{r}.csv", "flops", "val_pass_rate") for r in RECIPES}
     assert all(len(c) == 3 for c in curves.values())
     out = decision.study(curves, [0.25, 0.5], FitOptions())
     s25, s50 = out["scores"]
     assert (s25.decided, s25.separated) == (0, 5)
-    assert (s50.decided, s50.correct, s50.wrong, s50.decided_ties, s50.missed) == (3, 2, 0, 1, 3)
-    assert not s50.meets() and s25.meets()
+    assert (s50.decided, s50.correct, s50.wrong, s50.decided_ties, s50.missed) == (2, 2, 0, 0, 3)
+    assert s50.meets() and s25.meets()
     tie = out["truth"][("scalerl", "scalerl-lr3e-5")]
     assert not tie.separated and tie.p_value == pytest.approx(0.123, abs=0.001)
-    assert out["calls"][0.5][("scalerl", "scalerl-lr3e-5")].decided
+    call = out["calls"][0.5][("scalerl", "scalerl-lr3e-5")]
+    assert not call.decided and not call.flagged and call.p_ahead == pytest.approx(0.93, abs=0.01)
+    decided = {k for k, c in out["calls"][0.5].items() if c.decided}
+    assert decided == {("scalerl", "scalerl-lr1e-5"), ("scalerl-lr3e-5", "scalerl-lr1e-5")}
+
+    pooled = decision.study(curves, [0.5], FitOptions(), pool=True)
+    (p50,) = pooled["scores"]
+    assert (p50.decided, p50.correct, p50.wrong, p50.decided_ties, p50.missed) == (3, 2, 0, 1, 3)
+    assert not p50.meets()
+    assert pooled["calls"][0.5][("scalerl", "scalerl-lr3e-5")].p_ahead == pytest.approx(1.0, abs=0.01)
 
 
 def test_the_reference_first_half_table_replays_as_documented() -> None:
