@@ -75,12 +75,13 @@ PROMPT_TOKENS = 64
 SAMPLES = 4
 
 
-def save_model(shape: Shape, path: Path, seed: int = 0, init_std: float | None = None) -> int:
+def save_model(shape: Shape, path: Path, seed: int = 0, init_std: float | None = None,
+               stop_prob: float | None = None) -> int:
     """A random-init Qwen2 of `shape` and a tokenizer covering its vocabulary; returns its size.
 
     `init_std` replaces the config's `initializer_range` (0.02), the std of every weight matrix and
     embedding: larger values give peaked next-token distributions (a small top-p support) instead
-    of near-flat ones."""
+    of near-flat ones. `stop_prob` makes the model stop: see `set_stop_prob`."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -97,9 +98,64 @@ def save_model(shape: Shape, path: Path, seed: int = 0, init_std: float | None =
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
+    if stop_prob is not None:
+        set_stop_prob(model, stop_prob, seed)
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return sum(p.numel() for p in model.parameters())
+
+
+STOP_DIRECTION_NORM = 2.0
+
+
+def set_stop_prob(model: Any, target: float, seed: int = 0, tol: float = 0.05) -> float:
+    """Give a random-init model (tied embeddings) a per-token stop probability of about `target`.
+
+    A random-init model's next-token distribution is near flat over 151,936 tokens, so EOS (id 1)
+    comes once in ~150k tokens: every sample runs to the length cap, unlike an RL batch, whose
+    response lengths spread out with a long tail. Here every embedding row gets a shared direction
+    `u` (norm `STOP_DIRECTION_NORM`), so every final hidden state leans along `u`, and the EOS row
+    gets a further `alpha u`: its logit rises by about `alpha h.u` at every position, the others'
+    by the same `h.u` (cancelled by the softmax). `alpha` is found by the secant method on
+    logit(mean P(EOS)) over random text (256 positions, seed `seed`) until |ln(P / target)| <=
+    `tol`. Per position P(EOS) still varies with the context, so lengths are a mixture of
+    geometric laws: mean about 1 / target, a long tail up to the cap. Returns the achieved mean."""
+    import torch
+
+    if not 0 < target < 1:
+        raise ValueError(f"stop_prob must be in (0, 1), got {target}")
+    emb = model.get_input_embeddings().weight
+    if model.get_output_embeddings().weight is not emb:
+        raise ValueError("set_stop_prob needs tied embeddings (the shape's `tied`)")
+    g = torch.Generator().manual_seed(seed)
+    u = torch.randn(emb.shape[1], generator=g)
+    u = STOP_DIRECTION_NORM * u / u.norm()
+    text = torch.randint(8, emb.shape[0], (4, 64), generator=g)
+    eos = int(model.config.eos_token_id)
+    with torch.no_grad():
+        emb.add_(u)
+        base = emb[eos].clone()
+
+        def mean_p(alpha: float) -> float:
+            emb[eos] = base + alpha * u
+            return float(model(text).logits.softmax(-1)[..., eos].mean())
+
+        def logit(p: float) -> float:
+            p = min(max(p, 1e-12), 1 - 1e-12)
+            return math.log(p / (1 - p))
+
+        goal = logit(target)
+        a0, a1 = 0.0, 4.0
+        f0, f1 = logit(mean_p(a0)) - goal, logit(mean_p(a1)) - goal
+        for _ in range(30):
+            if f1 == f0:
+                break
+            a0, a1, f0 = a1, a1 - f1 * (a1 - a0) / (f1 - f0), f1
+            p = mean_p(a1)
+            f1 = logit(p) - goal
+            if abs(math.log(max(p, 1e-12) / target)) <= tol:
+                return p
+    raise RuntimeError(f"set_stop_prob: no alpha gives mean P(EOS) {target} (last {p:.3g} at {a1:.3g})")
 
 
 def step_groups(vocab: int, length: int, seed: int = 0) -> list[Any]:

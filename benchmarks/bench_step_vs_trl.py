@@ -37,7 +37,13 @@ recompute activations), bf16 off, vLLM off. scalerl keeps a second copy of the w
 and pays a weight copy per step; TRL does not. TRL logs metrics (entropy, clip ratios) inside its
 step; scalerl computes its step metrics. With random init the next-token distribution is near flat,
 so samples rarely stop early: both sides generate about `prompts * n * max_new_tokens` tokens (the
-counts are printed).
+counts are printed). `--stop-prob P` gives the model a per-token stop probability of about P
+(`bench_real_shape.set_stop_prob`; the same model folder for both sides), so response lengths
+spread out with a long tail, mean ~1/P, as in an RL batch: then TRL's padded `model.generate` keeps
+every row in the batch until the longest sample stops and its loss forward runs on the padded
+batch, while scalerl's engine retires a finished sample and its trainer packs the real tokens. The
+two sides sample with their own random streams, so their lengths differ step to step (the counts
+and the longest sample are printed per step).
 
 How close to the machine's limit: the dense-matmul peak is measured here (`torch.matmul` of
 `--peak-size`-square float32 matrices, the same threads, best of 5) and the memory bandwidth (a copy
@@ -313,6 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--stop-prob", type=float, metavar="P",
+                        help="give the random-init model a per-token stop probability of about P "
+                             "(bench_real_shape.set_stop_prob): long-tailed response lengths, mean "
+                             "~1/P, as in an RL batch; default: none (every sample runs to the cap)")
     parser.add_argument("--reps", type=int, default=2, help="timed steps per side (after one untimed)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads, both sides")
     parser.add_argument("--peak-size", type=int, default=2048, help="matrix side of the matmul peak")
@@ -338,14 +348,14 @@ def main(argv: list[str] | None = None) -> int:
     texts = prompt_texts(args.prompts, args.prompt_tokens)
     with tempfile.TemporaryDirectory(prefix="scalerl_step_vs_trl_") as tmp:
         model_dir = Path(tmp) / "model"
-        params = brs.save_model(shape, model_dir)
+        params = brs.save_model(shape, model_dir, stop_prob=args.stop_prob)
         trl_side = TRLSide(model_dir, texts, args, tmp)
         scalerl_side = ScalerlSide(model_dir, trl_side.prompt_ids, args)
         print(f"TRL {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}; "
               f"{torch.get_num_threads()} threads, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
         print(f"model: {shape} ({params / 1e6:.1f}M parameters), float32; step: {args.prompts} prompts x "
               f"{args.n} samples, {args.prompt_tokens}-token prompts, max {args.max_new_tokens} new tokens, "
-              f"T={args.temperature}", flush=True)
+              f"T={args.temperature}, stop prob {args.stop_prob or 'none'}", flush=True)
         sides = {"scalerl": scalerl_side, "TRL": trl_side}
         rows: dict[str, list[dict[str, float]]] = {k: [] for k in sides}
         for side in sides.values():  # warm-up, not timed
@@ -353,7 +363,9 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.reps):
             for name, side in sides.items():
                 rows[name].append(side.step())
-                print(f"  {name:8s} step {rows[name][-1]['total']:8.2f} s", flush=True)
+                r = rows[name][-1]
+                print(f"  {name:8s} step {r['total']:8.2f} s, {r['gen_tokens']:.0f} tokens generated in "
+                      f"{r['samples']:.0f} samples (longest {r['decode_steps']:.0f})", flush=True)
         load_after = os.getloadavg()[0]
     # The peaks again after the steps, the higher reading kept: on a shared machine a reading taken
     # while neighbours are busy is low, and a low peak would overstate the achieved fractions.

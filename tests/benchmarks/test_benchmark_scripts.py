@@ -20,6 +20,7 @@ import json
 import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -654,3 +655,40 @@ def test_first_half_table_on_the_shipped_seeds(cache_dir: Path, tmp_path: Path) 
     assert match(r"met on (\d) of 8", proc.stdout)
     bad = _run_rc("first_half_table.py", str(tmp_path / "missing"), cache_dir=cache_dir)
     assert bad.returncode == 2 and "missing" in bad.stderr
+
+
+@pytest.mark.timeout(200)
+def test_a_stop_probability_gives_the_random_model_long_tailed_lengths() -> None:
+    """`bench_real_shape.set_stop_prob` (bench_step_vs_trl.py --stop-prob): a random-init model that
+    never stops (EOS ~1 in 8192 here) is made to stop with mean per-token probability 0.1; sampled
+    lengths must then spread out (mean near 1/0.1, few at the cap), where before nearly all run to it."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    sys.path.insert(0, str(BENCHMARKS))
+    import bench_real_shape as brs
+
+    s = brs.QUICK
+    config = Qwen2Config(vocab_size=s.vocab, hidden_size=s.hidden, intermediate_size=s.intermediate,
+                         num_hidden_layers=s.layers, num_attention_heads=s.heads,
+                         num_key_value_heads=s.kv_heads,
+                         tie_word_embeddings=True, pad_token_id=0, eos_token_id=1)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).eval()
+    prompts = torch.randint(8, s.vocab, (64, 8), generator=torch.Generator().manual_seed(5))
+    cap = 48
+
+    def lengths() -> list[int]:
+        torch.manual_seed(1)
+        with torch.no_grad():
+            out = model.generate(prompts, do_sample=True, max_new_tokens=cap, top_k=0, top_p=1.0,
+                                 eos_token_id=1, pad_token_id=0)[:, prompts.shape[1]:]
+        return [int((r == 1).nonzero()[0]) + 1 if (r == 1).any() else cap for r in out]
+
+    before = lengths()
+    assert sum(n == cap for n in before) >= 60  # a random model runs to the cap
+    achieved = brs.set_stop_prob(model, 0.1)
+    assert abs(math.log(achieved / 0.1)) <= 0.05
+    after = lengths()
+    assert 4 <= statistics.mean(after) <= 25 and sum(n == cap for n in after) <= 16
+    assert max(after) >= 4 * statistics.median(after)  # a long tail, not one length
