@@ -376,15 +376,20 @@ def _scaled_values(base: int, factors: Sequence[float] = (0.5, 1.0, 2.0), low: i
     return [v for v in values if v >= low]
 
 
+def _quotient(what: str, total: int, value: int, total_name: str, factors: str) -> int:
+    """``total // value``, or the input error naming the axis value that does not divide it."""
+    if total % value:
+        raise InputError(f"{what}: does not divide {total_name} = {total} ({factors})")
+    return total // value
+
+
 def _n_at_fixed_batch(base: RunConfig, n: int) -> list[tuple[str, Any]]:
-    total = base.generation.n * base.pipeline.prompts_per_step
     if n < 2:
         raise InputError(f"generations per prompt {n}: needs n >= 2 (one sample: no group variance)")
-    if total % n:
-        raise InputError(f"generations per prompt {n}: does not divide the total batch n x B = {total} "
-                         f"(generation.n={base.generation.n} x pipeline.prompts_per_step="
-                         f"{base.pipeline.prompts_per_step})")
-    return [("generation.n", n), ("pipeline.prompts_per_step", total // n)]
+    g, p = base.generation.n, base.pipeline.prompts_per_step
+    b = _quotient(f"generations per prompt {n}", g * p, n, "the total batch n x B",
+                  f"generation.n={g} x pipeline.prompts_per_step={p}")
+    return [("generation.n", n), ("pipeline.prompts_per_step", b)]
 
 
 def _batch_size(base: RunConfig, b: int) -> list[tuple[str, Any]]:
@@ -420,14 +425,12 @@ def total_prompts(base: RunConfig) -> int:
 
 def _data_reuse(base: RunConfig, tau: int) -> list[tuple[str, Any]]:
     """Tan et al. 2025's data reuse: D_total fixed, D_unique = D_total / tau unique prompts."""
-    total = total_prompts(base)
     if tau < 1:
         raise InputError(f"reuse factor {tau}: must be >= 1")
-    if total % tau:
-        raise InputError(f"reuse factor {tau}: does not divide the total prompts D_total = {total} "
-                         f"(max_steps={base.max_steps} x pipeline.prompts_per_step="
-                         f"{base.pipeline.prompts_per_step})")
-    return [("data.max_train_prompts", total // tau)]
+    p = base.pipeline.prompts_per_step
+    unique = _quotient(f"reuse factor {tau}", total_prompts(base), tau, "the total prompts D_total",
+                       f"max_steps={base.max_steps} x pipeline.prompts_per_step={p}")
+    return [("data.max_train_prompts", unique)]
 
 
 COUPLED_AXES: dict[str, CoupledAxis] = {
