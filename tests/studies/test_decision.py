@@ -141,3 +141,29 @@ def test_the_reference_first_half_table_replays_as_documented() -> None:
     assert [r.seed for r in rows if not r.reliable] == [3, 4, 7]
     stats = seed_spread_summary(rows)
     assert (stats["bar_met"], stats["within_0.02"], stats["flagged"]) == (5, 2, 3)
+
+
+def test_eight_fresh_seeds_replay_as_documented() -> None:
+    """docs/studies.md, "Eight fresh seeds": RL seeds 8-15 of the same settings (points shipped in
+    tests/studies/data/first_half/scalerl-seeds8-15.csv), run after the first eight were seen. At the
+    demo's fraction 0.5 the bar is met on 7 of 8 (seed 10 over-predicts by +0.024); at 0.75, the
+    smallest fraction that met it on 8 of 8 of the first eight seeds, on 6 of 8: that in-sample
+    choice does not carry over, so the demo keeps 0.5."""
+    from scalerl.studies.demo import fit_demo_curve, row_of
+
+    first = read_curves(REF / "first_half" / "scalerl.csv", "flops", "val_pass_rate")
+    fresh = read_curves(REF / "first_half" / "scalerl-seeds8-15.csv", "flops", "val_pass_rate")
+    assert [c.label for c in fresh] == [f"scalerl-seed{s}" for s in range(8, 16)]
+
+    def misses(curves: list, fraction: float) -> list[int]:
+        rows = [row_of(i, fit_demo_curve(c, fraction, 1000)) for i, c in enumerate(curves)]
+        return [r.seed for r in rows if not r.meets_bar()]
+
+    assert misses(first, 0.75) == []
+    assert misses(fresh, 0.75) == [1, 6]  # seeds 9 and 14
+    assert misses(fresh, 0.5) == [2]  # seed 10
+    rows = [row_of(i, fit_demo_curve(c, 0.5, 1000)) for i, c in enumerate(fresh)]
+    assert [r.seed for r in rows if not r.reliable] == [0, 1, 6]
+    # Every first-half prediction of the sixteen seeds over-predicts the last three evaluations' mean.
+    errors = [row_of(i, fit_demo_curve(c, 0.5, 1000)).error_last3 for i, c in enumerate([*first, *fresh])]
+    assert all(e is not None and e > 0 for e in errors)
