@@ -692,3 +692,41 @@ def test_a_stop_probability_gives_the_random_model_long_tailed_lengths() -> None
     after = lengths()
     assert 4 <= statistics.mean(after) <= 25 and sum(n == cap for n in after) <= 16
     assert max(after) >= 4 * statistics.median(after)  # a long tail, not one length
+
+
+@pytest.mark.timeout(200)
+def test_both_sides_of_the_step_bench_sample_the_same_lengths(tmp_path: Path) -> None:
+    """bench_step_vs_trl.py --stop-prob compares steps whose lengths are sampled: the embedded
+    engine and HF `model.generate` (TRL's path) must draw them from one distribution on the same
+    model folder, or the comparison measures the sampler. 256 samples a side (16 prompts x 16),
+    Mann-Whitney on the lengths; an engine that ignored EOS would give all 48s."""
+    import torch
+    from scipy import stats
+    from transformers import AutoModelForCausalLM
+
+    from scalerl.config import ModelConfig
+    from scalerl.rollout import EmbeddedEngine
+    from scalerl.rollout.protocol import GenerationRequest, SamplingParams
+    from scalerl.training.policy import load_model
+
+    sys.path.insert(0, str(BENCHMARKS))
+    import bench_real_shape as brs
+
+    brs.save_model(brs.QUICK, tmp_path / "m", stop_prob=0.05)
+    cap = 48
+    prompts = torch.randint(8, brs.QUICK.vocab, (16, 16), generator=torch.Generator().manual_seed(3))
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "m").eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        out = model.generate(prompts.repeat_interleave(16, 0), do_sample=True, max_new_tokens=cap, top_k=0,
+                             top_p=1.0, eos_token_id=1, pad_token_id=0)[:, prompts.shape[1]:]
+    hf = [int((r == 1).nonzero()[0]) + 1 if (r == 1).any() else cap for r in out]
+    engine = EmbeddedEngine(load_model(ModelConfig(name_or_path=str(tmp_path / "m")), torch.device("cpu")),
+                            max_batch_size=256, seed=0, eos_token_ids=(1,), pad_token_id=0)
+    params = SamplingParams(n=16, temperature=1.0, max_new_tokens=cap)
+    ours = [c.num_tokens for c in engine.generate(
+        [GenerationRequest(f"p{i}", p, params) for i, p in enumerate(prompts.tolist())])]
+    assert len(ours) == len(hf) == 256
+    assert sum(n == cap for n in hf) < 64 and sum(n == cap for n in ours) < 64
+    assert stats.mannwhitneyu(hf, ours).pvalue > 0.01
+    assert abs(statistics.mean(hf) - statistics.mean(ours)) < 0.25 * statistics.mean(hf)
