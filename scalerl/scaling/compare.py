@@ -395,8 +395,9 @@ def prediction_caveats(recipes: Sequence[Recipe], compute: float) -> tuple[str, 
             # Measured in docs/studies.md ("Do early comparisons decide?"): at 2x beyond the data
             # each recipe's seeds missed in one direction, and the pooled P(ahead) decided a tie.
             out.append(f"{r.name} (pooled): its band assumes the seeds' extrapolation errors are "
-                       "independent; beyond the data they are shared, so the band and P(ahead) are "
-                       "over-confident (compare the seeds unpooled to rank recipes)")
+                       "independent; where they are shared (seeds that miss in one direction) the "
+                       "band and P(ahead) are over-confident (compare the seeds unpooled to rank "
+                       "recipes)")
         for label, f in zip(r.labels, r.fits, strict=True):
             far = extrapolation_caveat(label, f, compute)
             if far:
