@@ -146,15 +146,15 @@ def set_stop_prob(model: Any, target: float, seed: int = 0, tol: float = 0.05) -
 
         goal = logit(target)
         a0, a1 = 0.0, 4.0
-        f0, f1 = logit(mean_p(a0)) - goal, logit(mean_p(a1)) - goal
+        f0, p = logit(mean_p(a0)) - goal, mean_p(a1)
         for _ in range(30):
+            if abs(math.log(max(p, 1e-12) / target)) <= tol:
+                return p
+            f1 = logit(p) - goal
             if f1 == f0:
                 break
             a0, a1, f0 = a1, a1 - f1 * (a1 - a0) / (f1 - f0), f1
             p = mean_p(a1)
-            f1 = logit(p) - goal
-            if abs(math.log(max(p, 1e-12) / target)) <= tol:
-                return p
     raise RuntimeError(f"set_stop_prob: no alpha gives mean P(EOS) {target} (last {p:.3g} at {a1:.3g})")
 
 

@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -657,25 +658,25 @@ def test_first_half_table_on_the_shipped_seeds(cache_dir: Path, tmp_path: Path) 
     assert bad.returncode == 2 and "missing" in bad.stderr
 
 
+def _lengths_to_eos(out: Any, cap: int) -> list[int]:
+    """Each generated row's length up to and including its first EOS (id 1), else ``cap``."""
+    return [int((r == 1).nonzero()[0]) + 1 if (r == 1).any() else cap for r in out]
+
+
 @pytest.mark.timeout(200)
-def test_a_stop_probability_gives_the_random_model_long_tailed_lengths() -> None:
+def test_a_stop_probability_gives_the_random_model_long_tailed_lengths(tmp_path: Path) -> None:
     """`bench_real_shape.set_stop_prob` (bench_step_vs_trl.py --stop-prob): a random-init model that
     never stops (EOS ~1 in 8192 here) is made to stop with mean per-token probability 0.1; sampled
     lengths must then spread out (mean near 1/0.1, few at the cap), where before nearly all run to it."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM
 
     sys.path.insert(0, str(BENCHMARKS))
     import bench_real_shape as brs
 
-    s = brs.QUICK
-    config = Qwen2Config(vocab_size=s.vocab, hidden_size=s.hidden, intermediate_size=s.intermediate,
-                         num_hidden_layers=s.layers, num_attention_heads=s.heads,
-                         num_key_value_heads=s.kv_heads,
-                         tie_word_embeddings=True, pad_token_id=0, eos_token_id=1)
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).eval()
-    prompts = torch.randint(8, s.vocab, (64, 8), generator=torch.Generator().manual_seed(5))
+    brs.save_model(brs.QUICK, tmp_path / "m")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "m").eval()
+    prompts = torch.randint(8, brs.QUICK.vocab, (64, 8), generator=torch.Generator().manual_seed(5))
     cap = 48
 
     def lengths() -> list[int]:
@@ -683,7 +684,7 @@ def test_a_stop_probability_gives_the_random_model_long_tailed_lengths() -> None
         with torch.no_grad():
             out = model.generate(prompts, do_sample=True, max_new_tokens=cap, top_k=0, top_p=1.0,
                                  eos_token_id=1, pad_token_id=0)[:, prompts.shape[1]:]
-        return [int((r == 1).nonzero()[0]) + 1 if (r == 1).any() else cap for r in out]
+        return _lengths_to_eos(out, cap)
 
     before = lengths()
     assert sum(n == cap for n in before) >= 60  # a random model runs to the cap
@@ -720,7 +721,7 @@ def test_both_sides_of_the_step_bench_sample_the_same_lengths(tmp_path: Path) ->
     with torch.no_grad():
         out = model.generate(prompts.repeat_interleave(16, 0), do_sample=True, max_new_tokens=cap, top_k=0,
                              top_p=1.0, eos_token_id=1, pad_token_id=0)[:, prompts.shape[1]:]
-    hf = [int((r == 1).nonzero()[0]) + 1 if (r == 1).any() else cap for r in out]
+    hf = _lengths_to_eos(out, cap)
     engine = EmbeddedEngine(load_model(ModelConfig(name_or_path=str(tmp_path / "m")), torch.device("cpu")),
                             max_batch_size=256, seed=0, eos_token_ids=(1,), pad_token_id=0)
     params = SamplingParams(n=16, temperature=1.0, max_new_tokens=cap)

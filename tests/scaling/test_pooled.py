@@ -91,9 +91,9 @@ def test_fit_pool_and_compare_recipe_cli(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_a_pooled_prediction_beyond_the_data_says_its_band_is_over_confident() -> None:
-    """Beyond the data the seeds' extrapolation errors are shared (docs/studies.md, "Do early
-    comparisons decide?"), which the pooled band's 1/sqrt(S) narrowing ignores: compare says so
-    for a pooled recipe past its data, and not inside it or for the seeds' own fits."""
+    """The pooled band's 1/sqrt(S) narrowing assumes the seeds' extrapolation errors independent;
+    where they are shared (docs/studies.md, "Do early comparisons decide?") it is over-confident:
+    compare says so for a pooled recipe past its data, and not inside it or for the seeds' own fits."""
     from scalerl.scaling.compare import compare
 
     fits = {f"r-seed{s}": fit_sigmoid(C, _seed(s, sd)) for s, sd in enumerate(NOISE)}

@@ -154,16 +154,16 @@ def test_eight_fresh_seeds_replay_as_documented() -> None:
     first = read_curves(REF / "first_half" / "scalerl.csv", "flops", "val_pass_rate")
     fresh = read_curves(REF / "first_half" / "scalerl-seeds8-15.csv", "flops", "val_pass_rate")
     assert [c.label for c in fresh] == [f"scalerl-seed{s}" for s in range(8, 16)]
+    rows = {(name, f): [row_of(i, fit_demo_curve(c, f, 1000)) for i, c in enumerate(curves)]
+            for name, curves in (("first", first), ("fresh", fresh)) for f in (0.5, 0.75)}
 
-    def misses(curves: list, fraction: float) -> list[int]:
-        rows = [row_of(i, fit_demo_curve(c, fraction, 1000)) for i, c in enumerate(curves)]
-        return [r.seed for r in rows if not r.meets_bar()]
+    def misses(name: str, fraction: float) -> list[int]:
+        return [r.seed for r in rows[(name, fraction)] if not r.meets_bar()]
 
-    assert misses(first, 0.75) == []
-    assert misses(fresh, 0.75) == [1, 6]  # seeds 9 and 14
-    assert misses(fresh, 0.5) == [2]  # seed 10
-    rows = [row_of(i, fit_demo_curve(c, 0.5, 1000)) for i, c in enumerate(fresh)]
-    assert [r.seed for r in rows if not r.reliable] == [0, 1, 6]
+    assert misses("first", 0.75) == []
+    assert misses("fresh", 0.75) == [1, 6]  # seeds 9 and 14
+    assert misses("fresh", 0.5) == [2]  # seed 10
+    assert [r.seed for r in rows[("fresh", 0.5)] if not r.reliable] == [0, 1, 6]
     # Every first-half prediction of the sixteen seeds over-predicts the last three evaluations' mean.
-    errors = [row_of(i, fit_demo_curve(c, 0.5, 1000)).error_last3 for i, c in enumerate([*first, *fresh])]
+    errors = [r.error_last3 for r in (*rows[("first", 0.5)], *rows[("fresh", 0.5)])]
     assert all(e is not None and e > 0 for e in errors)
