@@ -46,6 +46,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, metavar="N", help="steps per run (default: the demo's)")
     p.add_argument("--seeds", type=int, default=1, metavar="N",
                    help="runs per recipe (RECIPE-seedI), with the spread of the error and of A and B")
+    p.add_argument("--first-seed", type=int, default=0, metavar="S",
+                   help="seed indices S .. S+N-1 (default 0): a fresh batch of seeds, out of sample")
     p.add_argument("--output-dir", default="runs/predictive-accuracy", metavar="DIR")
     p.add_argument("--runs-dir", metavar="DIR", help="where the runs live (default OUTPUT_DIR/runs)")
     p.add_argument("--no-train", action="store_true",
@@ -72,7 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_accuracy(
             recipes, output_dir=Path(args.output_dir),
             runs_dir=Path(args.runs_dir) if args.runs_dir else None, overrides=args.overrides,
-            max_steps=args.max_steps, seeds=args.seeds, settings=settings, train=not args.no_train,
+            max_steps=args.max_steps, seeds=args.seeds, first_seed=args.first_seed, settings=settings,
+            train=not args.no_train,
             device=args.device,
             command=command,
             say=stderr_say,

@@ -55,11 +55,17 @@ def recipe_config(recipe: str, overrides: Sequence[str], max_steps: int | None) 
 
 
 def plan_accuracy(recipes: Sequence[str], runs_dir: Path, overrides: Sequence[str],
-                  max_steps: int | None, seeds: int = 1) -> list[RunSpec]:
+                  max_steps: int | None, seeds: int = 1, first_seed: int = 0) -> list[RunSpec]:
     """One run per recipe, or `seeds` runs per recipe (`RECIPE-seedI`, the RL randomness moved as in
-    `scalerl ablate --seeds`: same warm start and evaluation draws, other rollouts and data order)."""
+    `scalerl ablate --seeds`: same warm start and evaluation draws, other rollouts and data order).
+
+    `first_seed` starts the seed indices there (seeds `first_seed .. first_seed + seeds - 1`), so
+    a second batch of seeds is new runs, not the first batch again: an out-of-sample check of a
+    design chosen on the first batch."""
     if seeds < 1:
         raise InputError(f"--seeds: must be >= 1, got {seeds}")
+    if first_seed < 0:
+        raise InputError(f"--first-seed: must be >= 0, got {first_seed}")
     if not recipes:
         raise InputError("--recipes: no recipe given")
     dupes = sorted({r for r in recipes if list(recipes).count(r) > 1})
@@ -69,8 +75,8 @@ def plan_accuracy(recipes: Sequence[str], runs_dir: Path, overrides: Sequence[st
     specs = []
     for recipe in recipes:
         cfg = recipe_config(recipe, overrides, max_steps)
-        for i in range(seeds):
-            name = run_name(recipe, i, seeds)
+        for i in range(first_seed, first_seed + seeds):
+            name = run_name(recipe, i, 2 if first_seed else seeds)
             specs.append(make_spec(cfg, name=name, group=recipe, run_dir=runs_dir / name,
                                    description=f"recipe {recipe}", seed_index=i))
     return specs
@@ -187,6 +193,7 @@ def run_accuracy(
     overrides: Sequence[str] = (),
     max_steps: int | None = None,
     seeds: int = 1,
+    first_seed: int = 0,
     settings: FitSettings | None = None,
     train: bool = True,
     device: str | None = None,
@@ -199,7 +206,7 @@ def run_accuracy(
     stream = out or sys.stdout
     settings = settings or FitSettings(x="flops")
     runs = runs_dir or output_dir / "runs"
-    specs = plan_accuracy(recipes, runs, overrides, max_steps, seeds)
+    specs = plan_accuracy(recipes, runs, overrides, max_steps, seeds, first_seed)
     outcomes: list[RunOutcome] | None = None
     if train:
         base = recipe_config(WARM_START_RECIPE, overrides, max_steps)
@@ -224,6 +231,7 @@ def run_accuracy(
         "tolerance": PAPER_TOLERANCE,
         "overall": stats,
         "seeds": seeds,
+        "first_seed": first_seed,
         "seed_spread": seed_spread_rows(fits),
         "runs": [
             {

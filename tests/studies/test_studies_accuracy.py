@@ -156,3 +156,19 @@ def test_seeds_report_the_spread_of_the_error_and_of_A_and_B(tmp_path: Path) -> 
     assert "Over seeds" in (tmp_path / "accuracy.md").read_text()
     with pytest.raises(ValueError, match="--seeds: must be >= 1"):
         plan_accuracy(["gspo"], tmp_path, [], None, seeds=0)
+
+
+def test_a_second_batch_of_seeds_is_new_runs(tmp_path: Path) -> None:
+    """`--first-seed 3 --seeds 3` plans seeds 3-5: other names and other RL seeds than seeds 0-2
+    (generation.seed and data.shuffle_seed moved by the index), the same warm-start/eval seed."""
+    first = plan_accuracy(["scalerl"], tmp_path, [], None, seeds=3)
+    second = plan_accuracy(["scalerl"], tmp_path, [], None, seeds=3, first_seed=3)
+    assert [s.name for s in second] == ["scalerl-seed3", "scalerl-seed4", "scalerl-seed5"]
+    base = first[0].config
+    assert [s.config.generation.seed for s in second] == [base.generation.seed + i for i in (3, 4, 5)]
+    assert [s.config.data.shuffle_seed for s in second] == [base.data.shuffle_seed + i for i in (3, 4, 5)]
+    assert {s.config.seed for s in first + second} == {base.seed}
+    one = plan_accuracy(["scalerl"], tmp_path, [], None, seeds=1, first_seed=7)
+    assert [s.name for s in one] == ["scalerl-seed7"]
+    with pytest.raises(ValueError, match="--first-seed: must be >= 0"):
+        plan_accuracy(["gspo"], tmp_path, [], None, first_seed=-1)
