@@ -32,6 +32,7 @@ from scalerl.data import PromptPool, PromptRecord, make_synthetic
 from scalerl.pipeline.driver import Components, Driver
 from scalerl.pipeline.engine_pool import ThreadedEnginePool
 from scalerl.pipeline.simulate import SimConfig, simulate
+from scalerl.pipeline.staleness import ADMISSIONS
 from scalerl.rollout.emulated import EmulatedEngine, LengthModel
 from scalerl.rollout.protocol import Engine, SamplingParams
 from scalerl.training.emulated import EmulatedTrainer
@@ -93,6 +94,10 @@ class Run:
     lag_max: int
     sim_samples_per_s: float
     sim_idle: float
+    token_lag_mean: float = 0.0
+    token_lag_max: int = 0
+    renewed: int = 0  # groups re-admitted (`admission: partial`)
+    sim_stale: float = 0.0  # simulated share of trained tokens more than k versions old
 
     @property
     def samples_per_s(self) -> float:
@@ -118,7 +123,7 @@ def _config(args: argparse.Namespace, mode: str, k: int) -> RunConfig:
     })
 
 
-def _simulated(args: argparse.Namespace, mode: str, k: int, engines: int) -> tuple[float, float]:
+def _simulated(args: argparse.Namespace, mode: str, k: int, engines: int) -> tuple[float, float, float]:
     d: Devices = args.devices
     cfg = SimConfig(mode=mode, k=k, steps=args.steps, prompts_per_step=args.batch, n=args.n,  # type: ignore[arg-type]
                     num_engines=engines, slots=d.slots, max_new_tokens=d.max_new_tokens, length=d.length,
@@ -126,7 +131,14 @@ def _simulated(args: argparse.Namespace, mode: str, k: int, engines: int) -> tup
                     train_token_s=d.train_token_s, weight_transfer_s=0.0, weight_update_s=d.update_s,
                     seed=args.seed, admission=args.admission if mode == "pipeline" else "bounded")
     r = simulate(cfg)
-    return r.samples_per_s, r.generator_idle_frac
+    return r.samples_per_s, r.generator_idle_frac, r.stale_token_frac()
+
+
+def _token_lags(rows: _Rows) -> dict[str, Any]:
+    """Per-token lag (mean over steps, max) and re-admissions, from the pipeline's step rows."""
+    return {"token_lag_mean": sum(r["token_lag_mean"] for r in rows.steps) / len(rows.steps),
+            "token_lag_max": int(max(r["token_lag_max"] for r in rows.steps)),
+            "renewed": int(rows.steps[-1].get("groups_renewed_total", 0))}
 
 
 def run_local(args: argparse.Namespace, mode: str, k: int, num_engines: int) -> Run:
@@ -158,14 +170,14 @@ def run_local(args: argparse.Namespace, mode: str, k: int, num_engines: int) -> 
     finally:
         if pool is not None:
             pool.close()
-    sim_sps, sim_idle = _simulated(args, mode, k, num_engines)
+    sim_sps, sim_idle, sim_stale = _simulated(args, mode, k, num_engines)
     return Run(
         mode=mode, k=k, engines=num_engines, steps=result.steps, seconds=seconds,
         samples=int(sum(r["batch_samples"] for r in rows.steps)),
         engine_busy_s=sum(e.stats.device_s + e.stats.update_device_s for e in engines),
         lag_mean=sum(r["version_lag_mean"] for r in rows.steps) / len(rows.steps),
         lag_max=int(max(r["version_lag_max"] for r in rows.steps)),
-        sim_samples_per_s=sim_sps, sim_idle=sim_idle,
+        sim_samples_per_s=sim_sps, sim_idle=sim_idle, **_token_lags(rows), sim_stale=sim_stale,
     )
 
 
@@ -230,14 +242,14 @@ def run_ray(args: argparse.Namespace, mode: str, k: int, num_engines: int) -> Ru
         pool.step()  # one more poll: each engine's clocks as of the end of the run
     finally:
         pool.close()
-    sim_sps, sim_idle = _simulated(args, mode, k, num_engines)
+    sim_sps, sim_idle, sim_stale = _simulated(args, mode, k, num_engines)
     return Run(
         mode=mode, k=k, engines=num_engines, steps=result.steps, seconds=seconds,
         samples=int(sum(r["batch_samples"] for r in rows.steps)),
         engine_busy_s=sum(m.busy_s for m in pool.members),
         lag_mean=sum(r["version_lag_mean"] for r in rows.steps) / len(rows.steps),
         lag_max=int(max(r["version_lag_max"] for r in rows.steps)),
-        sim_samples_per_s=sim_sps, sim_idle=sim_idle,
+        sim_samples_per_s=sim_sps, sim_idle=sim_idle, **_token_lags(rows), sim_stale=sim_stale,
     )
 
 
@@ -307,12 +319,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="B: prompts per step")
     parser.add_argument("--n", type=int, default=4, help="samples per prompt")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--admission", choices=("bounded", "deadline"), default="bounded",
+    parser.add_argument("--admission", choices=ADMISSIONS, default="bounded",
                         help="pipeline.admission of the pipeline runs (default bounded)")
     parser.add_argument("--trainer-speedup", type=float, default=1.0,
                         help="divide the emulated trainer's times by this (default 1: 0.05 s + 100 us/token)")
     parser.add_argument("--compare-admission", action="store_true",
-                        help="only the pipeline, bounded then deadline admission, 1/2/4 engines")
+                        help="only the pipeline under each admission rule (bounded, deadline, partial), "
+                             "1/2/4 engines (with --ray: as Ray actors)")
     parser.add_argument("--ray", action="store_true",
                         help="also run every row with the engines as Ray actors, and the weight-sync table")
     parser.add_argument("--weight-sync-only", action="store_true",
@@ -376,25 +389,42 @@ def main() -> None:
 
 
 def compare_admission(args: argparse.Namespace) -> None:
-    """The pipeline with 1, 2, 4 engines under each admission rule, and its scaling over engines."""
+    """The pipeline with 1, 2, 4 engines under each admission rule, and its scaling over engines
+    (in this process, or with `--ray` as Ray engine actors)."""
+    runner = run_local
+    if args.ray:
+        import ray
+
+        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+        runner = run_ray
+        print("engines as Ray actors (scalerl.distributed.EnginePool)")
     runs: dict[tuple[str, int], Run] = {}
-    for admission in ("bounded", "deadline"):
-        args.admission = admission
-        for count in ENGINE_COUNTS:
-            r = runs[(admission, count)] = run_local(args, "pipeline", args.k, count)
-            print(f"engines={count} pipeline/{admission:<8} k={args.k}: {r.steps} steps in "
-                  f"{r.seconds:6.2f}s  {r.samples_per_s:7.2f} samples/s  idle {100 * r.idle:5.1f}%  "
-                  f"lag mean {r.lag_mean:.2f} max {r.lag_max}  |  simulated {r.sim_samples_per_s:7.2f} "
-                  f"samples/s  idle {100 * max(0.0, r.sim_idle):5.1f}%", flush=True)
+    try:
+        for admission in ADMISSIONS:
+            args.admission = admission
+            for count in ENGINE_COUNTS:
+                r = runs[(admission, count)] = runner(args, "pipeline", args.k, count)
+                print(f"engines={count} pipeline/{admission:<8} k={args.k}: {r.steps} steps in "
+                      f"{r.seconds:6.2f}s  {r.samples_per_s:7.2f} samples/s  idle {100 * r.idle:5.1f}%  "
+                      f"lag mean {r.lag_mean:.2f} max {r.lag_max}  token lag mean {r.token_lag_mean:.2f} "
+                      f"max {r.token_lag_max}  renewed {r.renewed}  |  simulated {r.sim_samples_per_s:7.2f} "
+                      f"samples/s  idle {100 * max(0.0, r.sim_idle):5.1f}%  "
+                      f"tokens > k {100 * r.sim_stale:.1f}%",
+                      flush=True)
+    finally:
+        if args.ray:
+            ray.shutdown()
     print("\nscaling over engines (samples/s relative to 1 engine of the same rule; fraction of linear):")
-    for admission in ("bounded", "deadline"):
+    for admission in ADMISSIONS:
         one = runs[(admission, 1)].samples_per_s
         print(f"pipeline/{admission:<8}: " + "  ".join(
             f"{c} engines x{runs[(admission, c)].samples_per_s / one:.2f} "
             f"({runs[(admission, c)].samples_per_s / one / c:.2f})" for c in ENGINE_COUNTS[1:]))
     for count in ENGINE_COUNTS:
-        gain = runs[("deadline", count)].samples_per_s / runs[("bounded", count)].samples_per_s
-        print(f"engines={count}: deadline/bounded samples/s x{gain:.2f}")
+        rate = {rule: runs[(rule, count)].samples_per_s for rule in ADMISSIONS}
+        print(f"engines={count}: deadline/bounded samples/s x{rate['deadline'] / rate['bounded']:.2f}"
+              f"  partial/bounded x{rate['partial'] / rate['bounded']:.2f}")
 
 
 def main_ray(args: argparse.Namespace, modes: Any, local: dict[tuple[str, int], Run]) -> None:

@@ -17,7 +17,11 @@ between modes; `--sweep` adds the k sweep of PPO-off-policy-k and PipelineRL-k (
     python benchmarks/simulate_scale.py --sweep     # + k in 1, 2, 4, 8, 16
     python benchmarks/simulate_scale.py --quick     # small smoke run (CI)
     python benchmarks/simulate_scale.py --admission deadline            # the pipeline's deadline rule
-    python benchmarks/simulate_scale.py --compare-admission             # bounded vs deadline, k sweep
+    python benchmarks/simulate_scale.py --compare-admission             # bounded/deadline/partial, k sweep
+
+Under `partial` (partial rollouts) the bound is on each group's segment since its last admission
+(`scalerl/pipeline/staleness.py`): the simulator asserts it per group, and the tokens trained more
+than k versions late are counted and printed, not asserted.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import argparse
 from dataclasses import replace
 
 from scalerl.pipeline.simulate import SimConfig, SimResult, simulate
+from scalerl.pipeline.staleness import ADMISSIONS
 from scalerl.rollout.emulated import LengthModel
 
 SWEEP = (1, 2, 4, 8, 16)
@@ -55,7 +60,9 @@ def run(cfg: SimConfig, mode: str, k: int, admission: str = "bounded") -> SimRes
                               admission=admission if pipeline else "bounded",
                               max_outstanding_groups=cfg.max_outstanding_groups if pipeline else 0))
     bound = result.config.max_lag
-    if max(result.sample_lags) > bound or max(result.token_lags) > bound:
+    # `partial` bounds the segment since the last (re-)admission, which the simulator checks per group.
+    checked = result.config.admission != "partial"
+    if checked and (max(result.sample_lags) > bound or max(result.token_lags) > bound):
         raise AssertionError(f"{mode} k={k}: a trained sample lags more than {bound} versions")
     return result
 
@@ -66,8 +73,8 @@ def name(r: SimResult) -> str:
     return out + (f"/cap{c.max_outstanding_groups}" if c.max_outstanding_groups else "")
 
 
-def percentiles(r: SimResult) -> str:
-    lags = r.sample_lags
+def percentiles(r: SimResult, tokens: bool = False) -> str:
+    lags = r.token_lags if tokens else r.sample_lags
     return "/".join(str(r.lag_percentile(lags, q)) for q in (0.1, 0.5, 0.9, 0.99)) + f"/{max(lags)}"
 
 
@@ -107,12 +114,12 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=None, help="length cap (default 12288)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--sweep", action="store_true", help=f"also sweep k over {SWEEP}")
-    parser.add_argument("--admission", choices=("bounded", "deadline"), default="bounded",
+    parser.add_argument("--admission", choices=ADMISSIONS, default="bounded",
                         help="the pipeline's admission rule (pipeline.admission; default bounded)")
     parser.add_argument("--max-outstanding", type=int, default=None,
                         help="pipeline.max_outstanding_groups of the pipeline runs (default 0: no cap)")
     parser.add_argument("--compare-admission", action="store_true",
-                        help=f"only the pipeline, bounded vs deadline admission, k over {SWEEP}")
+                        help=f"only the pipeline, admission {'/'.join(ADMISSIONS)}, k over {SWEEP}")
     args = parser.parse_args()
     k = args.k or (4 if args.quick else 8)
     cfg = base_config(args)
@@ -153,25 +160,30 @@ def main() -> None:
 
 
 def compare_admission(cfg: SimConfig) -> None:
-    """The pipeline under both admission rules (and the deadline rule with the outstanding groups
-    capped at what the engines hold at once), k sweep: throughput, idle, lag percentiles."""
+    """The pipeline under each admission rule (and the deadline rule with the outstanding groups
+    capped at what the engines hold at once), k sweep: throughput, idle, lag percentiles of trained
+    samples and tokens, and the share of tokens trained more than k versions late (`partial` only)."""
     engines_hold = cfg.num_engines * cfg.slots // cfg.n
-    print("pipeline, bounded vs deadline admission (lag percentiles p10/p50/p90/p99/max of trained samples; "
-          f"cap = {engines_hold} groups, what the engines hold at once):")
+    print("pipeline admission rules (lag percentiles p10/p50/p90/p99/max of trained samples, then of trained "
+          f"tokens; cap = {engines_hold} groups, what the engines hold at once; tokens > k: share of trained "
+          "tokens more than k versions older than the trainer):")
     for kk in SWEEP:
-        b, d = run(cfg, "pipeline", kk, "bounded"), run(cfg, "pipeline", kk, "deadline")
+        b, d, p = (run(cfg, "pipeline", kk, rule) for rule in ("bounded", "deadline", "partial"))
         capped = run(replace(cfg, max_outstanding_groups=max(engines_hold, cfg.prompts_per_step)), "pipeline",
                      kk, "deadline")
-        for r in (b, d, capped):
+        for r in (b, d, capped, p):
             rule = r.config.admission + ("+cap" if r.config.max_outstanding_groups else "")
+            renewed = f"  renewed {r.groups_renewed}" if r.config.admission == "partial" else ""
             print(f"k={kk:<2d} {rule:>12}  {r.samples_per_s:6.2f} samples/s  "
                   f"gen idle {100 * max(0.0, r.generator_idle_frac):5.1f}%  "
                   f"trainer idle {100 * r.trainer_idle_frac:5.1f}%  occupancy {100 * r.occupancy:5.1f}%  "
-                  f"lag mean {r.lag_mean(r.sample_lags):5.2f} pct {percentiles(r):>12}  "
-                  f"token lag {r.lag_mean(r.token_lags):5.2f}", flush=True)
+                  f"lag mean {r.lag_mean(r.sample_lags):5.2f} pct {percentiles(r):>13}  "
+                  f"token lag {r.lag_mean(r.token_lags):5.2f} pct {percentiles(r, tokens=True):>13}  "
+                  f"tokens > k {100 * r.stale_token_frac():4.1f}%{renewed}", flush=True)
         print(f"k={kk:<2d} deadline / bounded: samples/s x{d.samples_per_s / b.samples_per_s:.2f}  "
-              f"deadline+cap / bounded: x{capped.samples_per_s / b.samples_per_s:.2f}", flush=True)
-
+              f"deadline+cap / bounded: x{capped.samples_per_s / b.samples_per_s:.2f}  "
+              f"partial / bounded: x{p.samples_per_s / b.samples_per_s:.2f}  "
+              f"partial / deadline: x{p.samples_per_s / d.samples_per_s:.2f}", flush=True)
 
 if __name__ == "__main__":
     main()

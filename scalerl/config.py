@@ -535,8 +535,12 @@ class PipelineConfig(Section):
     # bound holds whatever order groups finish in (a long group throttles admissions for its whole
     # life). "deadline": each group has its own deadline (admission version + k); more groups start
     # and the trainer takes the oldest first, waiting at a deadline for a group still generating.
-    admission: Literal["bounded", "deadline"] = Field(
-        "bounded", description="pipeline mode: admission rule (bounded: worst case; deadline: per group)"
+    # "partial": deadlines, and a group that would make the trainer wait is re-admitted at the
+    # engine's version instead (partial rollouts: it goes on generating; k then bounds the segment
+    # since its last admission, and its earlier tokens are trained older than k: `token_lag_*`).
+    admission: Literal["bounded", "deadline", "partial"] = Field(
+        "bounded", description="pipeline mode: admission rule (bounded: worst case; deadline: per group; "
+        "partial: per group, blocking groups re-admitted)"
     )
     # `pipeline` only: at most this many groups admitted and not yet trained (generating, being
     # scored or queued); 0 = no cap beyond the admission rule. With `deadline`, set it to about the

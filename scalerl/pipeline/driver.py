@@ -380,7 +380,8 @@ class Driver:
                 int(metrics["gen_tokens"]), int(metrics["gen_samples"]), int(metrics["gen_prompt_tokens"])
             )
         # The trainer's own `version_lag_*` is per token; the pipeline's keys (staleness from each
-        # sample's start, the quantity max_lag bounds) take precedence, per-token lag is `token_lag_*`.
+        # sample's start, the quantity max_lag bounds, except under `admission: partial`, which bounds
+        # the lag from a group's last re-admission) take precedence, per-token lag is `token_lag_*`.
         row = {**trained, **metrics}
         row["prompt_ids"] = [it.group.record.id for it in items]
         row["train_version"] = float(train_version)
@@ -389,6 +390,8 @@ class Driver:
         # 1 when the trainer had B groups queued but waited for a group at its deadline
         # (`pipeline.admission: deadline`; always 0 under the bounded rule).
         row["deadline_wait"] = float(self.batches.deadline_wait)
+        # Groups re-admitted so far instead of waited for (`pipeline.admission: partial`).
+        row["groups_renewed_total"] = float(self.generator.counters.groups_renewed)
         return row
 
     def run(self) -> RunResult:

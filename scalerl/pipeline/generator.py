@@ -64,6 +64,7 @@ class GeneratorCounters:
     groups_kept: int = 0
     groups_dropped: int = 0  # by dynamic sampling
     groups_consumed: int = 0
+    groups_renewed: int = 0  # re-admissions of groups still generating (`pipeline.admission: partial`)
     samples_generated: int = 0
     tokens_generated: int = 0
     prompt_tokens: int = 0
@@ -458,6 +459,34 @@ class Generator:
             raise self.error
         if self.error is not None:
             raise RuntimeError(f"generator thread failed: {self.error!r}") from self.error
+
+    def renew_blocking(self) -> int:
+        """`pipeline.admission: partial`: when the next step lacks `m` groups admitted at a version
+        `<= x` (`StalenessController.shortfall`), re-admit `m` of the groups still generating that
+        are that old at the engine's version, the most recently admitted first (the fewest tokens
+        generated before their new admission), instead of the trainer waiting for them. Their
+        sequences go on where they are. Returns how many groups were re-admitted (staleness.py)."""
+        if not self.controller.partial_rollouts:
+            return 0
+        moved = 0
+        # Read before the lock: versions only grow, and an older one is still a valid target.
+        version = self.engine.version
+        with self._lock:
+            while True:
+                short = self.controller.shortfall([it.admit_version for it in self.queue.snapshot()])
+                if short is None or version <= short[0]:
+                    break
+                x, missing = short
+                candidates = [g for g in self._open.values() if g.admit_version <= x]
+                movers = sorted(candidates, key=lambda g: (g.admit_version, g.ticket), reverse=True)[:missing]
+                if len(movers) < missing:
+                    break  # the rest are being scored: the step waits for them
+                self.controller.renew([g.admit_version for g in movers], version)
+                for g in movers:
+                    g.admit_version = version
+                moved += len(movers)
+            self.counters.groups_renewed += moved
+        return moved
 
     def in_progress(self) -> int:
         """Admitted groups not yet in the queue (generating or being scored)."""

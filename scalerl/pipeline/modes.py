@@ -39,6 +39,9 @@ from scalerl.pipeline.interfaces import (
 from scalerl.pipeline.preemption import Interrupted
 from scalerl.rollout.protocol import Completion, Engine, GenerationRequest
 
+# How often the trainer thread looks for groups to re-admit while it waits (`admission: partial`).
+_PARTIAL_POLL_S = 0.002
+
 
 class BatchSource(Protocol):
     def start(self) -> None: ...
@@ -213,10 +216,15 @@ class PipelineBatches(_Batches):
 
     def next_batch(self) -> list[ReadyGroup] | None:
         self.deadline_wait = False
+        # Partial rollouts re-admit blocking groups from this thread (the generator's lock comes
+        # before the queue's), so it looks again soon rather than at the next queued group.
+        partial = self.generator.controller.partial_rollouts
+        poll_s = min(self.poll_s, _PARTIAL_POLL_S) if partial else self.poll_s
         while True:
             self.generator.check()
             self._check_stop("waiting for a batch")
-            items = self.queue.get_batch(self.batch_size, timeout=self.poll_s, select=self.select)
+            self.generator.renew_blocking()
+            items = self.queue.get_batch(self.batch_size, timeout=poll_s, select=self.select)
             if items is not None:
                 return items
             self.deadline_wait |= len(self.queue) >= self.batch_size
@@ -324,6 +332,7 @@ class InterleavedBatches(_Batches):
         while True:
             if not self.trainer_busy:
                 if len(self.queue) >= self.batch_size:
+                    self.generator.renew_blocking()
                     items = self.queue.get_batch(self.batch_size, timeout=0, select=self.select)
                     if items is not None:
                         return items

@@ -83,7 +83,8 @@ class SimConfig:
     # "sample": each sample to the least-loaded engine (finer, what per-sample requests allow).
     placement: Literal["group", "sample"] = "group"
     # `pipeline` only: the controller's admission rule (`staleness.py`): "bounded" (worst-case
-    # completion order) or "deadline" (per-group deadlines; the trainer waits for needed groups).
+    # completion order), "deadline" (per-group deadlines; the trainer waits for needed groups) or
+    # "partial" (deadlines; groups that would make the trainer wait are re-admitted instead).
     admission: Admission = "bounded"
     max_outstanding_groups: int = 0  # `pipeline.max_outstanding_groups` (0: no cap)
     seed: int = 0
@@ -147,6 +148,7 @@ class SimResult:
     groups_consumed: int
     groups_outstanding: int  # admitted, not consumed: generating or queued at the end
     max_observed_lag: int  # the controller's own record
+    groups_renewed: int = 0  # re-admissions of groups still generating (`partial`)
 
     @property
     def samples_per_s(self) -> float:
@@ -187,6 +189,12 @@ class SimResult:
             if seen >= q * total:
                 return lag
         return 0
+
+    def stale_token_frac(self) -> float:
+        """Trained tokens more than max_lag versions older than the trainer (0 unless `partial`)."""
+        total = sum(self.token_lags.values())
+        stale = sum(c for lag, c in self.token_lags.items() if lag > self.config.max_lag)
+        return stale / total if total else 0.0
 
     def lag_mean(self, lags: Counter[int]) -> float:
         total = sum(lags.values())
@@ -336,6 +344,8 @@ class Simulation:
         self._order = 0
         self._ties = itertools.count()
         self.queue: deque[_Group] = deque()  # finished groups, in completion order
+        self.generating: dict[int, _Group] = {}  # admitted groups not finished yet, by gid
+        self.groups_renewed = 0
         self.next_gid = 0
         self.trainer_version = 0
         self.trainer_free = True
@@ -369,6 +379,7 @@ class Simulation:
             group.done += 1
             if group.done == group.size:
                 self.queue.append(group)
+                del self.generating[group.gid]
         e.apply_inbox(self.update_s[e.index])
         e.fill_slots(self._ties)
         self._wake(e)
@@ -391,6 +402,7 @@ class Simulation:
             self.next_gid += 1
             base = (c.seed * _SEED_STRIDE + gid) % (1 << 63)
             group = _Group(gid, version, c.n)
+            self.generating[gid] = group
             group.samples = [
                 _Sample(group, min(length, c.max_new_tokens), length > c.max_new_tokens)
                 for length in c.length.draw(base, c.n)
@@ -416,9 +428,30 @@ class Simulation:
             self._wake(e)
 
     # ------------------------------------------------------------------------------ trainer side
+    def _renew_blocking(self) -> None:
+        """`partial`: re-admit, at the engines' version, as many generating groups as the next step
+        lacks, the most recently admitted first (`Generator.renew_blocking` does the same for a run)."""
+        ctl = self.controller
+        while True:
+            short = ctl.shortfall([g.admit_version for g in self.queue])
+            version = self.engine_version
+            if short is None or version <= short[0]:
+                return
+            x, missing = short
+            candidates = [g for g in self.generating.values() if g.admit_version <= x]
+            movers = sorted(candidates, key=lambda g: (g.admit_version, g.gid), reverse=True)[:missing]
+            if len(movers) < missing:
+                return  # groups being finished elsewhere; the step waits for them
+            ctl.renew([g.admit_version for g in movers], version)
+            for g in movers:
+                g.admit_version = version
+            self.groups_renewed += len(movers)
+
     def _batch_ready(self) -> bool:
         c = self.cfg
         if c.mode == "pipeline":
+            if self.controller.partial_rollouts:
+                self._renew_blocking()
             return self.controller.select_batch([g.admit_version for g in self.queue]) is not None
         if self.round_steps > 0:
             return len(self.queue) >= c.prompts_per_step
@@ -445,10 +478,16 @@ class Simulation:
         self.controller.consume([g.admit_version for g in batch], self.trainer_version)
         self.groups_consumed += len(batch)
         tokens = 0
+        partial = self.controller.partial_rollouts
         for group in batch:
+            group_lag = self.trainer_version - group.admit_version
+            if group_lag > c.max_lag:
+                raise StalenessError(f"group {group.gid} was trained {group_lag} > {c.max_lag} versions "
+                                     "after its (re-)admission")
             for sample in group.samples:
                 lag = self.trainer_version - sample.start_version
-                if lag > c.max_lag:
+                # `partial` bounds the segment since the group's last admission, not the first token.
+                if lag > c.max_lag and not partial:
                     raise StalenessError(
                         f"a sample of group {group.gid} was trained {lag} > {c.max_lag} versions late"
                     )
@@ -535,6 +574,7 @@ class Simulation:
             groups_consumed=self.groups_consumed,
             groups_outstanding=self.controller.outstanding,
             max_observed_lag=self.controller.max_observed_lag,
+            groups_renewed=self.groups_renewed,
         )
 
 

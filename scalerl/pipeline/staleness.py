@@ -66,6 +66,25 @@ keep (D) iff `m <= (v_e + k - u + 1) * B - O`: the bounded capacity with `v_e` i
 `min(v_min, v_e)`. Admissions then never raise `need(x)` below the newest version, so a batch the
 trainer has picked stays valid while the generator keeps admitting.
 
+Partial rollouts (`admission="partial"`, pipeline mode). Under (D) the trainer still waits at a
+deadline for a group that is generating: any rule that trains every group within `k` versions of
+its admission can take at most about `k + 1` steps per lifetime of the longest sample. `partial`
+admits and selects as `deadline` does, and when the trainer would wait it *re-admits* as many of
+the groups that block it as the step lacks instead (`shortfall()`, `renew()`): such a group, still
+generating, gets the engines' current version `v'` as its admission version, and so a new deadline
+`v' + k`. Its
+sequences are not restarted or cut: they go on under the newer weights (in-flight updates), their
+tokens carry the versions that generated them. Moving one group from `v` to `v' > v` lowers `N(x)`
+by one for `v <= x < v'` and leaves it unchanged elsewhere, so (D) and every `need(x)` bound hold
+(a renewal can only lower `need(x)`, so a batch the trainer has picked stays valid), and the lag
+`consume()` checks, counted from the group's latest admission version, stays `<= k`. What this
+rule bounds is therefore the *segment* of each sample generated since its group's last admission
+(Kimi k1.5's partial rollouts: a long response is continued across iterations); the tokens of
+earlier segments are older than `k` versions when trained. Their lag is reported (the pipeline's
+`token_lag_*`, `version_lag_*` from each sample's first token), and the loss corrects them like
+any off-policy token, with the behaviour log-probs the engine recorded for each token
+(`algorithm.tis`, CISPO's truncated ratio). They are not masked.
+
 `max_outstanding` (0: none) caps `O` on top of either rule. A cap only lowers admissions, so it
 keeps (I) and (D); with the deadline rule it bounds the over-subscription (e.g. to the groups the
 engines hold at once), which lowers the lag of trained groups at some cost in throughput. A cap of
@@ -81,8 +100,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-Admission = Literal["bounded", "deadline"]
-ADMISSIONS: tuple[Admission, ...] = ("bounded", "deadline")
+Admission = Literal["bounded", "deadline", "partial"]
+ADMISSIONS: tuple[Admission, ...] = ("bounded", "deadline", "partial")
 
 
 class StalenessError(RuntimeError):
@@ -126,6 +145,7 @@ class StalenessController:
         self._lock = threading.Lock()
         self._on_change = on_change
         self.max_observed_lag = 0
+        self.renewed = 0  # groups re-admitted by `renew()` (partial rollouts)
 
     @property
     def outstanding(self) -> int:
@@ -147,8 +167,13 @@ class StalenessController:
 
     @property
     def deadline_rule(self) -> bool:
-        """True for the per-group deadline rule (D), False for the worst-case rule (I)."""
-        return self.admission == "deadline"
+        """True for the per-group deadline rule (D) (`deadline`, `partial`), False for (I)."""
+        return self.admission in ("deadline", "partial")
+
+    @property
+    def partial_rollouts(self) -> bool:
+        """True when blocking groups are re-admitted instead of waited for (`partial`)."""
+        return self.admission == "partial"
 
     def _cumulative_locked(self) -> list[tuple[int, int]]:
         """(x, N(x)) for every outstanding version x, ascending."""
@@ -216,6 +241,39 @@ class StalenessController:
             if bisect_right(picked, x) < need:
                 return None
         return sorted(chosen)
+
+    def shortfall(self, queued_versions: Sequence[int]) -> tuple[int, int] | None:
+        """Deadline rules, with at least B groups queued and no valid batch among them: `(x, m)`
+        for the smallest version `x` whose `need(x)` the B oldest queued groups miss, by `m`
+        groups: the step waits for `m` more groups admitted at `<= x` that are not queued yet (or,
+        under `partial`, `renew()` moves `m` of them past `x`). None otherwise."""
+        b = self.batch_size
+        if not self.deadline_rule or len(queued_versions) < b:
+            return None
+        picked = sorted(queued_versions)[:b]
+        for x, need in self.needed():
+            have = bisect_right(picked, x)
+            if have < need:
+                return x, need - have
+        return None
+
+    def renew(self, versions: Sequence[int], engine_version: int) -> None:
+        """Partial rollouts: re-admit outstanding groups admitted at `versions` at `engine_version`
+        (each strictly newer), giving them the deadline `engine_version + k` (module docstring)."""
+        if not self.partial_rollouts:
+            raise StalenessError(f"renew: only the partial rule re-admits groups, not {self.admission!r}")
+        with self._lock:
+            for v, count in Counter(versions).items():
+                if v >= engine_version:
+                    raise StalenessError(f"renew: a group of version {v} cannot move to {engine_version}")
+                if self._versions[v] < count:
+                    have = self._versions[v]
+                    raise StalenessError(f"renew: {count} group(s) of version {v}, {have} outstanding")
+            for v in versions:
+                self._release_locked(v)
+                self._versions[engine_version] += 1
+                self._outstanding += 1
+            self.renewed += len(versions)
 
     def admit(self, engine_version: int, count: int = 1) -> None:
         """Record `count` admissions at `engine_version`; more than `capacity()` is an error."""
@@ -310,7 +368,8 @@ class StalenessController:
         """The bookkeeping, for a resume that keeps every outstanding group (`Driver.snapshot`)."""
         with self._lock:
             return {"versions": sorted(self._versions.items()), "outstanding": self._outstanding,
-                    "next_train_version": self._next_train_version, "max_observed_lag": self.max_observed_lag}
+                    "next_train_version": self._next_train_version, "max_observed_lag": self.max_observed_lag,
+                    "renewed": self.renewed}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         versions = Counter({int(v): int(n) for v, n in state["versions"]})
@@ -321,3 +380,4 @@ class StalenessController:
             self._outstanding = int(state["outstanding"])
             self._next_train_version = int(state["next_train_version"])
             self.max_observed_lag = int(state["max_observed_lag"])
+            self.renewed = int(state.get("renewed", 0))

@@ -1,7 +1,8 @@
 """Per-step pipeline metrics: what the consumed batch looked like and what the generator did meanwhile.
 
 `batch_metrics` describes the groups a step trains on: their staleness (`version_lag_*`: trainer
-version at train time minus each sample's `start_version`, the quantity `max_lag` bounds;
+version at train time minus each sample's `start_version`, the quantity `max_lag` bounds except
+under `pipeline.admission: partial`, where it is the lag of a continued sample's first token;
 `token_lag_*`: the same per generated token, smaller under in-flight updates), truncation and
 interruption rates, rewards and lengths, overall and per task (`pass_rate/math`, ...: multi-task
 runs get a curve per domain). `IntervalMeter` turns the generator's cumulative counters

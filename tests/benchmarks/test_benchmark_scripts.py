@@ -336,21 +336,38 @@ def test_simulate_scale_quick(cache_dir: Path) -> None:
 @pytest.mark.timeout(180)
 def test_simulate_scale_compare_admission_quick(cache_dir: Path) -> None:
     out = run_script("simulate_scale.py", "--quick", "--compare-admission", cache_dir=cache_dir, timeout=150)
+    pct5 = r"(\d+)/(\d+)/(\d+)/(\d+)/(\d+)"
     row = (r"^k={k}\s+{rule}\s+({N}) samples/s\s+gen idle\s+({N})%\s+trainer idle\s+({N})%\s+"
-           r"occupancy\s+({N})%\s+lag mean\s+({N}) pct\s+(\d+)/(\d+)/(\d+)/(\d+)/(\d+)\s+token lag\s+({N})$")
+           rf"occupancy\s+({{N}})%\s+lag mean\s+({{N}}) pct\s+{pct5}\s+token lag\s+({{N}}) pct\s+{pct5}\s+"
+           r"tokens > k\s+({N})%(?:\s+renewed (\d+))?$")
     for k in (1, 2, 4, 8, 16):
         got = {}
-        for rule in ("bounded", "deadline", r"deadline\+cap"):
+        for rule in ("bounded", "deadline", r"deadline\+cap", "partial"):
             m = match(row.format(k=k, rule=rule, N="{N}"), out)
             pct = [int(m[i]) for i in range(6, 11)]
-            assert pct == sorted(pct) and pct[-1] <= k  # percentiles ordered, the bound kept
-            assert float(m[5]) <= pct[-1]
+            token_pct = [int(m[i]) for i in range(12, 17)]
+            assert pct == sorted(pct) and token_pct == sorted(token_pct)  # percentiles ordered
+            assert float(m[5]) <= pct[-1] and float(m[11]) <= token_pct[-1]
+            stale = float(m[17])
+            if rule == "partial":
+                # Partial rollouts bound the segment since a group's last admission: earlier tokens
+                # may be older than k, and they are counted, with the groups re-admitted.
+                assert 0 <= stale <= 100 and m[18] is not None and int(m[18]) >= 0
+                assert stale == 0.0 or token_pct[-1] > k
+            else:  # the bound kept, per sample and per token, and nothing counted as stale
+                assert pct[-1] <= k and token_pct[-1] <= k and stale == 0.0 and m[18] is None
             got[rule] = (positive(m[1]), float(m[2]))
-        if k >= 2:  # the deadline rule idles the generators less than the bounded one
+        if k >= 2:  # the deadline rules idle the generators less than the bounded one
             assert got["deadline"][1] <= got["bounded"][1]
-        r = match(rf"^k={k}\s+deadline / bounded: samples/s x({{N}})\s+deadline\+cap / bounded: x({{N}})$",
-                  out)
+            assert got["partial"][1] <= got["deadline"][1]
+        r = match(rf"^k={k}\s+deadline / bounded: samples/s x({{N}})\s+deadline\+cap / bounded: x({{N}})\s+"
+                  rf"partial / bounded: x({{N}})\s+partial / deadline: x({{N}})$", out)
         assert float(r[1]) == pytest.approx(got["deadline"][0] / got["bounded"][0], rel=0.01, abs=0.006)
+        assert float(r[3]) == pytest.approx(got["partial"][0] / got["bounded"][0], rel=0.01, abs=0.006)
+        assert float(r[4]) == pytest.approx(got["partial"][0] / got["deadline"][0], rel=0.01, abs=0.006)
+    # A deterministic simulation: at k = 8 renewing the groups the trainer waits for raises samples/s.
+    k8 = match(r"^k=8\s+deadline / bounded: .*partial / deadline: x({N})$", out)
+    assert float(k8[1]) > 1.0
 
 
 @pytest.mark.timeout(240)
@@ -384,6 +401,42 @@ def test_bench_scaleout_quick(cache_dir: Path) -> None:
                                             rel=0.02, abs=0.006)
     m = match(r"^\s*pipeline k=2: 2 engines x({N})\s+4 engines x({N})$", out)
     assert positive(m[2]) == pytest.approx(sps[("pipeline", 4)] / sps[("pipeline", 1)], rel=0.02, abs=0.006)
+
+
+@pytest.mark.timeout(240)
+def test_bench_scaleout_compare_admission_quick(cache_dir: Path) -> None:
+    """Each admission rule through the real pipeline on 1, 2, 4 emulated engines: rows that add up,
+    the sample and token lags within k under the strict rules, re-admissions only under partial."""
+    out = run_script("bench_scaleout.py", "--quick", "--compare-admission", cache_dir=cache_dir, timeout=210)
+    sps: dict[tuple[str, int], float] = {}
+    renewals: dict[str, int] = {}
+    for rule in ("bounded", "deadline", "partial"):
+        for engines in (1, 2, 4):
+            m = match(rf"^engines={engines} pipeline/{rule}\s+k=2: (\d+) steps in\s+({{N}})s\s+"
+                      rf"({{N}}) samples/s\s+idle\s+({{N}})%\s+lag mean ({{N}}) max (\d+)\s+"
+                      rf"token lag mean ({{N}}) max (\d+)\s+"
+                      rf"renewed (\d+)\s+\|\s+simulated\s+({{N}}) samples/s\s+idle\s+({{N}})%\s+"
+                      rf"tokens > k ({{N}})%$", out)
+            assert int(m[1]) == 4
+            assert positive(m[3]) == pytest.approx(4 * 8 * 4 / positive(m[2]), rel=0.02)
+            lag, token_lag, renewed = int(m[6]), int(m[8]), int(m[9])
+            assert float(m[5]) <= lag and float(m[7]) <= token_lag
+            if rule != "partial":
+                assert lag <= 2 and token_lag <= 2 and renewed == 0 and float(m[12]) == 0.0
+            sps[(rule, engines)] = float(m[3])
+            renewals[rule] = renewals.get(rule, 0) + renewed
+    # Half a step fits one engine's 16 slots: under partial the trainer re-admits groups it would wait for.
+    assert renewals["partial"] > 0
+    for rule in ("bounded", "deadline", "partial"):
+        m = match(rf"^pipeline/{rule}\s*: 2 engines x({{N}}) \(({{N}})\)\s+4 engines x({{N}}) \(({{N}})\)$",
+                  out)
+        assert float(m[3]) == pytest.approx(sps[(rule, 4)] / sps[(rule, 1)], rel=0.02, abs=0.006)
+        assert float(m[4]) == pytest.approx(float(m[3]) / 4, abs=0.006)
+    for engines in (1, 2, 4):
+        m = match(rf"^engines={engines}: deadline/bounded samples/s x({{N}})\s+partial/bounded x({{N}})$",
+                  out)
+        assert float(m[2]) == pytest.approx(sps[("partial", engines)] / sps[("bounded", engines)],
+                                            rel=0.02, abs=0.006)
 
 
 @pytest.mark.timeout(120)

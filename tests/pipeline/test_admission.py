@@ -70,6 +70,66 @@ def test_deadline_threaded_keeps_the_bound_under_random_speeds(k: int, b: int) -
     assert all(len(groups) == b for _, groups in trainer.batches)
 
 
+def run_partial(schedule: str, k: int, b: int, train_ticks: int = 0, steps: int = 30,
+                **engine_kw: Any) -> tuple[Driver, Any, list[tuple[int, int, list[list[int]]]]]:
+    """`admission: partial` through the real driver; returns, per trained group, (train version,
+    its last admission version, each sample's token versions) as `Generator.consume` saw them."""
+    cfg = make_config("pipeline", k, b, steps=steps, schedule=schedule, train_ticks=train_ticks)
+    cfg.pipeline.admission = "partial"
+    engine = FakeEngine(**{"max_batch_size": 32, "long_tail": 0.2, "max_len": 80, **engine_kw})
+    trainer = FakeTrainer(engine, step_time=(0.0, 0.002) if schedule == "threaded" else (0.0, 0.0))
+    source = FakeSource()
+    comps, rows = build(cfg, engine=engine, trainer=trainer, source=source)
+    driver = Driver(driver_settings(cfg), comps)
+    seen: list[tuple[int, int, list[list[int]]]] = []
+    consume = driver.generator.consume
+
+    def spy(items: Any, train_version: int) -> list[int]:
+        seen.extend((train_version, it.admit_version, [c.versions for c in it.group.completions]) for it in items)
+        return consume(items, train_version)
+
+    driver.generator.consume = spy  # type: ignore[method-assign]
+    result = driver.run()
+    assert result.steps == steps and result.stop_reason == "max_steps"
+    check_accounting(driver, source, trainer)
+    assert result.max_version_lag <= k
+    return driver, rows, seen
+
+
+def _check_partial_bound(seen: list[tuple[int, int, list[list[int]]]], k: int) -> None:
+    """By the test's arithmetic: each group within k of its last admission, and its newest token
+    (a re-admitted group was still generating, so tokens came after, at a version >= it) too."""
+    for u, admitted, versions in seen:
+        newest = max(v for vs in versions for v in vs)
+        assert u - admitted <= k and admitted <= newest and u - newest <= k
+
+
+@pytest.mark.parametrize("train_ticks", [0, 5, 20])
+def test_partial_key_renews_blocking_groups_in_the_interleaved_run(train_ticks: int) -> None:
+    """Same seed, same engine as the deadline run: with `partial` the trainer re-admits the groups
+    it would wait for, so fewer batches wait and the same steps take fewer generator ticks; the
+    step rows count the re-admissions, and some tokens are trained more than k versions old."""
+    deadline, deadline_rows, _ = run("deadline", "interleaved", 2, 2, train_ticks)
+    partial, rows, seen = run_partial("interleaved", 2, 2, train_ticks)
+    _check_partial_bound(seen, 2)
+    renewed = partial.generator.counters.groups_renewed
+    assert renewed > 0 and partial.controller.renewed == renewed
+    assert rows.steps[-1][1]["groups_renewed_total"] == renewed
+    assert all(row["groups_renewed_total"] == 0 for _, row in deadline_rows.steps)
+    waits = sum(row["deadline_wait"] for _, row in rows.steps)
+    assert waits < sum(row["deadline_wait"] for _, row in deadline_rows.steps)
+    assert partial.batches.ticks < deadline.batches.ticks
+    assert max(row["token_lag_max"] for _, row in rows.steps) > 2
+
+
+@pytest.mark.parametrize("k,b", [(1, 2), (2, 3), (4, 2)])
+def test_partial_threaded_keeps_its_bound_under_random_speeds(k: int, b: int) -> None:
+    driver, rows, seen = run_partial("threaded", k, b, steps=25, step_sleep=(0.0, 0.002), seed=k)
+    _check_partial_bound(seen, k)
+    assert len(seen) == 25 * b
+    assert isinstance(driver.batches, PipelineBatches) and driver.batches.select is not None
+
+
 def test_max_outstanding_groups_caps_the_driver() -> None:
     """The cap reaches the real driver: no step row ever shows more outstanding groups than it,
     while the uncapped deadline run does hold more; the bound is kept either way."""
@@ -84,8 +144,10 @@ def test_max_outstanding_groups_caps_the_driver() -> None:
 def test_deadline_needs_the_pipeline_mode() -> None:
     assert PipelineConfig().admission == "bounded"
     assert PipelineConfig(admission="deadline").admission == "deadline"
-    with pytest.raises(ValidationError, match="admission: needs off_policy: pipeline"):
-        PipelineConfig(off_policy="ppo_offpolicy", admission="deadline")
+    assert PipelineConfig(admission="partial").admission == "partial"
+    for rule in ("deadline", "partial"):
+        with pytest.raises(ValidationError, match="admission: needs off_policy: pipeline"):
+            PipelineConfig(off_policy="ppo_offpolicy", admission=rule)
     with pytest.raises(ValidationError):
         PipelineConfig(admission="later")
     assert PipelineConfig(max_outstanding_groups=8, prompts_per_step=8).max_outstanding_groups == 8

@@ -250,8 +250,60 @@ def test_deadline_admission_keeps_generators_busier_under_a_long_tail() -> None:
     assert deadline.groups_admitted > bounded.groups_admitted
 
 
+class _RecordingGroups(Simulation):
+    """Keeps each trained group's (trainer version, last admission version, newest token version)."""
+
+    def __init__(self, config: SimConfig) -> None:
+        super().__init__(config)
+        self.per_group: list[tuple[int, int, int]] = []
+
+    def _take_batch(self) -> list[Any]:
+        batch = super()._take_batch()
+        for group in batch:
+            newest = max(v for s in group.samples for v, _ in s.token_versions)
+            self.per_group.append((self.trainer_version, group.admit_version, newest))
+        return batch
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_partial_rollouts_bound_the_newest_segment_under_random_lengths_and_speeds(seed: int) -> None:
+    """The property test of `admission="partial"` on the random settings of the deadline test:
+    every trained group within k of its last admission (by the test's arithmetic, the simulator's
+    and the controller's), and so its newest token too (a re-admitted group was still generating:
+    its later tokens carry a version >= the one it was re-admitted at); every group counted once."""
+    rng = random.Random(1000 + seed)
+    cfg = replace(_random_config(rng, "pipeline"), admission="partial")
+    sim = _RecordingGroups(cfg)
+    r = sim.run()
+    assert r.steps == cfg.steps and len(sim.per_group) == cfg.steps * cfg.prompts_per_step
+    for u, admitted, newest in sim.per_group:
+        assert u - admitted <= cfg.k
+        assert newest >= admitted and u - newest <= cfg.k
+    assert r.max_observed_lag <= cfg.k
+    assert r.groups_admitted == r.groups_consumed + r.groups_outstanding
+    assert sum(r.token_lags.values()) == r.tokens
+
+
+def test_partial_rollouts_stop_the_trainer_waiting_at_deadlines() -> None:
+    """Long tail, 4 engines, a trainer fast next to generation (the emulated Ray pool's regime):
+    the deadline rule's trainer waits for each long group at its deadline; re-admitting those
+    groups instead trains more samples per second. The price shows: tokens trained more than k
+    versions after they were generated, which the deadline rule never has."""
+    base = small(mode="pipeline", k=4, num_engines=4, slots=16, prompts_per_step=8, n=4, steps=48,
+                 max_new_tokens=96, length=LengthModel(24.0, 0.5, 0.6), decode_step_s=0.004,
+                 decode_token_s=0.0001, train_step_s=0.005, train_token_s=1e-5, weight_update_s=0.002,
+                 admission="deadline")
+    deadline = simulate(base)
+    partial = simulate(replace(base, admission="partial"))
+    assert partial.samples_per_s > 1.1 * deadline.samples_per_s
+    assert partial.groups_renewed > 0 and deadline.groups_renewed == 0
+    assert deadline.stale_token_frac() == 0.0 < partial.stale_token_frac()
+    assert max(deadline.token_lags) <= 4 < max(partial.token_lags)
+
+
 def test_deadline_admission_is_a_pipeline_rule() -> None:
-    with pytest.raises(ValueError, match="admission"):
-        SimConfig(mode="ppo_offpolicy", admission="deadline")
+    for rule in ("deadline", "partial"):
+        with pytest.raises(ValueError, match="admission"):
+            SimConfig(mode="ppo_offpolicy", admission=rule)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="admission"):
         SimConfig(admission="later")  # type: ignore[arg-type]
