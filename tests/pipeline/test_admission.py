@@ -85,7 +85,8 @@ def run_partial(schedule: str, k: int, b: int, train_ticks: int = 0, steps: int 
     consume = driver.generator.consume
 
     def spy(items: Any, train_version: int) -> list[int]:
-        seen.extend((train_version, it.admit_version, [c.versions for c in it.group.completions]) for it in items)
+        seen.extend((train_version, it.admit_version, [c.versions for c in it.group.completions])
+                    for it in items)
         return consume(items, train_version)
 
     driver.generator.consume = spy  # type: ignore[method-assign]
@@ -124,7 +125,7 @@ def test_partial_key_renews_blocking_groups_in_the_interleaved_run(train_ticks: 
 
 @pytest.mark.parametrize("k,b", [(1, 2), (2, 3), (4, 2)])
 def test_partial_threaded_keeps_its_bound_under_random_speeds(k: int, b: int) -> None:
-    driver, rows, seen = run_partial("threaded", k, b, steps=25, step_sleep=(0.0, 0.002), seed=k)
+    driver, _rows, seen = run_partial("threaded", k, b, steps=25, step_sleep=(0.0, 0.002), seed=k)
     _check_partial_bound(seen, k)
     assert len(seen) == 25 * b
     assert isinstance(driver.batches, PipelineBatches) and driver.batches.select is not None
