@@ -130,6 +130,31 @@ def test_the_reference_decision_study_replays_as_documented() -> None:
     assert pooled["calls"][0.5][("scalerl", "scalerl-lr3e-5")].p_ahead == pytest.approx(1.0, abs=0.01)
 
 
+def test_a_second_set_of_seeds_with_dense_evaluations_replays_as_documented() -> None:
+    """docs/studies.md, "Out of sample: seeds 3-5, an evaluation every 4 steps": the same four
+    recipes, new RL seeds, run after the rule was fixed (points in tests/studies/data/decision_oos/).
+    Dense evaluations let every run be fitted at 25%. The rule makes no wrong call and decides no
+    tie, but it decides nothing: at 50% two separated pairs stand at P(ahead) 1.00 for the right
+    leader and are still undecided, because some of their fits are flagged (A poorly determined)."""
+    curves = {r: read_curves(REF / "decision_oos" / f"{r}.csv", "flops", "val_pass_rate") for r in RECIPES}
+    assert [len(c) for c in curves.values()] == [3, 3, 3, 3]
+    assert all(len(c.x) == 36 for runs in curves.values() for c in runs)  # an evaluation every 4 of 140 steps
+    out = decision.study(curves, [0.25, 0.5], FitOptions())
+    assert out["notes"] == []  # every run fitted at both fractions
+    s25, s50 = out["scores"]
+    for s in (s25, s50):
+        assert (s.decided, s.wrong, s.decided_ties, s.separated, s.missed) == (0, 0, 0, 5, 5)
+        assert s.meets() and s.correct_share is None  # met only because nothing is decided
+    tie = out["truth"][("scalerl", "scalerl-lr3e-5")]
+    assert not tie.separated and tie.p_value == pytest.approx(0.195, abs=0.001)
+    calls = out["calls"][0.5]
+    assert all(c.flagged for c in calls.values())
+    confident = {k for k, c in calls.items() if c.p_ahead is not None and c.p_ahead >= decision.LEVEL}
+    assert confident == {("scalerl", "scalerl-lr1e-5"), ("scalerl-lr3e-5", "scalerl-lr1e-5")}
+    assert all(calls[k].leader == out["truth"][k].leader for k in confident)
+    assert max(c.p_ahead or 0.0 for c in out["calls"][0.25].values()) < decision.LEVEL
+
+
 def test_the_reference_first_half_table_replays_as_documented() -> None:
     """docs/studies.md, "The per-seed table of the default": 8 RL seeds of the demo, fitted on the
     first half as `scalerl demo` fits; the bar is met on 5 of 8 (seeds 0, 5 and 6 miss it)."""
