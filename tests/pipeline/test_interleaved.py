@@ -241,10 +241,12 @@ def test_round_modes_same_seed_same_training(tmp_path: Path, off_policy: str) ->
     assert sum(row["grad_norm"] > 0 for _, row in rows.steps) >= 2
 
 
-def test_resume_interleaved_consumes_no_prompt_twice_and_is_reproducible() -> None:
+@pytest.mark.parametrize("admission", ["bounded", "partial"])
+def test_resume_interleaved_consumes_no_prompt_twice_and_is_reproducible(admission: str) -> None:
     cfg = make_config(
         "pipeline", 2, 3, steps=10, schedule="interleaved", train_ticks=3, dynamic_sampling=True
     )
+    cfg.pipeline.admission = admission  # type: ignore[assignment]
     cfg.checkpoint.every = 4
     saved: dict[int, dict[str, Any]] = {}
 
@@ -255,7 +257,10 @@ def test_resume_interleaved_consumes_no_prompt_twice_and_is_reproducible() -> No
     trainer1 = FakeTrainer(engine1)
     comps, _ = build(cfg, engine=engine1, trainer=trainer1)
     comps.checkpoint = checkpoint
-    Driver(driver_settings(cfg), comps).run()
+    first = Driver(driver_settings(cfg), comps)
+    first.run()
+    # The partial run re-admits groups (the checkpoint records their newest admission versions).
+    assert (first.generator.counters.groups_renewed > 0) == (admission == "partial")
     state = saved[4]
     outstanding = [o["record"]["id"] for o in state["generator"]["outstanding"]]
     assert outstanding, "groups were in flight at the checkpoint"
