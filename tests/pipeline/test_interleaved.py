@@ -259,7 +259,7 @@ def test_resume_interleaved_consumes_no_prompt_twice_and_is_reproducible(admissi
     comps.checkpoint = checkpoint
     first = Driver(driver_settings(cfg), comps)
     first.run()
-    # The partial run re-admits groups (the checkpoint records their newest admission versions).
+    # The partial run re-admits groups; its resume must keep the same guarantees and the count.
     assert (first.generator.counters.groups_renewed > 0) == (admission == "partial")
     state = saved[4]
     outstanding = [o["record"]["id"] for o in state["generator"]["outstanding"]]
@@ -281,6 +281,7 @@ def test_resume_interleaved_consumes_no_prompt_twice_and_is_reproducible(admissi
     assert len(trained2) == len(set(trained2)) == 6 * 3
     assert not set(trained1) & set(trained2), "a prompt was consumed before and after the resume"
     assert driver2.generator.counters.prompts_reissued == len(outstanding)
+    assert driver2.generator.counters.groups_renewed >= state["generator"]["counters"]["groups_renewed"]
     # The re-issued prompts were admitted first: each is trained, dropped, or still outstanding.
     end = {o["record"]["id"] for o in driver2.generator.state_dict()["outstanding"]}
     reported = {o["record"]["id"] for o in state["generator"]["outstanding"] if o["reported"]}
