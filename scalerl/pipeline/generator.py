@@ -42,7 +42,7 @@ from scalerl.pipeline.dynamic_sampling import DynamicSampling
 from scalerl.pipeline.faults import FaultLimitError, RunLength
 from scalerl.pipeline.interfaces import GroupQueue, PromptSource, ReadyGroup
 from scalerl.pipeline.preemption import Interrupted
-from scalerl.pipeline.staleness import StalenessController
+from scalerl.pipeline.staleness import StalenessController, renew_blocking
 from scalerl.rewards.groups import GroupScorer
 from scalerl.rollout.protocol import Completion, Engine, GenerationRequest, SamplingParams
 from scalerl.training.batch import ScoredGroup
@@ -461,32 +461,19 @@ class Generator:
             raise RuntimeError(f"generator thread failed: {self.error!r}") from self.error
 
     def renew_blocking(self) -> int:
-        """`pipeline.admission: partial`: when the next step lacks `m` groups admitted at a version
-        `<= x` (`StalenessController.shortfall`), re-admit `m` of the groups still generating that
-        are that old at the engine's version, the most recently admitted first (the fewest tokens
-        generated before their new admission), instead of the trainer waiting for them. Their
-        sequences go on where they are. Returns how many groups were re-admitted (staleness.py)."""
+        """`pipeline.admission: partial`: re-admit, at the engine's version, the groups still
+        generating that the next step would wait for (`staleness.renew_blocking`); their sequences
+        go on where they are. Returns how many groups were re-admitted."""
         if not self.controller.partial_rollouts:
             return 0
-        moved = 0
         # Read before the lock: versions only grow, and an older one is still a valid target.
         version = self.engine.version
         with self._lock:
-            while True:
-                short = self.controller.shortfall([it.admit_version for it in self.queue.snapshot()])
-                if short is None or version <= short[0]:
-                    break
-                x, missing = short
-                candidates = [g for g in self._open.values() if g.admit_version <= x]
-                movers = sorted(candidates, key=lambda g: (g.admit_version, g.ticket), reverse=True)[:missing]
-                if len(movers) < missing:
-                    break  # the rest are being scored: the step waits for them
-                self.controller.renew([g.admit_version for g in movers], version)
-                for g in movers:
-                    g.admit_version = version
-                moved += len(movers)
-            self.counters.groups_renewed += moved
-        return moved
+            queued = [it.admit_version for it in self.queue.snapshot()]
+            moved = renew_blocking(self.controller, queued, self._open.values(), version,
+                                   order=lambda g: (g.admit_version, g.ticket))
+            self.counters.groups_renewed += len(moved)
+        return len(moved)
 
     def in_progress(self) -> int:
         """Admitted groups not yet in the queue (generating or being scored)."""

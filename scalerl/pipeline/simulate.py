@@ -49,7 +49,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from scalerl.pipeline.staleness import ADMISSIONS, Admission, StalenessController, StalenessError
+from scalerl.pipeline.staleness import (
+    ADMISSIONS,
+    Admission,
+    StalenessController,
+    StalenessError,
+    renew_blocking,
+)
 from scalerl.rollout.emulated import LengthModel
 
 Mode = Literal["sync", "ppo_offpolicy", "pipeline"]
@@ -429,23 +435,11 @@ class Simulation:
 
     # ------------------------------------------------------------------------------ trainer side
     def _renew_blocking(self) -> None:
-        """`partial`: re-admit, at the engines' version, as many generating groups as the next step
-        lacks, the most recently admitted first (`Generator.renew_blocking` does the same for a run)."""
-        ctl = self.controller
-        while True:
-            short = ctl.shortfall([g.admit_version for g in self.queue])
-            version = self.engine_version
-            if short is None or version <= short[0]:
-                return
-            x, missing = short
-            candidates = [g for g in self.generating.values() if g.admit_version <= x]
-            movers = sorted(candidates, key=lambda g: (g.admit_version, g.gid), reverse=True)[:missing]
-            if len(movers) < missing:
-                return  # groups being finished elsewhere; the step waits for them
-            ctl.renew([g.admit_version for g in movers], version)
-            for g in movers:
-                g.admit_version = version
-            self.groups_renewed += len(movers)
+        """`partial`: `staleness.renew_blocking`, as `Generator.renew_blocking` calls it in a run."""
+        queued = [g.admit_version for g in self.queue]
+        moved = renew_blocking(self.controller, queued, self.generating.values(), self.engine_version,
+                               order=lambda g: (g.admit_version, g.gid))
+        self.groups_renewed += len(moved)
 
     def _batch_ready(self) -> bool:
         c = self.cfg

@@ -67,23 +67,23 @@ keep (D) iff `m <= (v_e + k - u + 1) * B - O`: the bounded capacity with `v_e` i
 trainer has picked stays valid while the generator keeps admitting.
 
 Partial rollouts (`admission="partial"`, pipeline mode). Under (D) the trainer still waits at a
-deadline for a group that is generating: any rule that trains every group within `k` versions of
-its admission can take at most about `k + 1` steps per lifetime of the longest sample. `partial`
-admits and selects as `deadline` does, and when the trainer would wait it *re-admits* as many of
-the groups that block it as the step lacks instead (`shortfall()`, `renew()`): such a group, still
-generating, gets the engines' current version `v'` as its admission version, and so a new deadline
-`v' + k`. Its
-sequences are not restarted or cut: they go on under the newer weights (in-flight updates), their
-tokens carry the versions that generated them. Moving one group from `v` to `v' > v` lowers `N(x)`
-by one for `v <= x < v'` and leaves it unchanged elsewhere, so (D) and every `need(x)` bound hold
-(a renewal can only lower `need(x)`, so a batch the trainer has picked stays valid), and the lag
-`consume()` checks, counted from the group's latest admission version, stays `<= k`. What this
-rule bounds is therefore the *segment* of each sample generated since its group's last admission
-(Kimi k1.5's partial rollouts: a long response is continued across iterations); the tokens of
-earlier segments are older than `k` versions when trained. Their lag is reported (the pipeline's
-`token_lag_*`, `version_lag_*` from each sample's first token), and the loss corrects them like
-any off-policy token, with the behaviour log-probs the engine recorded for each token
-(`algorithm.tis`, CISPO's truncated ratio). They are not masked.
+deadline for a group that is generating: any rule that trains every group within `k` versions of its
+admission can take at most about `k + 1` steps per lifetime of the longest sample. `partial` admits
+and selects as `deadline` does, and when the trainer would wait it *re-admits* as many of the groups
+that block it as the step lacks instead (`shortfall()`, `renew()`, and `renew_blocking()`, which the
+generator and the simulator both call): such a group, still generating, gets the engines' current
+version `v'` as its admission version, and so a new deadline `v' + k`. Its sequences are not
+restarted or cut: they go on under the newer weights (in-flight updates), their tokens carry the
+versions that generated them. Moving one group from `v` to `v' > v` lowers `N(x)` by one for
+`v <= x < v'` and leaves it unchanged elsewhere, so (D) and every `need(x)` bound hold (a renewal can only
+lower `need(x)`, so a batch the trainer has picked stays valid), and the lag `consume()` checks,
+counted from the group's latest admission version, stays `<= k`. What this rule bounds is therefore
+the *segment* of each sample generated since its group's last admission (Kimi k1.5's partial
+rollouts: a long response is continued across iterations); the tokens of earlier segments are older
+than `k` versions when trained. Their lag is reported (the pipeline's `token_lag_*`, `version_lag_*`
+from each sample's first token), and the loss corrects them like any off-policy token, with the
+behaviour log-probs the engine recorded for each token (`algorithm.tis`, CISPO's truncated ratio).
+They are not masked.
 
 `max_outstanding` (0: none) caps `O` on top of either rule. A cap only lowers admissions, so it
 keeps (I) and (D); with the deadline rule it bounds the over-subscription (e.g. to the groups the
@@ -97,8 +97,8 @@ from __future__ import annotations
 import threading
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal, Protocol, TypeVar
 
 Admission = Literal["bounded", "deadline", "partial"]
 ADMISSIONS: tuple[Admission, ...] = ("bounded", "deadline", "partial")
@@ -381,3 +381,36 @@ class StalenessController:
             self._next_train_version = int(state["next_train_version"])
             self.max_observed_lag = int(state["max_observed_lag"])
             self.renewed = int(state.get("renewed", 0))
+
+
+class Admitted(Protocol):
+    """A group still generating, as partial rollouts see it: its latest admission version."""
+
+    admit_version: int
+
+
+G = TypeVar("G", bound=Admitted)
+
+
+def renew_blocking(controller: StalenessController, queued_versions: Sequence[int], generating: Iterable[G],
+                   engine_version: int, order: Callable[[G], Any]) -> list[G]:
+    """Partial rollouts (module docstring): while the next step lacks `m` groups admitted at `<= x`
+    (`shortfall`), re-admit `m` of the `generating` groups that old at `engine_version`, the last in
+    `order` first (the most recently admitted: the fewest tokens generated before their new
+    admission), and set their `admit_version`. Stops when nothing is short, when the engine is not
+    newer than `x`, or when too few such groups are still generating (the others are being scored:
+    the step waits for them). Returns the groups re-admitted. The generator and the simulator both
+    call this, so a run and its simulation renew the same groups."""
+    pool = list(generating)
+    moved: list[G] = []
+    while (short := controller.shortfall(queued_versions)) is not None and engine_version > short[0]:
+        x, missing = short
+        movers = sorted((g for g in pool if g.admit_version <= x), key=order, reverse=True)[:missing]
+        if len(movers) < missing:
+            break
+        controller.renew([g.admit_version for g in movers], engine_version)
+        for g in movers:
+            g.admit_version = engine_version
+        moved += movers
+    return moved
+

@@ -279,9 +279,17 @@ def test_partial_rollouts_bound_the_newest_segment_under_random_lengths_and_spee
     for u, admitted, newest in sim.per_group:
         assert u - admitted <= cfg.k
         assert newest >= admitted and u - newest <= cfg.k
-    assert r.max_observed_lag <= cfg.k
+    assert r.max_observed_lag <= cfg.k and r.groups_renewed == sim.controller.renewed
     assert r.groups_admitted == r.groups_consumed + r.groups_outstanding
     assert sum(r.token_lags.values()) == r.tokens
+
+
+def test_the_partial_property_settings_do_renew() -> None:
+    """The property test above checks renewals only where they happen: most of its settings must
+    renew groups, or it would only repeat the deadline rule's test."""
+    renewing = [simulate(replace(_random_config(random.Random(1000 + seed), "pipeline"),
+                                 admission="partial")).groups_renewed > 0 for seed in range(12)]
+    assert sum(renewing) >= 6
 
 
 def test_partial_rollouts_stop_the_trainer_waiting_at_deadlines() -> None:

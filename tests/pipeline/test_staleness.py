@@ -164,13 +164,19 @@ def test_deadline_rule_admits_behind_an_old_group() -> None:
         assert c.capacity(1) == 0
 
 
-def test_needed_and_selection_by_hand() -> None:
-    k, b = 1, 2
-    c = StalenessController(k, b, admission="deadline")
+def _two_due_two_new(admission: str) -> StalenessController:
+    """k=1, B=2: four groups admitted at version 0, two trained at 0, two more admitted at 1."""
+    c = StalenessController(1, 2, admission=admission)  # type: ignore[arg-type]
     c.admit(0, 4)
     c.consume([0, 0], 0)
     c.settle(1)
     c.admit(1, 2)
+    return c
+
+
+def test_needed_and_selection_by_hand() -> None:
+    k, b = 1, 2
+    c = _two_due_two_new("deadline")
     # need(x) = N(x) - (x + k - u) * B with u = 1: x = 0: 2 - 0 = 2; x = 1: 4 - 2 = 2.
     assert c.needed() == [(0, 2), (1, 2)]
     assert c.select_batch([1, 1]) is None  # the two new ones finished first: not a valid batch
@@ -350,12 +356,7 @@ def test_partial_renewal_by_hand() -> None:
     """k=1, B=2: after the step at version 0, two version-0 groups are due now (need(0) = 2) but
     only the two version-1 groups finished. `shortfall` names the version and the count; renewing
     the two blockers at the engine's version 1 makes the finished pair a valid batch."""
-    k, b = 1, 2
-    c = StalenessController(k, b, admission="partial")
-    c.admit(0, 4)
-    c.consume([0, 0], 0)
-    c.settle(1)
-    c.admit(1, 2)
+    c = _two_due_two_new("partial")
     assert c.select_batch([1, 1]) is None
     assert c.shortfall([1, 1]) == (0, 2)
     assert c.shortfall([1, 0, 1]) == (0, 1)  # one version-0 group finished: one is missing
