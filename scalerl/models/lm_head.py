@@ -117,16 +117,27 @@ def project_logits(
     *,
     fp32: bool,
     softcap: float | None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`softcap(hidden @ W^T (+ b))` for `(W, b)` from `head_parameters(model, fp32)`.
 
     With `fp32` the projection runs in float32 with autocast off (the FP32 LM-head fix); otherwise
-    it is the head's own `F.linear`, in whatever dtype autocast gives it.
+    it is the head's own `F.linear`, in whatever dtype autocast gives it. `out` (float32 head,
+    `hidden [M, H]`, a contiguous float32 `[M, V]`) receives the logits: the same product
+    (`F.linear` is `addmm`/`mm` on 2-D inputs) without a fresh `[M, V]` allocation, whose page
+    faults cost as much as the product at a real vocabulary on a CPU (training.head_grad).
     """
+    if out is not None and not (fp32 and softcap is None and hidden.dim() == 2):
+        raise ValueError("project_logits: out= needs the float32 head, no soft-cap and 2-D hidden states")
     if fp32:
         # Under bf16 autocast F.linear would silently run in bf16 again; the fix needs it off here.
         with torch.autocast(device_type=hidden.device.type, enabled=False):
-            logits = torch.nn.functional.linear(hidden.float(), weight, bias)
+            if out is None:
+                logits = torch.nn.functional.linear(hidden.float(), weight, bias)
+            elif bias is None:
+                logits = torch.mm(hidden.float(), weight.t(), out=out)
+            else:
+                logits = torch.addmm(bias, hidden.float(), weight.t(), out=out)
     else:
         logits = torch.nn.functional.linear(hidden, weight, bias)
     return softcap_logits(logits, softcap)

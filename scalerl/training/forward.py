@@ -16,6 +16,11 @@ unchunked path runs on its rows (same head projection, same `token_logprobs`, sa
 `entropy_from_logits`), so the results equal the unchunked path's up to float rounding of the
 matrix products. A micro-batch that fits in one chunk runs the unchunked path (the reference the
 chunked one is tested against, and bit for bit the trainer's arithmetic before chunking).
+
+The FP32 head without soft-capping, support mask or teacher (ScaleRL's setting) goes further: each
+chunk's logits are written into one reused block, and backward turns the recomputed logits into
+their gradient in closed form instead of differentiating the recomputation
+(`training.head_grad`: the same log-probs; the gradient and entropy to float rounding).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from scalerl.models.lm_head import (
 )
 from scalerl.models.moe import RoutingTally, load_balancing_loss, moe_routers, replay_routing
 from scalerl.rollout.sampling import support_from_record
+from scalerl.training.head_grad import chunk_logit_grad, chunk_logprobs
 from scalerl.training.packing import decoder_order_real, decoder_order_routing, response_states
 
 EntropyMode = Literal["none", "metric", "grad"]
@@ -249,8 +255,21 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
         kl = torch.zeros(n, dtype=torch.float32, device=device)
         teacher = _teacher_of(teacher_states, teacher_weight, teacher_bias, options)
         kw = {k: options[k] for k in ("fp32", "softcap", "temperature", "entropy")}
+        closed = options["closed_form"]
+        lse = torch.empty(n, dtype=torch.float32, device=device) if closed else None
+        block, spare = (_blocks(min(n, chunk), weight, 2 if options["entropy"] != "none" else 1) if closed
+                        else (None, None))
         for lo in range(0, n, chunk):
             hi = min(n, lo + chunk)
+            if closed:
+                z = project_logits(hidden[lo:hi], weight, bias, fp32=True, softcap=None,
+                                   out=block[: hi - lo])  # type: ignore[index]
+                lp, h, lse[lo:hi] = chunk_logprobs(z, targets[lo:hi], options["temperature"],  # type: ignore[index]
+                                                   spare)
+                logprobs[lo:hi] = lp
+                if h is not None:
+                    ent[lo:hi] = h
+                continue
             sup = ((codes[lo:hi], ids[lo:hi], top_k[lo:hi], top_p[lo:hi])  # type: ignore[index]
                    if codes is not None else None)
             t_rows = teacher.rows(lo, hi) if teacher is not None else None
@@ -264,11 +283,13 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
             if cut is not None:
                 sizes[lo:hi], mismatch[lo:hi], incomplete[lo:hi] = cut  # type: ignore[index]
         ctx.options = options
+        # The backward recomputation reuses the forward's blocks: no second set of fresh pages.
+        ctx.blocks = (block, spare) if closed else None
         device_type = device.type
         ctx.autocast = (device_type, torch.is_autocast_enabled(device_type),
                         torch.get_autocast_dtype(device_type))
         ctx.save_for_backward(hidden, weight, bias, targets, codes, ids, top_k, top_p, sizes,
-                              teacher_states, teacher_weight, teacher_bias)
+                              teacher_states, teacher_weight, teacher_bias, lse)
         ctx.mark_non_differentiable(mismatch, incomplete)
         if options["entropy"] != "grad":
             ctx.mark_non_differentiable(ent)
@@ -280,10 +301,18 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
     def backward(ctx: Any, grad_logprobs: Tensor, grad_entropy: Tensor | None, _mismatch: Any,  # type: ignore[override]
                  _incomplete: Any, grad_kl: Tensor | None) -> tuple[Any, ...]:
         (hidden, weight, bias, targets, codes, ids, top_k, top_p, sizes,
-         teacher_states, teacher_weight, teacher_bias) = ctx.saved_tensors
+         teacher_states, teacher_weight, teacher_bias, lse) = ctx.saved_tensors
         options = ctx.options
         chunk = options["chunk"]
         want_h, want_w, want_b = ctx.needs_input_grad[:3]
+        if lse is not None:
+            grads = _closed_form_backward(hidden, weight, bias, targets, lse, grad_logprobs,
+                                          grad_entropy if options["entropy"] == "grad" else None,
+                                          chunk, options["temperature"], (want_h, want_w, want_b),
+                                          ctx.blocks or _blocks(min(hidden.shape[0], chunk), weight,
+                                                                2 if options["entropy"] == "grad" else 1))
+            ctx.blocks = None  # freed now, not when the graph goes (after the decoder's backward)
+            return (*grads, None, None, None, None, None, None, None, None, None)
         grad_hidden = torch.zeros_like(hidden) if want_h else None
         # The head's gradients start as the first chunk's own (a zeros buffer beside the per-chunk
         # gradient would hold one more [vocab, hidden] copy at the peak).
@@ -334,6 +363,47 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
         if want_b and bias is not None and grad_bias is None:
             grad_bias = torch.zeros_like(bias)
         return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None, None, None
+
+
+def _closed_form_backward(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, lse: Tensor,
+    grad_logprobs: Tensor, grad_entropy: Tensor | None, chunk: int, temperature: float,
+    want: tuple[bool, bool, bool],
+    blocks: tuple[Tensor, Tensor | None],
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """`(dL/dhidden, dL/dW, dL/db)` of the float32 head, chunk by chunk: each chunk's logits are
+    recomputed once and turned into `G = dL/dlogits` in place (`training.head_grad`), then
+    `dL/dh = G W`, `dL/dW += G^T h`, `dL/db += sum_rows G`."""
+    want_h, want_w, want_b = want
+    n = hidden.shape[0]
+    grad_hidden = torch.zeros_like(hidden) if want_h else None
+    grad_weight = torch.zeros_like(weight) if want_w else None
+    grad_bias = torch.zeros_like(bias) if want_b and bias is not None else None
+    block, spare = blocks
+    # Float32 products, as the forward's projection (autocast off there too).
+    with torch.no_grad(), torch.autocast(device_type=hidden.device.type, enabled=False):
+        for lo in range(0, n, chunk):
+            hi = min(n, lo + chunk)
+            h = hidden[lo:hi].float()
+            z = project_logits(h, weight, bias, fp32=True, softcap=None, out=block[: hi - lo])
+            g = chunk_logit_grad(z, targets[lo:hi], lse[lo:hi], temperature, grad_logprobs[lo:hi],
+                                 grad_entropy[lo:hi] if grad_entropy is not None else None, spare)
+            if grad_hidden is not None:
+                grad_hidden[lo:hi] = g @ weight
+            if grad_weight is not None:
+                grad_weight.addmm_(g.t(), h)
+            if grad_bias is not None:
+                grad_bias.add_(g.sum(0))
+    return grad_hidden, grad_weight, grad_bias
+
+
+def _blocks(rows: int, weight: Tensor, count: int) -> tuple[Tensor, Tensor | None]:
+    """One float32 `[rows, vocab]` block for the chunks' logits, and a second (`count` 2) for the
+    entropy's `exp`: allocated once per pass and reused by every chunk (training.head_grad)."""
+    shape = (rows, int(weight.shape[0]))
+    block = torch.empty(shape, dtype=torch.float32, device=weight.device)
+    spare = torch.empty(shape, dtype=torch.float32, device=weight.device) if count > 1 else None
+    return block, spare
 
 
 def _teacher_of(states: Tensor | None, weight: Tensor | None, bias: Tensor | None,
@@ -418,6 +488,8 @@ def response_forward(
         codes, ids, top_k, top_p = support.per_token(mask)
     options = {"chunk": chunk, "fp32": fp32_lm_head, "softcap": softcap,
                "temperature": float(temperature), "entropy": entropy,
+               # The head's gradient in closed form (training.head_grad) where it applies.
+               "closed_form": fp32_lm_head and softcap is None and support is None and teacher_head is None,
                "teacher_softcap": teacher_head.softcap if teacher_head is not None else None}
     with replay as tally:
         states = response_states(decoder, batch, packed=packed, at=mask)

@@ -16,8 +16,10 @@ from scalerl.training.forward import logit_chunk_size, response_forward
 from scalerl.training.trainer import Trainer
 
 # float32 throughout: the chunked path runs the unchunked path's operations on fewer rows, so the
-# only differences are the matrix products' rounding.
+# only differences are the matrix products' rounding; and, on the closed-form path
+# (training.head_grad), the entropy's sum in another order: a few float32 ulps of H ~ 5 nats.
 ATOL = 1e-6
+ENTROPY_RTOL = 1e-6
 # A chunk above any micro-batch's response tokens: the unchunked (full-logit) reference path.
 FULL = 10**9
 
@@ -97,7 +99,7 @@ def test_response_forward_chunked_equals_full_values_and_padding(make_policy, ma
     chunked = response_forward(policy.model, batch, temperature=0.7, fp32_lm_head=True, entropy="grad",
                                logit_chunk_tokens=5)
     torch.testing.assert_close(chunked.logprobs[mask], full.logprobs[mask], rtol=0, atol=ATOL)
-    torch.testing.assert_close(chunked.entropy, full.entropy, rtol=0, atol=ATOL)
+    torch.testing.assert_close(chunked.entropy, full.entropy, rtol=ENTROPY_RTOL, atol=ATOL)
     assert bool((chunked.logprobs[~mask] == 0).all()) and bool((chunked.entropy[~mask] == 0).all())
 
 
@@ -124,9 +126,9 @@ def test_no_more_than_one_chunk_of_logits_is_projected_at_a_time(make_policy, ma
     real = forward_module.project_logits
     rows: list[int] = []
 
-    def counting(hidden, weight, bias, *, fp32, softcap):
+    def counting(hidden, weight, bias, *, fp32, softcap, **kw):
         rows.append(int(hidden.shape[:-1].numel()))
-        return real(hidden, weight, bias, fp32=fp32, softcap=softcap)
+        return real(hidden, weight, bias, fp32=fp32, softcap=softcap, **kw)
 
     monkeypatch.setattr(forward_module, "project_logits", counting)
     trainer = Trainer(policy, AlgorithmConfig(entropy_coef=0.01),
@@ -150,9 +152,9 @@ def test_default_chunk_follows_the_vocabulary_and_keeps_the_tiny_default_unchunk
     real = forward_module.project_logits
     shapes: list[tuple[int, ...]] = []
 
-    def recording(hidden, weight, bias, *, fp32, softcap):
+    def recording(hidden, weight, bias, *, fp32, softcap, **kw):
         shapes.append(tuple(hidden.shape[:-1]))
-        return real(hidden, weight, bias, fp32=fp32, softcap=softcap)
+        return real(hidden, weight, bias, fp32=fp32, softcap=softcap, **kw)
 
     monkeypatch.setattr(forward_module, "project_logits", recording)
     Trainer(policy, AlgorithmConfig(), OptimConfig()).compute_gradients(groups)

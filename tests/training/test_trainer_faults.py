@@ -37,8 +37,8 @@ def _poison_logits(mp: pytest.MonkeyPatch, rows: list[int] | None) -> None:
     everywhere."""
     real = forward_module.project_logits
 
-    def poisoned(hidden, weight, bias, *, fp32, softcap):
-        logits = real(hidden, weight, bias, fp32=fp32, softcap=softcap)
+    def poisoned(hidden, weight, bias, *, fp32, softcap, **kw):
+        logits = real(hidden, weight, bias, fp32=fp32, softcap=softcap, **kw)
         if rows is None:
             return logits * float("nan")
         return logits.index_fill(0, torch.tensor(rows, device=logits.device), float("nan"))
