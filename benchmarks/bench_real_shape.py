@@ -6,6 +6,7 @@ micro-batches vs the padded micro-batch vs TRL's GRPOTrainer loss computation, s
     python benchmarks/bench_real_shape.py --quick    # a tiny shape, seconds (tests/benchmarks runs it)
     python benchmarks/bench_real_shape.py --lengths 256 1024 4096 --max-gb 12 --part memory
     python benchmarks/bench_real_shape.py --part throughput --layers 4
+    python benchmarks/bench_real_shape.py --part head-grad --samples 64 --longest 128 --reps 2
 
 The model is random-init Qwen2 with Qwen2.5-0.5B's layer shape (hidden 896, 14 heads of 64, 2 KV
 heads, MLP 4864, vocabulary 151,936, tied embeddings as that model has them) but `--layers` layers
@@ -18,7 +19,8 @@ held at its worst moment), on CUDA `torch.cuda.max_memory_allocated`. Peaks, not
 
 Settings: `chunked` (`optim.logit_chunk_tokens` null: the default, 883 tokens at vocabulary
 151,936; `--chunk` to set it) and `full` (`logit_chunk_tokens` above the micro-batch's response
-tokens: every response token's float32 logits at once, the trainer before chunking). A full-logit
+tokens and `forward.CLOSED_FORM` off: every response token's float32 logits at once through plain
+autograd, the trainer before chunking). A full-logit
 setting whose peak, extrapolated linearly from its two shorter lengths, would pass `--max-gb` is
 skipped and printed as such (the
 extrapolation is printed, never used as a measurement). Growth per 1k response tokens is the slope
@@ -34,6 +36,12 @@ whole batch (`Trainer.compute_gradients`, grpo + token aggregation) as (a) one p
 forward over right-padded completions with full logits, loss_type dapo, the same token-level loss)
 plus backward. tokens/s counts real tokens (prompt + response) for all three.
 
+Head gradient (`--part head-grad`, one process, alternating after one untimed step each; medians):
+one `Trainer.step` (GRPO, one micro-batch, clip, AdamW) of `--samples` samples (16-token prompts,
+exponential response lengths of mean ~`--longest`/1.4, capped at `--longest`) with the FP32 head's
+closed-form gradient and fused AdamW (`now`, the trainer as it is) against autograd through each
+chunk's recomputation and AdamW's per-tensor loop (`before`), each side training its own copy.
+
 `--device cuda --dtype bfloat16` is the GPU form (benchmarks/gpu/real_shape_gpu.py runs it at the
 0.5B and 1.5B shapes and adds tokens/s and MFU).
 """
@@ -41,6 +49,7 @@ plus backward. tokens/s counts real tokens (prompt + response) for all three.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -192,6 +201,10 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     from scalerl.training.trainer import Trainer
 
     torch.manual_seed(0)
+    if spec.get("reference"):
+        import scalerl.training.forward as fwd
+
+        fwd.CLOSED_FORM = False  # `full`: every position's logits at once through plain autograd
     device = spec["device"]
     policy = load_policy(ModelConfig(name_or_path=spec["model"], dtype=spec["dtype"]), device=device)
     groups = step_groups(spec["vocab"], spec["length"])
@@ -239,7 +252,7 @@ def extrapolate(points: list[tuple[int, float]], length: int) -> float:
 def measure(args: argparse.Namespace, model_dir: Path, params: int) -> dict[str, Any]:
     shape = SHAPES[args.size] if not args.quick else QUICK
     chunk = args.chunk if not args.quick else 16
-    full = 10**9  # more tokens than any micro-batch: the unchunked path
+    full = 10**9  # more tokens than any micro-batch: one chunk (plain autograd: see `child`)
     results: dict[str, list[dict[str, Any]]] = {"chunked": [], "full": []}
     skipped: list[str] = []
     for path in args.paths:
@@ -250,7 +263,8 @@ def measure(args: argparse.Namespace, model_dir: Path, params: int) -> dict[str,
                                f"> --max-gb {args.max_gb:g}")
                 continue
             spec = {"model": str(model_dir), "vocab": shape.vocab, "length": length, "device": args.device,
-                    "dtype": args.dtype, "chunk": chunk if path == "chunked" else full}
+                    "dtype": args.dtype, "chunk": chunk if path == "chunked" else full,
+                    "reference": path == "full"}
             row = run_child(spec, timeout=args.timeout) | {"length": length}
             points.append((length, row["peak_gb"]))
             results[path].append(row)
@@ -428,6 +442,84 @@ def throughput(args: argparse.Namespace, model_dir: Path, shape: Shape) -> dict[
     return {"lengths": lengths, "tokens": tokens, "times_s": times, "tokens_per_s": rates, "loss": losses}
 
 
+@contextlib.contextmanager
+def autograd_head() -> Any:
+    """The head's backward as it was before `training.head_grad` (`forward.CLOSED_FORM` off): plain
+    autograd within one chunk, autograd through each chunk's recomputation beyond."""
+    import scalerl.training.forward as fwd
+
+    fwd.CLOSED_FORM = False
+    try:
+        yield
+    finally:
+        fwd.CLOSED_FORM = True
+
+
+def head_grad(args: argparse.Namespace, model_dir: Path, shape: Shape) -> dict[str, Any]:
+    """`Trainer.step` (forward, backward, clip, AdamW) on one batch, side by side in this process:
+    `now` (the FP32 head's closed-form gradient, `training.head_grad`, and fused AdamW) against
+    `before` (autograd through each chunk's recomputation, and AdamW's per-tensor loop). Each side
+    trains its own copy of the model on the same batch; runs alternate after one untimed step each;
+    medians reported."""
+    import copy
+    import random
+    import statistics
+
+    from scalerl.config import AlgorithmConfig, ModelConfig, OptimConfig
+    from scalerl.data.records import PromptRecord
+    from scalerl.rollout.protocol import Completion
+    from scalerl.training.batch import ScoredGroup
+    from scalerl.training.policy import load_policy
+    from scalerl.training.trainer import Trainer
+
+    rng = random.Random(0)
+    # Geometric-like lengths, mean ~`longest`/1.4, capped: an RL batch's spread (the step bench's).
+    lengths = [min(args.longest, max(1, int(rng.expovariate(1.4 / args.longest))))
+               for _ in range(args.samples)]
+    groups = []
+    for gi in range(0, len(lengths), 8):
+        part = lengths[gi:gi + 8]
+        prompt = [rng.randrange(8, shape.vocab) for _ in range(16)]
+        comps = [Completion(request_id=f"p{gi}", sample_index=k, prompt_ids=prompt,
+                            token_ids=[rng.randrange(8, shape.vocab) for _ in range(n)],
+                            logprobs=[-math.log(shape.vocab) + 0.1 * rng.random() for _ in range(n)],
+                            versions=[0] * n, loss_mask=[True] * n, finish_reason="length", start_version=0)
+                 for k, n in enumerate(part)]
+        groups.append(ScoredGroup(PromptRecord(id=f"p{gi}", task="bench", prompt="x"), comps,
+                                  [float(k % 2) for k in range(len(part))]))
+    print(f"head-grad batch: {len(lengths)} samples, {sum(lengths)} response tokens "
+          f"(longest {max(lengths)}), 16-token prompts; chunk {args.chunk or 'default'}", flush=True)
+    base = load_policy(ModelConfig(name_or_path=str(model_dir)), device=args.device)
+    algo = AlgorithmConfig(loss_type="grpo", aggregation="sample", adv_norm="group")
+    optim = OptimConfig(lr=1e-6, micro_batch_size=len(lengths), warmup_steps=0,
+                        logit_chunk_tokens=args.chunk)
+    now = Trainer(copy.deepcopy(base), algo, optim, max_new_tokens=args.longest)
+    before = Trainer(base, algo, optim, max_new_tokens=args.longest)
+    for group in before.optimizer.param_groups:
+        group["fused"] = None  # AdamW's per-tensor loop
+
+    def run_before() -> dict[str, float]:
+        with autograd_head():
+            return before.step(groups)
+
+    sides = {"now": lambda: now.step(groups), "before": run_before}
+    times: dict[str, list[float]] = {k: [] for k in sides}
+    losses: dict[str, float] = {}
+    for run in sides.values():  # warm-up, not timed
+        run()
+    for _ in range(args.reps):
+        for name, run in sides.items():
+            start = time.perf_counter()
+            losses[name] = float(run()["loss"])
+            times[name].append(time.perf_counter() - start)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    for k in sides:
+        print(f"{k:7s} step {med[k]:8.2f} s (median of {args.reps}; {[round(t, 2) for t in times[k]]}), "
+              f"loss {losses[k]:.6f}")
+    print(f"ratio step time before/now: {med['before'] / med['now']:.2f}")
+    return {"lengths": lengths, "times_s": times, "median_s": med, "loss": losses}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny shape and lengths (seconds)")
@@ -443,9 +535,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per setting")
     parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--part", choices=("memory", "throughput", "all"), default="all",
+    parser.add_argument("--part", choices=("memory", "throughput", "head-grad", "all"), default="all",
                         help="memory: peak per response length (fresh processes); throughput: packed vs "
-                             "padded vs TRL tokens/s in one process")
+                             "padded vs TRL tokens/s in one process; head-grad: Trainer.step with the "
+                             "head's closed-form gradient and fused AdamW against before, in one process")
     parser.add_argument("--samples", type=int, default=8, help="throughput: samples in the batch")
     parser.add_argument("--longest", type=int, default=512, help="throughput: the longest response")
     parser.add_argument("--reps", type=int, default=3, help="throughput: timed runs per side")
@@ -475,6 +568,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.quick:
                 args.samples, args.longest, args.reps = 4, 64, 1
             out["throughput"] = throughput(args, Path(tmp), shape)
+        if args.part in ("head-grad", "all"):
+            if args.quick:
+                args.samples, args.longest, args.reps, args.chunk = 16, 32, 1, 16
+            out["head_grad"] = head_grad(args, Path(tmp), shape)
     if args.json is not None:
         args.json.write_text(json.dumps(out, indent=2))
     return 0

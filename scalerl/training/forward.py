@@ -14,13 +14,16 @@ differentiates that chunk alone; so at most one chunk's `[tokens, vocab]` block 
 temporaries) is alive at any time, forward or backward. Every chunk runs the very operations the
 unchunked path runs on its rows (same head projection, same `token_logprobs`, same
 `entropy_from_logits`), so the results equal the unchunked path's up to float rounding of the
-matrix products. A micro-batch that fits in one chunk runs the unchunked path (the reference the
-chunked one is tested against, and bit for bit the trainer's arithmetic before chunking).
+matrix products.
 
-The FP32 head without soft-capping, support mask or teacher (ScaleRL's setting) goes further: each
-chunk's logits are written into one reused block, and backward turns the recomputed logits into
-their gradient in closed form instead of differentiating the recomputation
-(`training.head_grad`: the same log-probs; the gradient and entropy to float rounding).
+The FP32 head without soft-capping, support mask or teacher (ScaleRL's setting, and the tiny
+default's) goes further, on any number of tokens, one chunk or many: each chunk's logits are written
+into one reused block, and backward turns the recomputed logits into their gradient in closed form
+instead of differentiating the recomputation (`training.head_grad`: the same log-probs; the
+gradient and entropy to float rounding). Otherwise a micro-batch that fits in one chunk runs the
+unchunked path, every position's logits at once through plain autograd. `CLOSED_FORM = False` gives
+the reference paths (plain autograd within a chunk, autograd's recomputation beyond) that the
+closed form is tested against.
 """
 
 from __future__ import annotations
@@ -48,6 +51,11 @@ from scalerl.training.head_grad import chunk_logit_grad, chunk_logprobs
 from scalerl.training.packing import decoder_order_real, decoder_order_routing, response_states
 
 EntropyMode = Literal["none", "metric", "grad"]
+
+#: Whether the FP32 head takes its closed-form gradient where it applies (training.head_grad).
+#: False gives the reference paths it is tested against: plain autograd over every position's
+#: logits within one chunk, autograd through each chunk's recomputation beyond.
+CLOSED_FORM = True
 
 #: Float32 logits per LM-head chunk when `optim.logit_chunk_tokens` is null (2^27: 512 MB; 883 tokens
 #: at vocabulary 151,936, where a [883, hidden] x [hidden, vocab] product still runs at full speed).
@@ -433,11 +441,11 @@ def response_forward(
     `support` (the sampler's recorded top-k/top-p set S_old, as token ids) renormalises each
     position over exactly that set (keep-sampling-mask; `rollout.sampling.support_from_record`).
     `logit_chunk_tokens` response tokens go through the head at a time (module docstring; None: as
-    many as fit `LOGIT_CHUNK_ELEMENTS` logits). A micro-batch whose response tokens fit in one chunk
-    takes the unchunked path, every position's logits at once through plain autograd: the same
-    bound on the block, and the arithmetic of the trainer before chunking, bit for bit (the tiny
-    default, vocabulary 108, always does). Chunked, padding positions are not projected and get
-    log-prob 0; unchunked, they hold meaningless values. Mask them either way. `packed` runs the
+    many as fit `LOGIT_CHUNK_ELEMENTS` logits). The FP32 head (no soft-cap, support or teacher) takes
+    the chunked closed form on any number of tokens; otherwise a micro-batch whose response tokens
+    fit in one chunk takes the unchunked path, every position's logits at once through plain
+    autograd. Chunked, padding positions are not projected and get log-prob 0; unchunked, they
+    hold meaningless values. Mask them either way. `packed` runs the
     decoder on the batch's real tokens packed into one sequence (`training.packing`); the results
     keep the padded `[n, T]` layout. `routing` (MoE) replays or measures the engine's recorded
     experts in the decoder pass (`scalerl.models.moe.replay_routing`); `router_aux` returns the
@@ -466,7 +474,10 @@ def response_forward(
         real = decoder_order_real(batch, packed=packed)
         return load_balancing_loss(tally.probs, tally.indices, experts, real)
 
-    chunked = int(mask.sum()) > chunk
+    # The FP32 head's closed-form gradient (training.head_grad) on any number of tokens, one chunk
+    # or many, wherever it applies; otherwise a micro-batch within one chunk takes plain autograd.
+    closed_form = CLOSED_FORM and fp32_lm_head and softcap is None and support is None and teacher is None
+    chunked = closed_form or int(mask.sum()) > chunk
     teacher_head = None
     if teacher is not None:
         with torch.no_grad():
@@ -488,8 +499,7 @@ def response_forward(
         codes, ids, top_k, top_p = support.per_token(mask)
     options = {"chunk": chunk, "fp32": fp32_lm_head, "softcap": softcap,
                "temperature": float(temperature), "entropy": entropy,
-               # The head's gradient in closed form (training.head_grad) where it applies.
-               "closed_form": fp32_lm_head and softcap is None and support is None and teacher_head is None,
+               "closed_form": closed_form,
                "teacher_softcap": teacher_head.softcap if teacher_head is not None else None}
     with replay as tally:
         states = response_states(decoder, batch, packed=packed, at=mask)

@@ -505,6 +505,15 @@ def test_bench_real_shape_quick(cache_dir: Path, tmp_path: Path) -> None:
     assert ratio == pytest.approx(rates["packed"] / rates["padded"], abs=5e-3)
     assert tput["loss"]["packed"] == pytest.approx(tput["loss"]["padded"], rel=1e-5, abs=1e-6)
     assert max(tput["lengths"]) > 3 * min(tput["lengths"])  # long-tailed, or packing has nothing to do
+    # The head's closed-form gradient against autograd's, side by side: the speed may change, the
+    # loss after the same updates may not (both sides train their own copy on the same batch).
+    head = json.loads((tmp_path / "r.json").read_text())["head_grad"]
+    for side in ("now", "before"):
+        positive(match(rf"^{side}\s+step\s+({{N}}) s", out)[1])
+    ratio = float(match(r"^ratio step time before/now: ({N})", out)[1])
+    assert ratio == pytest.approx(head["median_s"]["before"] / head["median_s"]["now"], abs=5e-3)
+    assert head["loss"]["now"] == pytest.approx(head["loss"]["before"], rel=1e-5, abs=1e-6)
+    assert sum(head["lengths"]) > 16  # more response tokens than one chunk: the chunked path runs
 
 
 @pytest.mark.timeout(420)

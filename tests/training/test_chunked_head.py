@@ -4,6 +4,7 @@ at a time, in forward or backward."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -24,6 +25,17 @@ ENTROPY_RTOL = 1e-6
 FULL = 10**9
 
 
+@contextlib.contextmanager
+def _reference_paths():
+    """The paths the closed form is tested against (`forward.CLOSED_FORM` off): plain autograd over
+    every position's logits within one chunk, autograd through each chunk's recomputation beyond."""
+    forward_module.CLOSED_FORM = False
+    try:
+        yield
+    finally:
+        forward_module.CLOSED_FORM = True
+
+
 def _grads(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in trainer.policy.model.named_parameters() if p.grad is not None}
 
@@ -39,9 +51,12 @@ def _run(base, groups, algo: AlgorithmConfig, chunk: int, warm_groups=None):
 
 
 def _assert_same(base, groups, algo: AlgorithmConfig, warm_groups=None) -> None:
-    ref_metrics, ref_grads = _run(base, groups, algo, FULL, warm_groups)
+    with _reference_paths():
+        ref_metrics, ref_grads = _run(base, groups, algo, FULL, warm_groups)
     assert ref_grads and any(float(g.abs().max()) > 0 for g in ref_grads.values())
-    for chunk in (1, 7, 24):  # micro-batches of 5 samples hold up to ~55 response tokens
+    # Micro-batches of 5 samples hold up to ~55 response tokens: FULL is one chunk (the FP32 head's
+    # closed form there too), and under the reference paths chunk 7 is autograd's recomputation.
+    for chunk in (1, 7, 24, FULL):
         metrics, grads = _run(base, groups, algo, chunk, warm_groups)
         assert metrics["loss"] == pytest.approx(ref_metrics["loss"], rel=0, abs=ATOL), chunk
         assert metrics["entropy"] == pytest.approx(ref_metrics["entropy"], rel=0, abs=ATOL), chunk
@@ -49,6 +64,11 @@ def _assert_same(base, groups, algo: AlgorithmConfig, warm_groups=None) -> None:
         assert grads.keys() == ref_grads.keys()
         for name, g in grads.items():
             torch.testing.assert_close(g, ref_grads[name], rtol=0, atol=ATOL, msg=f"{name} chunk={chunk}")
+    with _reference_paths():
+        metrics, grads = _run(base, groups, algo, 7, warm_groups)
+    assert metrics["loss"] == pytest.approx(ref_metrics["loss"], rel=0, abs=ATOL)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, ref_grads[name], rtol=0, atol=ATOL, msg=f"{name} autograd chunks")
 
 
 @pytest.fixture
@@ -94,8 +114,9 @@ def test_response_forward_chunked_equals_full_values_and_padding(make_policy, ma
     policy = make_policy()
     batch = collate(make_groups(policy), policy.pad_token_id)
     mask = batch.token_mask
-    full = response_forward(policy.model, batch, temperature=0.7, fp32_lm_head=True, entropy="grad",
-                            logit_chunk_tokens=FULL)
+    with _reference_paths():
+        full = response_forward(policy.model, batch, temperature=0.7, fp32_lm_head=True, entropy="grad",
+                                logit_chunk_tokens=FULL)
     chunked = response_forward(policy.model, batch, temperature=0.7, fp32_lm_head=True, entropy="grad",
                                logit_chunk_tokens=5)
     torch.testing.assert_close(chunked.logprobs[mask], full.logprobs[mask], rtol=0, atol=ATOL)
@@ -139,12 +160,13 @@ def test_no_more_than_one_chunk_of_logits_is_projected_at_a_time(make_policy, ma
     assert sum(rows) == 2 * n_tokens  # padding is never projected
 
 
-def test_default_chunk_follows_the_vocabulary_and_keeps_the_tiny_default_unchunked(
+def test_default_chunk_follows_the_vocabulary_and_one_chunk_takes_the_closed_form(
     make_policy, make_groups, monkeypatch
 ):
     """null: 2^27 float32 logits per chunk, 883 tokens at Qwen's 151,936; the tiny default's 108
-    never needs a second chunk, so its micro-batches take the unchunked path: one projection of
-    every position, the trainer's arithmetic before chunking."""
+    never needs a second chunk. With the FP32 head its micro-batch is one chunk of real tokens
+    through the closed form (projected once forward, once backward); without it (the reference
+    paths), one projection of every padded position through plain autograd."""
     assert logit_chunk_size(None, 151_936) == 883 and logit_chunk_size(None, 108) == 2**27 // 108
     assert logit_chunk_size(300, 151_936) == 300
     policy = make_policy()
@@ -157,8 +179,13 @@ def test_default_chunk_follows_the_vocabulary_and_keeps_the_tiny_default_unchunk
         return real(hidden, weight, bias, fp32=fp32, softcap=softcap, **kw)
 
     monkeypatch.setattr(forward_module, "project_logits", recording)
-    Trainer(policy, AlgorithmConfig(), OptimConfig()).compute_gradients(groups)
     batch = collate(groups, policy.pad_token_id)
+    Trainer(policy, AlgorithmConfig(), OptimConfig()).compute_gradients(groups)
+    tokens = int(batch.token_mask.sum())
+    assert shapes == [(tokens,), (tokens,)]
+    shapes.clear()
+    with _reference_paths():
+        Trainer(policy, AlgorithmConfig(), OptimConfig()).compute_gradients(groups)
     assert shapes == [(len(batch), batch.response_width)]
 
 

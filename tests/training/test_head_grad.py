@@ -69,8 +69,8 @@ def test_log_probs_without_entropy_and_greedy_temperature():
 
 def test_the_trainer_takes_the_closed_form_path_and_its_gradient_is_the_full_paths(make_policy, make_groups,
                                                                                   monkeypatch):
-    """The FP32 head with chunks: `ChunkedHeadLogprobs` runs `chunk_logit_grad` (counted) and the
-    step's gradients equal the unchunked full-logit path's (plain autograd)."""
+    """The FP32 head, in one chunk or several: `ChunkedHeadLogprobs` runs `chunk_logit_grad`
+    (counted) and the step's gradients equal plain autograd's over the full logits."""
     base = make_policy()
     groups = make_groups(base, n_groups=3, n=4, noise=0.4)
     calls = []
@@ -81,13 +81,19 @@ def test_the_trainer_takes_the_closed_form_path_and_its_gradient_is_the_full_pat
         return real(*a, **kw)
 
     monkeypatch.setattr(forward_module, "chunk_logit_grad", counting)
-    grads = []
-    for chunk in (10**9, 5):
+    def gradients(chunk: int, closed_form: bool) -> dict[str, torch.Tensor]:
+        monkeypatch.setattr(forward_module, "CLOSED_FORM", closed_form)
         policy = copy.deepcopy(base)
-        trainer = Trainer(policy, AlgorithmConfig(entropy_coef=-0.02), OptimConfig(micro_batch_size=64,
-                                                                                   logit_chunk_tokens=chunk))
+        trainer = Trainer(policy, AlgorithmConfig(entropy_coef=-0.02),
+                          OptimConfig(micro_batch_size=64, logit_chunk_tokens=chunk))
         trainer.compute_gradients(groups)
-        grads.append({n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None})
-    assert calls, "the chunked FP32 head did not take the closed-form path"
-    for name, g in grads[1].items():
-        torch.testing.assert_close(g, grads[0][name], rtol=0, atol=1e-6, msg=name)
+        return {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
+
+    reference = gradients(10**9, closed_form=False)  # plain autograd over every position's logits
+    assert not calls
+    for chunk in (10**9, 5):  # one chunk, and several
+        calls.clear()
+        grads = gradients(chunk, closed_form=True)
+        assert calls, f"chunk {chunk}: the FP32 head did not take the closed-form path"
+        for name, g in grads.items():
+            torch.testing.assert_close(g, reference[name], rtol=0, atol=1e-6, msg=f"{name} chunk {chunk}")
