@@ -37,10 +37,11 @@ forward over right-padded completions with full logits, loss_type dapo, the same
 plus backward. tokens/s counts real tokens (prompt + response) for all three.
 
 Head gradient (`--part head-grad`, one process, alternating after one untimed step each; medians):
-one `Trainer.step` (GRPO, one micro-batch, clip, AdamW) of `--samples` samples (16-token prompts,
-exponential response lengths of mean ~`--longest`/1.4, capped at `--longest`) with the FP32 head's
-closed-form gradient and fused AdamW (`now`, the trainer as it is) against autograd through each
-chunk's recomputation and AdamW's per-tensor loop (`before`), each side training its own copy.
+one `Trainer.step` (GRPO, one micro-batch, clip, AdamW) of `--samples` samples (`tailed_groups`: two
+groups, 64-token prompts; exponential response lengths of mean ~`--longest`/1.4, capped at
+`--longest`) with the FP32 head's closed-form gradient and fused AdamW (`now`, the trainer as it
+is) against autograd through each chunk's recomputation and AdamW's per-tensor loop (`before`),
+each side training its own copy.
 
 `--device cuda --dtype bfloat16` is the GPU form (benchmarks/gpu/real_shape_gpu.py runs it at the
 0.5B and 1.5B shapes and adds tokens/s and MFU).
@@ -466,9 +467,6 @@ def head_grad(args: argparse.Namespace, model_dir: Path, shape: Shape) -> dict[s
     import statistics
 
     from scalerl.config import AlgorithmConfig, ModelConfig, OptimConfig
-    from scalerl.data.records import PromptRecord
-    from scalerl.rollout.protocol import Completion
-    from scalerl.training.batch import ScoredGroup
     from scalerl.training.policy import load_policy
     from scalerl.training.trainer import Trainer
 
@@ -476,19 +474,10 @@ def head_grad(args: argparse.Namespace, model_dir: Path, shape: Shape) -> dict[s
     # Geometric-like lengths, mean ~`longest`/1.4, capped: an RL batch's spread (the step bench's).
     lengths = [min(args.longest, max(1, int(rng.expovariate(1.4 / args.longest))))
                for _ in range(args.samples)]
-    groups = []
-    for gi in range(0, len(lengths), 8):
-        part = lengths[gi:gi + 8]
-        prompt = [rng.randrange(8, shape.vocab) for _ in range(16)]
-        comps = [Completion(request_id=f"p{gi}", sample_index=k, prompt_ids=prompt,
-                            token_ids=[rng.randrange(8, shape.vocab) for _ in range(n)],
-                            logprobs=[-math.log(shape.vocab) + 0.1 * rng.random() for _ in range(n)],
-                            versions=[0] * n, loss_mask=[True] * n, finish_reason="length", start_version=0)
-                 for k, n in enumerate(part)]
-        groups.append(ScoredGroup(PromptRecord(id=f"p{gi}", task="bench", prompt="x"), comps,
-                                  [float(k % 2) for k in range(len(part))]))
+    groups = tailed_groups(shape.vocab, lengths)  # two groups, 64-token prompts
     print(f"head-grad batch: {len(lengths)} samples, {sum(lengths)} response tokens "
-          f"(longest {max(lengths)}), 16-token prompts; chunk {args.chunk or 'default'}", flush=True)
+          f"(longest {max(lengths)}), {PROMPT_TOKENS}-token prompts; chunk {args.chunk or 'default'}",
+          flush=True)
     base = load_policy(ModelConfig(name_or_path=str(model_dir)), device=args.device)
     algo = AlgorithmConfig(loss_type="grpo", aggregation="sample", adv_norm="group")
     optim = OptimConfig(lr=1e-6, micro_batch_size=len(lengths), warmup_steps=0,

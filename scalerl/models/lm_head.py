@@ -162,7 +162,7 @@ def lm_head_logits(
     return project_logits(hidden, weight, bias, fp32=True, softcap=final_logit_softcap(model))
 
 
-def _temperature_divisor(temperature: float | torch.Tensor, like: torch.Tensor) -> float | torch.Tensor:
+def temperature_divisor(temperature: float | torch.Tensor, like: torch.Tensor) -> float | torch.Tensor:
     """Temperature 0 (greedy) scores tokens under T = 1; a tensor must broadcast against `like`."""
     if isinstance(temperature, torch.Tensor):
         t = temperature.to(device=like.device, dtype=torch.float32)
@@ -183,7 +183,7 @@ def token_logprobs(
     `logits`, True = kept) restricts the softmax to the top-k/top-p support the sampler used, i.e.
     the distribution renormalised over the support (keep-sampling-mask); a token outside it gets -inf.
     """
-    scaled = logits.float() / _temperature_divisor(temperature, logits)
+    scaled = logits.float() / temperature_divisor(temperature, logits)
     if support_mask is not None:
         scaled = scaled.masked_fill(~support_mask, float("-inf"))
     picked = scaled.gather(-1, token_ids.unsqueeze(-1).long()).squeeze(-1)

@@ -32,10 +32,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-
-def divisor(temperature: float) -> float:
-    """Temperature 0 (greedy) scores tokens under T = 1, as `models.lm_head.token_logprobs` does."""
-    return float(temperature) if temperature > 0 else 1.0
+from scalerl.models.lm_head import temperature_divisor
 
 
 def row_dot(a: Tensor, b: Tensor) -> Tensor:
@@ -50,7 +47,7 @@ def chunk_logprobs(z: Tensor, targets: Tensor, temperature: float,
     `z` is consumed (overwritten). The entropy is computed when `spare` (a float32 block of at
     least `M` rows of `V`) is given to hold `exp(z - m)`.
     """
-    t = divisor(temperature)
+    t = float(temperature_divisor(temperature, z))  # T = 0 (greedy) scores under T = 1
     if t != 1.0:
         z.div_(t)
     picked = z.gather(-1, targets.unsqueeze(-1).long()).squeeze(-1)
@@ -77,7 +74,7 @@ def chunk_logit_grad(z: Tensor, targets: Tensor, lse: Tensor, temperature: float
 
     `dL/dz_j = g_lp ([j = t] - p_j) - g_H p_j (log p_j + H)`, then divided by T (module docstring).
     """
-    t = divisor(temperature)
+    t = float(temperature_divisor(temperature, z))  # T = 0 (greedy) scores under T = 1
     if t != 1.0:
         z.div_(t)
     logp = z.sub_(lse.unsqueeze(-1))

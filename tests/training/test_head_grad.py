@@ -67,13 +67,9 @@ def test_log_probs_without_entropy_and_greedy_temperature():
     torch.testing.assert_close(lp.double(), torch.tensor(expected, dtype=torch.float64), rtol=0, atol=1e-6)
 
 
-def test_the_trainer_takes_the_closed_form_path_and_its_gradient_is_the_full_paths(make_policy, make_groups,
-                                                                                  monkeypatch):
-    """The FP32 head, in one chunk or several: `ChunkedHeadLogprobs` runs `chunk_logit_grad`
-    (counted) and the step's gradients equal plain autograd's over the full logits."""
-    base = make_policy()
-    groups = make_groups(base, n_groups=3, n=4, noise=0.4)
-    calls = []
+def _counted_closed_form(monkeypatch) -> list[int]:
+    """Every call of `chunk_logit_grad` (the closed form's backward) appends to the returned list."""
+    calls: list[int] = []
     real = forward_module.chunk_logit_grad
 
     def counting(*a, **kw):
@@ -81,19 +77,31 @@ def test_the_trainer_takes_the_closed_form_path_and_its_gradient_is_the_full_pat
         return real(*a, **kw)
 
     monkeypatch.setattr(forward_module, "chunk_logit_grad", counting)
-    def gradients(chunk: int, closed_form: bool) -> dict[str, torch.Tensor]:
-        monkeypatch.setattr(forward_module, "CLOSED_FORM", closed_form)
-        policy = copy.deepcopy(base)
-        trainer = Trainer(policy, AlgorithmConfig(entropy_coef=-0.02),
-                          OptimConfig(micro_batch_size=64, logit_chunk_tokens=chunk))
-        trainer.compute_gradients(groups)
-        return {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
+    return calls
 
-    reference = gradients(10**9, closed_form=False)  # plain autograd over every position's logits
+
+def _gradients(base, groups, monkeypatch, chunk: int, closed_form: bool) -> dict[str, torch.Tensor]:
+    """Every parameter gradient of one `compute_gradients` (GRPO-family default, entropy term on) on
+    a copy of `base`, with `forward.CLOSED_FORM` set."""
+    monkeypatch.setattr(forward_module, "CLOSED_FORM", closed_form)
+    policy = copy.deepcopy(base)
+    Trainer(policy, AlgorithmConfig(entropy_coef=-0.02),
+            OptimConfig(micro_batch_size=64, logit_chunk_tokens=chunk)).compute_gradients(groups)
+    return {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
+
+
+def test_the_trainer_takes_the_closed_form_path_and_its_gradient_is_the_full_paths(make_policy, make_groups,
+                                                                                  monkeypatch):
+    """The FP32 head, in one chunk or several: `ChunkedHeadLogprobs` runs `chunk_logit_grad`
+    (counted) and the step's gradients equal plain autograd's over the full logits."""
+    base = make_policy()
+    groups = make_groups(base, n_groups=3, n=4, noise=0.4)
+    calls = _counted_closed_form(monkeypatch)
+    reference = _gradients(base, groups, monkeypatch, 10**9, closed_form=False)  # plain autograd
     assert not calls
     for chunk in (10**9, 5):  # one chunk, and several
         calls.clear()
-        grads = gradients(chunk, closed_form=True)
+        grads = _gradients(base, groups, monkeypatch, chunk, closed_form=True)
         assert calls, f"chunk {chunk}: the FP32 head did not take the closed-form path"
         for name, g in grads.items():
             torch.testing.assert_close(g, reference[name], rtol=0, atol=1e-6, msg=f"{name} chunk {chunk}")
@@ -106,23 +114,11 @@ def test_a_bf16_run_with_the_fp32_head_gets_the_reference_gradient(make_policy, 
     bf16 rounding of the decoder."""
     base = make_policy(dtype="bfloat16", fp32_lm_head=True)
     groups = make_groups(base, n_groups=3, n=4, noise=0.4)
-    calls = []
-    real = forward_module.chunk_logit_grad
-
-    def counting(*a, **kw):
-        calls.append(1)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(forward_module, "chunk_logit_grad", counting)
-    grads = []
-    for closed_form in (False, True):
-        monkeypatch.setattr(forward_module, "CLOSED_FORM", closed_form)
-        policy = copy.deepcopy(base)
-        Trainer(policy, AlgorithmConfig(entropy_coef=-0.02),
-                OptimConfig(micro_batch_size=64, logit_chunk_tokens=5)).compute_gradients(groups)
-        grads.append({n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None})
-    assert calls  # the closed form ran (in the second pass)
-    reference, closed = grads
+    calls = _counted_closed_form(monkeypatch)
+    reference = _gradients(base, groups, monkeypatch, 5, closed_form=False)
+    assert not calls
+    closed = _gradients(base, groups, monkeypatch, 5, closed_form=True)
+    assert calls  # the closed form ran
     assert reference.keys() == closed.keys() and reference
     for name, g in closed.items():
         torch.testing.assert_close(g, reference[name], rtol=2e-2, atol=1e-4, msg=name)
