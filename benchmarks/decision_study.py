@@ -11,7 +11,8 @@ files with a `run` column (one curve per run: what `--export` writes). The budge
 final compute of any run; the truth per pair is Welch's t-test on the seeds' levels there (mean of
 the last three evaluations); the early call is compare's standing at the budget from the runs cut
 at each fraction (each recipe's seeds grouped: their own fits' replicates together), decided when
-P(ahead) >= `--level` and no fit of the pair is flagged. `--pool` calls from each recipe's pooled
+P(ahead) >= `--level`, the predicted lead >= `--margin` (default 0.02, the paper's accuracy on
+extrapolated points) and no fit of the pair is flagged. `--pool` calls from each recipe's pooled
 fit instead, whose band assumes the seeds' errors independent (over-confident: docs/studies.md). The bar
 (issue 43): decided pairs >= 90% correct, no decided tie, no confident wrong call.
 
@@ -32,7 +33,7 @@ from pathlib import Path
 from scalerl.scaling.analysis import FitOptions
 from scalerl.scaling.io import Curve, read_curves, write_curves_csv
 from scalerl.scaling.validation import CurveError
-from scalerl.studies.decision import ALPHA, LEVEL, study
+from scalerl.studies.decision import ALPHA, LEAD_MARGIN, LEVEL, study
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -47,6 +48,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help=f"Welch test level of the truth (default {ALPHA})")
     p.add_argument("--level", type=float, default=LEVEL,
                    help=f"P(ahead) a decided call needs (default {LEVEL})")
+    p.add_argument("--margin", type=float, default=LEAD_MARGIN,
+                   help=f"predicted lead a decided call needs (default {LEAD_MARGIN}; 0: P(ahead) alone)")
     p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
                    help="bootstrap resamples (default 1000)")
     p.add_argument("--pool", action="store_true",
@@ -98,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _fresh(Path(args.json), "--json")
         curves = _recipes(args.recipe, args.x, args.y)
         result = study(curves, fractions, FitOptions(n_boot=args.bootstrap), args.alpha, args.level,
-                       args.pool)
+                       args.pool, args.margin)
         if args.export:
             for path in export(curves, Path(args.export)):
                 print(f"exported {path}", file=sys.stderr)

@@ -55,6 +55,13 @@ PAPER_SEED_MARGIN_A = 0.02
 #: reach 2x, a little more when the last fitted point falls short of the window's end.
 EXTRAPOLATION_LIMIT = 2.5
 
+#: A predicted lead at a compute below this is inside what a first-half extrapolation is accurate
+#: to (the paper's +-0.02 on extrapolated points, Sec. 2), so it decides nothing however high
+#: P(ahead) is: P(ahead) carries the fits' noise, not an error the seeds of a recipe share.
+#: Measured in docs/studies.md ("Do early comparisons decide?"): a tie called at P 0.95 on a
+#: predicted lead of 0.016.
+LEAD_MARGIN = 0.02
+
 _SEED_SUFFIX = re.compile(r"[-_.](?:seed|s)[-_=]?\d+$", re.IGNORECASE)
 
 
@@ -374,8 +381,11 @@ def standing_at(recipes: Sequence[Recipe], compute: float, level: float = 0.95, 
         x, y = curves[rows[0][0]], curves[rows[1][0]]
         k = max(x.size, y.size)
         p_ahead = float(np.mean(x[rng.integers(0, x.size, k)] > y[rng.integers(0, y.size, k)]))
-    return Standing(compute=float(compute), ranking=tuple(rows), p_ahead=p_ahead,
-                    caveats=prediction_caveats(recipes, compute))
+    caveats = prediction_caveats(recipes, compute)
+    if len(rows) >= 2 and rows[0][1] - rows[1][1] < LEAD_MARGIN:
+        caveats += (f"{rows[0][0]} leads {rows[1][0]} by {rows[0][1] - rows[1][1]:.3f}, under the "
+                    f"+-{LEAD_MARGIN:g} a first-half extrapolation is accurate to: not a decision",)
+    return Standing(compute=float(compute), ranking=tuple(rows), p_ahead=p_ahead, caveats=caveats)
 
 
 def extrapolation_caveat(label: str, fit: SigmoidFit, compute: float) -> str | None:

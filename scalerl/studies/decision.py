@@ -16,8 +16,10 @@ they will spend. This module answers it from several seeds of each recipe, run t
   bootstrap replicates together, so P(ahead) carries where *a seed* of the recipe may land (each
   fit's extrapolation error and the seed-to-seed spread), not only the noise of the mean. A pair
   is *decided* when the leader of the two is ahead with probability ``>= level`` over those
-  replicates and neither recipe's fits are flagged (compare's caveat: a flagged fit's band
-  understates its uncertainty). Otherwise it is undecided.
+  replicates, its predicted lead is at least ``margin`` (`scaling.compare.LEAD_MARGIN`, the
+  paper's +-0.02 on extrapolated points: P(ahead) carries the fits' noise, not an extrapolation
+  error the seeds of a recipe share), and neither recipe's fits are flagged (compare's caveat: a
+  flagged fit's band understates its uncertainty). Otherwise it is undecided.
 * **Why not the pooled fit** (``pool=True``, the `--pool` fit of `scaling.pooled`, each seed's own
   fit when pooling fails): its band narrows like ``1 / sqrt(S)`` because it treats the seeds'
   errors as independent. Extrapolation errors are not: on the shipped reference runs at 50%,
@@ -43,7 +45,7 @@ import numpy as np
 from scipy import stats
 
 from scalerl.scaling.analysis import FitOptions, RunAnalysis, analyze_curve
-from scalerl.scaling.compare import compare, standing_at
+from scalerl.scaling.compare import LEAD_MARGIN, compare, standing_at
 from scalerl.scaling.io import Curve
 from scalerl.scaling.pooled import PooledFit, fit_pooled
 from scalerl.scaling.validation import CurveError
@@ -119,6 +121,7 @@ class EarlyCall:
     flagged: bool
     decided: bool
     A_verdict: str
+    lead: float = 0.0  # the leader's predicted reward minus the other's, at the budget
 
 
 def _pool(name: str, analyses: Sequence[RunAnalysis], n_boot: int, seed: int) -> PooledFit | None:
@@ -129,8 +132,8 @@ def _pool(name: str, analyses: Sequence[RunAnalysis], n_boot: int, seed: int) ->
 
 
 def early_calls(curves: Mapping[str, Sequence[Curve]], fraction: float, c_end: float,
-                opts: FitOptions, level: float = LEVEL,
-                pool: bool = False) -> tuple[dict[tuple[str, str], EarlyCall], list[str]]:
+                opts: FitOptions, level: float = LEVEL, pool: bool = False,
+                margin: float = LEAD_MARGIN) -> tuple[dict[tuple[str, str], EarlyCall], list[str]]:
     """Compare's call for every pair with each run cut at ``fraction x c_end`` (see the module
     docstring), and notes on what could not be fitted."""
     notes: list[str] = []
@@ -165,8 +168,9 @@ def early_calls(curves: Mapping[str, Sequence[Curve]], fraction: float, c_end: f
         pv = verdicts.get((a, b)) or verdicts.get((b, a))
         A_verdict = "?" if pv is None else (pv.leader("A") or pv.verdict("A"))
         p = st.p_ahead
-        decided = p is not None and p >= level and not flagged
-        out[(a, b)] = EarlyCall(a, b, st.leader, p, flagged, decided, A_verdict)
+        lead = st.ranking[0][1] - st.ranking[1][1]
+        decided = p is not None and p >= level and lead >= margin and not flagged
+        out[(a, b)] = EarlyCall(a, b, st.leader, p, flagged, decided, A_verdict, lead)
     return out, notes
 
 
@@ -209,7 +213,7 @@ def _call_text(c: EarlyCall | None) -> str:
         return "not fitted"
     p = "-" if c.p_ahead is None else f"{c.p_ahead:.2f}"
     state = "DECIDED" if c.decided else ("undecided, flagged" if c.flagged else "undecided")
-    return f"{c.leader} p={p} {state} (A: {c.A_verdict})"
+    return f"{c.leader} p={p} lead {c.lead:+.3f} {state} (A: {c.A_verdict})"
 
 
 def render(levels: Mapping[str, Sequence[float]], c_end: float, truth: Mapping[tuple[str, str], PairTruth],
@@ -237,9 +241,11 @@ def render(levels: Mapping[str, Sequence[float]], c_end: float, truth: Mapping[t
 
 
 def study(curves: Mapping[str, Sequence[Curve]], fractions: Sequence[float], opts: FitOptions,
-          alpha: float = ALPHA, level: float = LEVEL, pool: bool = False) -> dict[str, object]:
+          alpha: float = ALPHA, level: float = LEVEL, pool: bool = False,
+          margin: float = LEAD_MARGIN) -> dict[str, object]:
     """Everything the study reports (see the module docstring; ``pool``: the early calls from
-    each recipe's pooled fit instead of its seeds' own fits)."""
+    each recipe's pooled fit instead of its seeds' own fits; ``margin``: the smallest predicted
+    lead that decides, 0 for P(ahead) alone)."""
     if len(curves) < 2:
         raise CurveError("the decision study needs at least two recipes")
     for f in fractions:
@@ -250,12 +256,12 @@ def study(curves: Mapping[str, Sequence[Curve]], fractions: Sequence[float], opt
     truth = truths(levels, alpha)
     calls, notes = {}, []
     for f in fractions:
-        calls[f], n = early_calls(curves, f, c_end, opts, level, pool)
+        calls[f], n = early_calls(curves, f, c_end, opts, level, pool, margin)
         notes.extend(n)
     scores = [score(f, truth, calls[f]) for f in fractions]
     return {"c_end": c_end, "levels": levels, "truth": truth, "calls": calls, "scores": scores,
             "notes": notes, "text": render(levels, c_end, truth, calls, scores)}
 
 
-__all__ = ["ALPHA", "LEVEL", "TAIL", "CurveError", "EarlyCall", "PairTruth", "Score", "budget", "cut",
-           "early_calls", "level_at", "render", "score", "study", "truths", "welch_p"]
+__all__ = ["ALPHA", "LEAD_MARGIN", "LEVEL", "TAIL", "CurveError", "EarlyCall", "PairTruth", "Score", "budget",
+           "cut", "early_calls", "level_at", "render", "score", "study", "truths", "welch_p"]

@@ -170,3 +170,22 @@ def test_replicate_crossovers_interpolate_in_log_space_and_ignore_parallel_pairs
     # Crossing between 10 (diff -0.1) and 100 (diff +0.1): halfway in log space.
     assert x == pytest.approx(math.sqrt(10.0 * 100.0))
     assert math.isnan(never)
+
+
+def test_a_lead_under_the_paper_accuracy_is_said_to_decide_nothing(synthetic: SyntheticCurve) -> None:
+    """`scalerl compare --at C`: where the predicted lead is under LEAD_MARGIN (0.02, the paper's
+    accuracy on extrapolated points) the standing says so, whatever P(ahead); where the lead is
+    larger it does not."""
+    from scalerl.scaling.compare import LEAD_MARGIN
+
+    a = fit_sigmoid(*synthetic(A=0.66, B=1.6, C_mid=3000, seed=1), r0=0.4)
+    near = fit_sigmoid(*synthetic(A=0.65, B=1.6, C_mid=3000, seed=2), r0=0.4)
+    far = fit_sigmoid(*synthetic(A=0.55, B=1.6, C_mid=3000, seed=3), r0=0.4)
+    c = 3e4
+    close = standing_at([_recipe("a", a), _recipe("near", near)], c)
+    lead = close.ranking[0][1] - close.ranking[1][1]
+    assert 0 < lead < LEAD_MARGIN == 0.02
+    assert any(s.endswith("not a decision") and f"by {lead:.3f}" in s for s in close.caveats)
+    clear = standing_at([_recipe("a", a), _recipe("far", far)], c)
+    assert clear.ranking[0][1] - clear.ranking[1][1] > LEAD_MARGIN
+    assert not any("not a decision" in s for s in clear.caveats)
