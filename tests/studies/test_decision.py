@@ -273,3 +273,22 @@ def test_the_lead_margin_changes_no_call_of_the_first_two_sets() -> None:
         strict = decision.study(curves, [0.5], FitOptions())["calls"][0.5]
         loose = decision.study(curves, [0.5], FitOptions(), margin=0.0)["calls"][0.5]
         assert {k: c.decided for k, c in strict.items()} == {k: c.decided for k, c in loose.items()}
+
+
+def test_a_fourth_set_decides_nothing_and_calls_no_tie() -> None:
+    """docs/studies.md, "A fourth set: 140 steps, seeds 6-8": the reference study's settings with new
+    RL seeds, run after the lead margin was fixed (points in tests/studies/data/decision_set4/). No
+    pair is decided, with or without the margin: five of the six calls have a flagged fit and the
+    sixth, the tie (Welch p 0.72), stands at P 0.76. No wrong call, no decided tie."""
+    curves = {r: read_curves(REF / "decision_set4" / f"{r}.csv", "flops", "val_pass_rate") for r in RECIPES}
+    assert all(len(c.x) == 21 for runs in curves.values() for c in runs)  # every 7 of 140 steps
+    tie = ("scalerl", "scalerl-lr3e-5")
+    for margin in (decision.LEAD_MARGIN, 0.0):
+        out = decision.study(curves, [0.25, 0.5], FitOptions(), margin=margin)
+        for s in out["scores"]:
+            assert (s.decided, s.wrong, s.decided_ties, s.separated, s.missed) == (0, 0, 0, 5, 5)
+    truth = out["truth"][tie]
+    assert not truth.separated and truth.p_value == pytest.approx(0.722, abs=0.001)
+    calls = out["calls"][0.5]
+    assert [k for k, c in calls.items() if not c.flagged] == [tie]
+    assert calls[tie].p_ahead == pytest.approx(0.76, abs=0.01)
