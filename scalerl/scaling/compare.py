@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -59,7 +59,7 @@ EXTRAPOLATION_LIMIT = 2.5
 #: to (the paper's +-0.02 on extrapolated points, Sec. 2), so it decides nothing however high
 #: P(ahead) is: P(ahead) carries the fits' noise, not an error the seeds of a recipe share.
 #: Measured in docs/studies.md ("Do early comparisons decide?"): a tie called at P 0.95 on a
-#: predicted lead of 0.016.
+#: predicted lead of 0.017.
 LEAD_MARGIN = 0.02
 
 _SEED_SUFFIX = re.compile(r"[-_.](?:seed|s)[-_=]?\d+$", re.IGNORECASE)
@@ -352,6 +352,11 @@ class Standing:
     def leader(self) -> str:
         return self.ranking[0][0]
 
+    @property
+    def lead(self) -> float | None:
+        """The leader's predicted reward minus the runner-up's (None with one recipe)."""
+        return self.ranking[0][1] - self.ranking[1][1] if len(self.ranking) >= 2 else None
+
     def to_dict(self) -> dict[str, object]:
         return {
             "compute": self.compute,
@@ -381,11 +386,13 @@ def standing_at(recipes: Sequence[Recipe], compute: float, level: float = 0.95, 
         x, y = curves[rows[0][0]], curves[rows[1][0]]
         k = max(x.size, y.size)
         p_ahead = float(np.mean(x[rng.integers(0, x.size, k)] > y[rng.integers(0, y.size, k)]))
-    caveats = prediction_caveats(recipes, compute)
-    if len(rows) >= 2 and rows[0][1] - rows[1][1] < LEAD_MARGIN:
-        caveats += (f"{rows[0][0]} leads {rows[1][0]} by {rows[0][1] - rows[1][1]:.3f}, under the "
-                    f"+-{LEAD_MARGIN:g} a first-half extrapolation is accurate to: not a decision",)
-    return Standing(compute=float(compute), ranking=tuple(rows), p_ahead=p_ahead, caveats=caveats)
+    st = Standing(compute=float(compute), ranking=tuple(rows), p_ahead=p_ahead,
+                  caveats=prediction_caveats(recipes, compute))
+    if st.lead is not None and st.lead < LEAD_MARGIN:
+        small = (f"{rows[0][0]} leads {rows[1][0]} by {st.lead:.3f}, under the +-{LEAD_MARGIN:g} a "
+                 "first-half extrapolation is accurate to: not a decision")
+        st = replace(st, caveats=(*st.caveats, small))
+    return st
 
 
 def extrapolation_caveat(label: str, fit: SigmoidFit, compute: float) -> str | None:

@@ -121,7 +121,7 @@ class EarlyCall:
     flagged: bool
     decided: bool
     A_verdict: str
-    lead: float = 0.0  # the leader's predicted reward minus the other's, at the budget
+    lead: float  # the leader's predicted reward minus the other's, at the budget
 
 
 def _pool(name: str, analyses: Sequence[RunAnalysis], n_boot: int, seed: int) -> PooledFit | None:
@@ -168,7 +168,8 @@ def early_calls(curves: Mapping[str, Sequence[Curve]], fraction: float, c_end: f
         pv = verdicts.get((a, b)) or verdicts.get((b, a))
         A_verdict = "?" if pv is None else (pv.leader("A") or pv.verdict("A"))
         p = st.p_ahead
-        lead = st.ranking[0][1] - st.ranking[1][1]
+        lead = st.lead
+        assert lead is not None  # two recipes ranked
         decided = p is not None and p >= level and lead >= margin and not flagged
         out[(a, b)] = EarlyCall(a, b, st.leader, p, flagged, decided, A_verdict, lead)
     return out, notes

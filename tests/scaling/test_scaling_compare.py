@@ -183,8 +183,8 @@ def test_a_lead_under_the_paper_accuracy_is_said_to_decide_nothing(synthetic: Sy
     far = fit_sigmoid(*synthetic(A=0.55, B=1.6, C_mid=3000, seed=3), r0=0.4)
     c = 3e4
     close = standing_at([_recipe("a", a), _recipe("near", near)], c)
-    lead = close.ranking[0][1] - close.ranking[1][1]
-    assert 0 < lead < LEAD_MARGIN == 0.02
+    lead = close.ranking[0][1] - close.ranking[1][1]  # the predicted rewards, best first
+    assert close.lead == lead and 0 < lead < LEAD_MARGIN == 0.02
     assert any(s.endswith("not a decision") and f"by {lead:.3f}" in s for s in close.caveats)
     clear = standing_at([_recipe("a", a), _recipe("far", far)], c)
     assert clear.ranking[0][1] - clear.ranking[1][1] > LEAD_MARGIN
