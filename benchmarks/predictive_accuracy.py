@@ -59,7 +59,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="fit on x <= F x the final compute (default 0.5)")
     g.add_argument("--bootstrap", type=int, default=1000, metavar="N",
                    help="bootstrap resamples (default 1000)")
-    return p.parse_args(argv)
+    # Overrides may stand anywhere among the flags (`--max-steps 140 eval.every=4 --recipes gspo`):
+    # plain `parse_args` gives a `nargs="*"` positional only the words before the first flag.
+    return p.parse_intermixed_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

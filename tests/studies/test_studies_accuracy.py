@@ -101,6 +101,13 @@ def test_the_script_reports_bad_arguments(capsys: pytest.CaptureFixture[str]) ->
     assert "fit fraction" in capsys.readouterr().err
 
 
+def test_the_scripts_overrides_may_stand_anywhere_among_the_flags() -> None:
+    args = _script().parse_args(["--max-steps", "140", "eval.every=4", "--recipes", "scalerl",
+                                 "--seeds", "3", "optim.lr=1e-5"])
+    assert args.overrides == ["eval.every=4", "optim.lr=1e-5"]
+    assert (args.max_steps, args.recipes, args.seeds) == (140, "scalerl", 3)
+
+
 def test_every_recipe_starts_from_the_demo_recipes_warm_start_whatever_the_order(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The warm start's cache key covers `model.fp32_lm_head`, which recipes set differently, so
