@@ -12,7 +12,8 @@ final compute of any run; the truth per pair is Welch's t-test on the seeds' lev
 the last three evaluations); the early call is compare's standing at the budget from the runs cut
 at each fraction (each recipe's seeds grouped: their own fits' replicates together), decided when
 P(ahead) >= `--level`, the predicted lead >= `--margin` (default 0.02, the paper's accuracy on
-extrapolated points) and no fit of the pair is flagged. `--pool` calls from each recipe's pooled
+extrapolated points) and no fit of the pair is flagged (`--flagged-decide` drops that condition).
+`--pool` calls from each recipe's pooled
 fit instead, whose band assumes the seeds' errors independent (over-confident: docs/studies.md). The bar
 (issue 43): decided pairs >= 90% correct, no decided tie, no confident wrong call.
 
@@ -52,6 +53,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help=f"predicted lead a decided call needs (default {LEAD_MARGIN}; 0: P(ahead) alone)")
     p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
                    help="bootstrap resamples (default 1000)")
+    p.add_argument("--flagged-decide", action="store_true",
+                   help="a flagged fit does not keep its pairs undecided (P(ahead) and the margin decide)")
     p.add_argument("--pool", action="store_true",
                    help="early calls from each recipe's pooled fit (`scalerl fit --pool`)")
     p.add_argument("--json", metavar="OUT", help="also write the result as JSON (a new file)")
@@ -101,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _fresh(Path(args.json), "--json")
         curves = _recipes(args.recipe, args.x, args.y)
         result = study(curves, fractions, FitOptions(n_boot=args.bootstrap), args.alpha, args.level,
-                       args.pool, args.margin)
+                       args.pool, args.margin, block_flagged=not args.flagged_decide)
         if args.export:
             for path in export(curves, Path(args.export)):
                 print(f"exported {path}", file=sys.stderr)

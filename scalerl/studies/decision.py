@@ -19,7 +19,9 @@ they will spend. This module answers it from several seeds of each recipe, run t
   replicates, its predicted lead is at least ``margin`` (`scaling.compare.LEAD_MARGIN`, the
   paper's +-0.02 on extrapolated points: P(ahead) carries the fits' noise, not an extrapolation
   error the seeds of a recipe share), and neither recipe's fits are flagged (compare's caveat: a
-  flagged fit's band understates its uncertainty). Otherwise it is undecided.
+  flagged fit's band understates its uncertainty). Otherwise it is undecided. ``block_flagged=False``
+  drops the last condition (the rule the second set of docs/studies.md proposed: flagged fits
+  decide on P(ahead) and the margin like the others).
 * **Why not the pooled fit** (``pool=True``, the `--pool` fit of `scaling.pooled`, each seed's own
   fit when pooling fails): its band narrows like ``1 / sqrt(S)`` because it treats the seeds'
   errors as independent. Extrapolation errors are not: on the shipped reference runs at 50%,
@@ -133,7 +135,8 @@ def _pool(name: str, analyses: Sequence[RunAnalysis], n_boot: int, seed: int) ->
 
 def early_calls(curves: Mapping[str, Sequence[Curve]], fraction: float, c_end: float,
                 opts: FitOptions, level: float = LEVEL, pool: bool = False,
-                margin: float = LEAD_MARGIN) -> tuple[dict[tuple[str, str], EarlyCall], list[str]]:
+                margin: float = LEAD_MARGIN,
+                block_flagged: bool = True) -> tuple[dict[tuple[str, str], EarlyCall], list[str]]:
     """Compare's call for every pair with each run cut at ``fraction x c_end`` (see the module
     docstring), and notes on what could not be fitted."""
     notes: list[str] = []
@@ -170,7 +173,7 @@ def early_calls(curves: Mapping[str, Sequence[Curve]], fraction: float, c_end: f
         p = st.p_ahead
         lead = st.lead
         assert lead is not None  # two recipes ranked
-        decided = p is not None and p >= level and lead >= margin and not flagged
+        decided = p is not None and p >= level and lead >= margin and not (flagged and block_flagged)
         out[(a, b)] = EarlyCall(a, b, st.leader, p, flagged, decided, A_verdict, lead)
     return out, notes
 
@@ -213,7 +216,7 @@ def _call_text(c: EarlyCall | None) -> str:
     if c is None:
         return "not fitted"
     p = "-" if c.p_ahead is None else f"{c.p_ahead:.2f}"
-    state = "DECIDED" if c.decided else ("undecided, flagged" if c.flagged else "undecided")
+    state = ("DECIDED" if c.decided else "undecided") + (", flagged" if c.flagged else "")
     return f"{c.leader} p={p} lead {c.lead:+.3f} {state} (A: {c.A_verdict})"
 
 
@@ -243,10 +246,11 @@ def render(levels: Mapping[str, Sequence[float]], c_end: float, truth: Mapping[t
 
 def study(curves: Mapping[str, Sequence[Curve]], fractions: Sequence[float], opts: FitOptions,
           alpha: float = ALPHA, level: float = LEVEL, pool: bool = False,
-          margin: float = LEAD_MARGIN) -> dict[str, object]:
+          margin: float = LEAD_MARGIN, block_flagged: bool = True) -> dict[str, object]:
     """Everything the study reports (see the module docstring; ``pool``: the early calls from
     each recipe's pooled fit instead of its seeds' own fits; ``margin``: the smallest predicted
-    lead that decides, 0 for P(ahead) alone)."""
+    lead that decides, 0 for P(ahead) alone; ``block_flagged=False``: a flagged fit does not keep
+    its pairs undecided)."""
     if len(curves) < 2:
         raise CurveError("the decision study needs at least two recipes")
     for f in fractions:
@@ -257,7 +261,7 @@ def study(curves: Mapping[str, Sequence[Curve]], fractions: Sequence[float], opt
     truth = truths(levels, alpha)
     calls, notes = {}, []
     for f in fractions:
-        calls[f], n = early_calls(curves, f, c_end, opts, level, pool, margin)
+        calls[f], n = early_calls(curves, f, c_end, opts, level, pool, margin, block_flagged)
         notes.extend(n)
     scores = [score(f, truth, calls[f]) for f in fractions]
     return {"c_end": c_end, "levels": levels, "truth": truth, "calls": calls, "scores": scores,

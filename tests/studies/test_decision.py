@@ -91,6 +91,24 @@ def test_a_lead_under_the_margin_decides_nothing_however_sure() -> None:
     assert loose.decided
 
 
+def test_a_flagged_pair_is_decided_only_when_flags_do_not_block() -> None:
+    """Two recipes whose fit window (half the budget) stops at C_mid, before the ~2x C_mid that pins
+    A, so every fit is flagged; they end 0.22 apart (closed form below) and P(ahead) is about 1.
+    The default rule keeps the pair undecided; ``block_flagged=False`` decides it, for the leader
+    the curves give."""
+    rng = np.random.default_rng(3)
+    c_mid = 5e11  # the cut at 0.5 x 1e12 stops at 1.0 x C_mid
+    curves = {"good": seeds("good", sigmoid(GRID, 0.75, 1.5, c_mid), rng),
+              "poor": seeds("poor", sigmoid(GRID, 0.45, 1.5, c_mid), rng)}
+    end = GRID[-1:]
+    closed_form = float((sigmoid(end, 0.75, 1.5, c_mid) - sigmoid(end, 0.45, 1.5, c_mid))[0])  # 0.2216
+    strict = decision.study(curves, [0.5], FitOptions(n_boot=200))["calls"][0.5][("good", "poor")]
+    assert strict.flagged and strict.leader == "good" and strict.p_ahead is not None and strict.p_ahead >= 0.99
+    assert strict.lead == pytest.approx(closed_form, abs=0.05) and not strict.decided
+    loose = decision.study(curves, [0.5], FitOptions(n_boot=200), block_flagged=False)["calls"][0.5]
+    assert loose[("good", "poor")].decided and loose[("good", "poor")].leader == "good"
+
+
 def test_a_recipe_that_falls_after_the_cut_is_a_confident_wrong_call() -> None:
     """The early call sees nothing past the cut: a recipe ahead until 60% of the budget and then
     falling is called ahead at 50% (a wrong call the score counts) and is behind in the truth."""
@@ -292,3 +310,48 @@ def test_a_fourth_set_decides_nothing_and_calls_no_tie() -> None:
     calls = out["calls"][0.5]
     assert [k for k, c in calls.items() if not c.flagged] == [tie]
     assert calls[tie].p_ahead == pytest.approx(0.76, abs=0.01)
+
+
+SET5 = ("scalerl", "scalerl-kl0.3", "scalerl-kl1", "scalerl-kl3", "scalerl-lr1e-5")
+
+
+def test_a_fifth_set_with_lower_ceilings_decides_only_when_flagged_fits_may_decide() -> None:
+    """docs/studies.md, "A fifth set: recipes with lower ceilings": scalerl, scalerl with a KL
+    penalty of 0.3, 1 and 3 (each holds the policy nearer the warm start, so its curve flattens
+    lower) and scalerl at lr 1e-5, RL seeds 9-11, 140 steps with an evaluation every 4 (points in
+    tests/studies/data/decision_set5/). Every early call has a flagged fit, so the default rule
+    decides nothing. With flagged fits allowed to decide (the rule the second set proposed, with the
+    third set's margin) 4 pairs are decided at 25% and 5 at 50%, all right, and the one tie (kl 0.3
+    against lr 1e-5, Welch p 0.13) is not."""
+    curves = {r: read_curves(REF / "decision_set5" / f"{r}.csv", "flops", "val_pass_rate") for r in SET5}
+    assert all(len(c) == 3 and all(len(x.x) == 36 for x in c) for c in curves.values())  # every 4 of 140
+    means = {r: np.mean(v) for r, v in decision.study(curves, [0.5], FitOptions(n_boot=50))["levels"].items()}
+    assert [round(means[r], 3) for r in SET5] == [0.733, 0.698, 0.600, 0.550, 0.685]
+    strict = decision.study(curves, [0.25, 0.5], FitOptions())
+    for s in strict["scores"]:
+        assert (s.decided, s.wrong, s.decided_ties, s.separated, s.missed) == (0, 0, 0, 9, 9) and s.meets()
+    assert all(c.flagged for cs in strict["calls"].values() for c in cs.values())
+    loose = decision.study(curves, [0.25, 0.5], FitOptions(), block_flagged=False)
+    l25, l50 = loose["scores"]
+    assert (l25.decided, l25.correct, l25.wrong, l25.decided_ties) == (4, 4, 0, 0) and l25.meets()
+    assert (l50.decided, l50.correct, l50.wrong, l50.decided_ties) == (5, 5, 0, 0) and l50.meets()
+    tie = ("scalerl-kl0.3", "scalerl-lr1e-5")
+    assert not loose["truth"][tie].separated and loose["truth"][tie].p_value == pytest.approx(0.13, abs=0.005)
+    assert not any(cs[tie].decided for cs in loose["calls"].values())
+
+
+def test_flagged_fits_deciding_adds_only_the_second_sets_two_right_calls_to_the_first_four() -> None:
+    """On the four earlier sets, letting flagged fits decide changes the calls at 50% of the second
+    set only (the two pairs at P 1.00 it left undecided, both right) and decides nothing at 25%."""
+    added = {}
+    for folder in ("decision", "decision_oos", "decision_280", "decision_set4"):
+        curves = {r: read_curves(REF / folder / f"{r}.csv", "flops", "val_pass_rate") for r in RECIPES}
+        strict = decision.study(curves, [0.25, 0.5], FitOptions())
+        loose = decision.study(curves, [0.25, 0.5], FitOptions(), block_flagged=False)
+        for f in (0.25, 0.5):
+            new = [k for k, c in loose["calls"][f].items() if c.decided and not strict["calls"][f][k].decided]
+            assert all(loose["calls"][f][k].leader == loose["truth"][k].leader for k in new)
+            added[(folder, f)] = sorted(new)
+        assert all(s.meets() for s in loose["scores"])
+    assert {k: v for k, v in added.items() if v} == {
+        ("decision_oos", 0.5): [("scalerl", "scalerl-lr1e-5"), ("scalerl-lr3e-5", "scalerl-lr1e-5")]}
