@@ -697,6 +697,15 @@ def test_decision_study_on_the_shipped_runs_exports_and_refuses_bad_input(
     pooled = _run_rc("decision_study.py", *recipes, "--pool", "--fractions", "0.5", cache_dir=cache_dir)
     assert pooled.returncode == 1, pooled.stderr  # the pooled fits decide the tie
     assert match(r"^at 50%: 3 of 6 pairs decided, 2 correct .* 1 decided ties", pooled.stdout)
+    # The second set's fits at 50% are all flagged: nothing decided by default, two pairs (both
+    # right) when flagged fits may decide (docs/studies.md, "A fifth set").
+    oos = [f"--recipe={r}={REF / 'decision_oos' / (r + '.csv')}"
+           for r in ("scalerl", "gspo", "scalerl-lr3e-5", "scalerl-lr1e-5")]
+    flagged = _run_rc("decision_study.py", *oos, "--flagged-decide", "--fractions", "0.5",
+                      cache_dir=cache_dir)
+    assert flagged.returncode == 0, flagged.stderr
+    assert match(r"^at 50%: 2 of 6 pairs decided, 2 correct .* 0 wrong, 0 decided ties", flagged.stdout)
+    assert flagged.stdout.count("DECIDED, flagged") == 2
     data = json.loads((tmp_path / "d.json").read_text())
     assert len(data["truth"]) == 6 and [s["fraction"] for s in data["scores"]] == [0.25, 0.5]
     # The export reads back as the same points.

@@ -356,3 +356,29 @@ def test_flagged_fits_deciding_adds_only_the_second_sets_two_right_calls_to_the_
         assert all(s.meets() for s in loose["scores"])
     assert {k: v for k, v in added.items() if v} == {
         ("decision_oos", 0.5): [("scalerl", "scalerl-lr1e-5"), ("scalerl-lr3e-5", "scalerl-lr1e-5")]}
+
+
+def test_a_sixth_set_decides_nothing_under_either_rule_and_p_ahead_vetoes_a_wrong_point_lead() -> None:
+    """docs/studies.md, "A sixth set": the fifth set's recipes with RL seeds 12-14 and an evaluation
+    every 7 steps (points in tests/studies/data/decision_set6/), run after ``block_flagged`` was
+    committed, to test `--flagged-decide` out of sample. Nothing fits at 25%; at 50% every call
+    has a flagged fit and none reaches P 0.95, so neither rule decides anything. Two point leads
+    are wrong and kept undecided by P(ahead) alone: kl 1 put ahead of lr 1e-5 (the full runs end
+    the other way round, at P 0.28) and the tie (kl 0.3 against lr 1e-5, Welch p 0.44) called on
+    a lead of 0.10 at P 0.80."""
+    curves = {r: read_curves(REF / "decision_set6" / f"{r}.csv", "flops", "val_pass_rate") for r in SET5}
+    assert all(len(c) == 3 and all(len(x.x) == 21 for x in c) for c in curves.values())  # every 7 of 140
+    for block in (True, False):
+        out = decision.study(curves, [0.25, 0.5], FitOptions(), block_flagged=block)
+        for s in out["scores"]:
+            assert (s.decided, s.wrong, s.decided_ties, s.separated, s.missed) == (0, 0, 0, 9, 9)
+            assert s.meets()
+        assert not out["calls"][0.25]  # 2-3 evaluations in the first quarter: nothing fitted
+    calls, truth = out["calls"][0.5], out["truth"]
+    assert all(c.flagged for c in calls.values())
+    wrong = ("scalerl-kl1", "scalerl-lr1e-5")
+    assert truth[wrong].leader == "scalerl-lr1e-5" and calls[wrong].leader == "scalerl-kl1"
+    assert calls[wrong].lead >= decision.LEAD_MARGIN and calls[wrong].p_ahead == pytest.approx(0.28, abs=0.01)
+    tie = ("scalerl-kl0.3", "scalerl-lr1e-5")
+    assert not truth[tie].separated and truth[tie].p_value == pytest.approx(0.435, abs=0.001)
+    assert calls[tie].lead >= decision.LEAD_MARGIN and calls[tie].p_ahead == pytest.approx(0.80, abs=0.01)
