@@ -13,9 +13,9 @@ the last three evaluations); the early call is compare's standing at the budget 
 at each fraction (each recipe's seeds grouped: their own fits' replicates together), decided when
 P(ahead) >= `--level`, the predicted lead >= `--margin` (default 0.02, the paper's accuracy on
 extrapolated points) and no fit of the pair is flagged (`--flagged-decide` drops that condition).
-`--pool` calls from each recipe's pooled
-fit instead, whose band assumes the seeds' errors independent (over-confident: docs/studies.md). The bar
-(issue 43): decided pairs >= 90% correct, no decided tie, no confident wrong call.
+`--pool` calls from each recipe's pooled fit instead, whose band assumes the seeds' errors
+independent (over-confident: docs/studies.md). The bar (issue 43): decided pairs >= 90% correct,
+no decided tie, no confident wrong call.
 
 `--export DIR` writes each recipe's evaluation points (run, step, x, y) to `DIR/NAME.csv`, small
 enough to ship as reference data (tests/studies/data/decision/); it never overwrites a file.
@@ -116,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"note: {note}")
     if args.json:
         payload = {
+            "rule": {"level": args.level, "margin": args.margin, "flagged_decide": args.flagged_decide,
+                     "pool": args.pool},
             "c_end": result["c_end"], "levels": result["levels"],
             "truth": [vars(t) for t in result["truth"].values()],
             "calls": {str(f): [vars(c) for c in cs.values()] for f, cs in result["calls"].items()},

@@ -708,6 +708,7 @@ def test_decision_study_on_the_shipped_runs_exports_and_refuses_bad_input(
     assert flagged.stdout.count("DECIDED, flagged") == 2
     data = json.loads((tmp_path / "d.json").read_text())
     assert len(data["truth"]) == 6 and [s["fraction"] for s in data["scores"]] == [0.25, 0.5]
+    assert data["rule"] == {"level": 0.95, "margin": 0.02, "flagged_decide": False, "pool": False}
     # The export reads back as the same points.
     again = (tmp_path / "ex" / "gspo.csv").read_text().splitlines()
     assert again[0] == "run,step,flops,val_pass_rate" and len(again) == 1 + 3 * 21
